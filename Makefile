@@ -1,0 +1,29 @@
+# Two commands on a fresh machine: `make test` (whole CPU suite) and `make demo` (the main job).
+# Both create .venv with python3.12 when it is missing.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+# Prefer a python3.12 on PATH; fall back to pyenv's 3.12 (where `python3.12` may be a broken shim).
+PYTHON312 ?= $(shell for p in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12.*/bin/python3.12 2>/dev/null | sort -V -r); do \
+	if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then command -v $$p; break; fi; done)
+
+.PHONY: test demo venv clean
+
+$(VENV)/.installed: pyproject.toml
+	@if [ -z "$(PYTHON312)" ]; then echo "error: python3.12 not found (install it, or set PYTHON312=/path/to/python3.12)" >&2; exit 2; fi
+	@[ -x $(PY) ] || $(PYTHON312) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,train]'
+	@touch $@
+
+venv: $(VENV)/.installed
+
+test: $(VENV)/.installed
+	JAX_PLATFORMS=cpu $(PY) -m pytest tests
+
+demo: $(VENV)/.installed
+	JAX_PLATFORMS=cpu $(PY) -m specdec_jax generate --compare-ar --max-new-tokens 64 \
+		--prompt 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+
+clean:
+	rm -rf $(VENV) .pytest_cache

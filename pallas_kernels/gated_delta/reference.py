@@ -1,0 +1,210 @@
+"""Pure-jnp ground truth for the gated delta rule (Gated DeltaNet).
+
+Per value head, with state S in R^{K x V} (derivations in README.md):
+
+    S_t = e^{g_t} S_{t-1} + k_t u_t^T,      u_t = beta_t (v_t - (e^{g_t} S_{t-1})^T k_t)
+    o_t = S_t^T (scale * q_t)
+
+`u_t` is the *pseudo-value*: the chunked WY form computes exactly these values (V_new), which is
+what lets speculative decoding rebuild the state at any accepted position without snapshots
+(`commit_state`).
+
+Shapes (einsum letters as in DESIGN.md): q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV];
+states [B, HV, K, V] float32. HV is a multiple of H: value head j reads key head j // (HV // H).
+
+Three implementations share one signature:
+- `naive_recurrent_gated_delta_rule`: the per-step recurrence (slow, fp32; ground truth).
+- `chunk_gated_delta_rule_reference`: chunked WY form (chunk 64, any T): the XLA path, differentiable.
+- `recurrent_gated_delta_rule_reference`: the step recurrence for small T (decode / chain verify),
+  optionally returning one state snapshot per position (the rollback baseline).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+CHUNK_SIZE = 64
+# The reference is ground truth: fp32 matmuls at full precision on every backend.
+_HIGHEST = lax.Precision.HIGHEST
+
+
+class GatedDeltaOutput(NamedTuple):
+    """Result of a gated-delta call. Optional fields are None when not requested."""
+
+    o: jax.Array  # [B, T, HV, V] in v.dtype
+    final_state: jax.Array | None  # [B, HV, K, V] float32
+    v_new: jax.Array | None = None  # [B, T, HV, V] float32 pseudo-values u_t
+    g_cumsum: jax.Array | None = None  # [B, T, HV] float32 cumulative gates from the start
+    all_states: jax.Array | None = None  # [B, T, HV, K, V] float32 per-position snapshots
+
+
+def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """x / sqrt(sum(x^2) + eps) over the last axis, in float32 (as transformers/fla compute it)."""
+    x = x.astype(jnp.float32)
+    return x * lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def check_gated_delta_inputs(q, k, v, g, beta, initial_state=None) -> tuple[int, int, int, int, int, int]:
+    """Validate shapes; return (B, T, H, HV, K, V). Raises ValueError naming the bad argument."""
+    if q.ndim != 4 or k.shape != q.shape:
+        raise ValueError(f"gated_delta: q and k must both be [B, T, H, K]; got q {q.shape}, k {k.shape}")
+    B, T, H, K = q.shape
+    if v.ndim != 4 or v.shape[:2] != (B, T):
+        raise ValueError(f"gated_delta: v must be [B={B}, T={T}, HV, V]; got {v.shape}")
+    HV, V = v.shape[2], v.shape[3]
+    if HV % H:
+        raise ValueError(f"gated_delta: value heads HV={HV} must be a multiple of key heads H={H}")
+    for name, x in (("g", g), ("beta", beta)):
+        if x.shape != (B, T, HV):
+            raise ValueError(f"gated_delta: {name} must be [B, T, HV] = {(B, T, HV)}; got {x.shape}")
+    if initial_state is not None and initial_state.shape != (B, HV, K, V):
+        raise ValueError(
+            f"gated_delta: initial_state must be [B, HV, K, V] = {(B, HV, K, V)}; got {initial_state.shape}")
+    return B, T, H, HV, K, V
+
+
+def _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm):
+    """fp32 copies with key heads expanded to value heads (the reference may materialise them)."""
+    B, T, H, HV, K, V = check_gated_delta_inputs(q, k, v, g, beta, initial_state)
+    scale = K ** -0.5 if scale is None else scale
+    if use_qk_l2norm:
+        q, k = l2_normalize(q), l2_normalize(k)
+    group = HV // H
+    q = jnp.repeat(q.astype(jnp.float32), group, axis=2)  # [B, T, HV, K]
+    k = jnp.repeat(k.astype(jnp.float32), group, axis=2)  # [B, T, HV, K]
+    s0 = (jnp.zeros((B, HV, K, V), jnp.float32) if initial_state is None
+          else initial_state.astype(jnp.float32))
+    return (q * scale, k, v.astype(jnp.float32), g.astype(jnp.float32), beta.astype(jnp.float32), s0)
+
+
+def naive_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
+                                     output_final_state=True, return_pseudo_values=False,
+                                     return_all_states=False, use_qk_l2norm=False) -> GatedDeltaOutput:
+    """The per-step recurrence, fp32. Ground truth for every other implementation."""
+    out_dtype = v.dtype
+    q, k, v, g, beta, s0 = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
+
+    def step(state, xs):  # state [B, HV, K, V]
+        q_t, k_t, v_t, g_t, b_t = xs  # [B, HV, K], [B, HV, K], [B, HV, V], [B, HV], [B, HV]
+        decayed = state * jnp.exp(g_t)[..., None, None]
+        pred = jnp.einsum("bhkv,bhk->bhv", decayed, k_t, precision=_HIGHEST)
+        u_t = b_t[..., None] * (v_t - pred)  # [B, HV, V]
+        new = decayed + k_t[..., :, None] * u_t[..., None, :]
+        o_t = jnp.einsum("bhkv,bhk->bhv", new, q_t, precision=_HIGHEST)
+        return new, (o_t, u_t, new if return_all_states else None)
+
+    xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, beta))
+    final, (o, u, states) = lax.scan(step, s0, xs)
+    return GatedDeltaOutput(
+        o=jnp.moveaxis(o, 0, 1).astype(out_dtype),
+        final_state=final if output_final_state else None,
+        v_new=jnp.moveaxis(u, 0, 1) if return_pseudo_values else None,
+        g_cumsum=jnp.cumsum(g, axis=1) if return_pseudo_values else None,
+        all_states=jnp.moveaxis(states, 0, 1) if return_all_states else None,
+    )
+
+
+# The small-T path (decode, chain verification) is the same recurrence; XLA fuses it well for T <= 64.
+recurrent_gated_delta_rule_reference = naive_recurrent_gated_delta_rule
+
+
+def _masked_decay(gamma_i, gamma_j, mask):
+    """exp(gamma_i - gamma_j) where mask else 0; the difference is formed before exp (no overflow)."""
+    diff = gamma_i - gamma_j
+    return jnp.where(mask, jnp.exp(jnp.where(mask, diff, 0.0)), 0.0)
+
+
+def chunk_gated_delta_rule_reference(q, k, v, g, beta, *, scale=None, initial_state=None,
+                                     output_final_state=True, return_pseudo_values=False,
+                                     use_qk_l2norm=False, chunk_size=CHUNK_SIZE) -> GatedDeltaOutput:
+    """Chunked WY form in jnp (any T; padded inside). Differentiable; the XLA path of the model."""
+    out_dtype = v.dtype
+    B, T, _, _ = q.shape
+    q, k, v, g, beta, s0 = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
+    HV, K, V = v.shape[2], q.shape[3], v.shape[3]
+    C = chunk_size
+    n_chunks = -(-T // C)
+    pad = n_chunks * C - T
+    if pad:
+        # Padded steps have g = 0 and beta = 0: they neither decay nor write the state.
+        pad_fn = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+        q, k, v, g, beta = map(pad_fn, (q, k, v, g, beta))
+
+    def to_chunks(x):  # [B, NC*C, HV, ...] -> [B, HV, NC, C, ...]
+        x = x.reshape((B, n_chunks, C) + x.shape[2:])
+        return jnp.moveaxis(x, 3, 1)
+
+    qc, kc, vc, gc, bc = map(to_chunks, (q, k, v, g, beta))  # [B, HV, NC, C(, K|V)]
+    gamma = jnp.cumsum(gc, axis=-1)  # [B, HV, NC, C] cumulative gate inside the chunk
+    idx = jnp.arange(C)
+    causal = idx[:, None] >= idx[None, :]
+    strict = idx[:, None] > idx[None, :]
+    decay_incl = _masked_decay(gamma[..., :, None], gamma[..., None, :], causal)  # [B, HV, NC, C, C]
+    decay_strict = jnp.where(strict, decay_incl, 0.0)
+
+    kk = jnp.einsum("...ik,...jk->...ij", kc, kc, precision=_HIGHEST)
+    a = bc[..., :, None] * kk * decay_strict  # strictly lower triangular
+    eye = jnp.eye(C, dtype=jnp.float32)
+    lhs = eye + a
+    solve = lambda rhs: jax.scipy.linalg.solve_triangular(lhs, rhs, lower=True, unit_diagonal=True)
+    u = solve(bc[..., None] * vc)  # [B, HV, NC, C, V]
+    w = solve((bc * jnp.exp(gamma))[..., None] * kc)  # [B, HV, NC, C, K]
+    qk = jnp.einsum("...ik,...jk->...ij", qc, kc, precision=_HIGHEST) * decay_incl  # [.., C, C]
+    q_decayed = qc * jnp.exp(gamma)[..., None]  # [B, HV, NC, C, K]
+    gamma_last = gamma[..., -1]  # [B, HV, NC]
+    k_to_end = kc * jnp.exp(gamma_last[..., None] - gamma)[..., None]  # [B, HV, NC, C, K]
+
+    def chunk_step(state, xs):  # state [B, HV, K, V]
+        u_c, w_c, qk_c, qd_c, kend_c, glast_c = xs
+        v_new = u_c - jnp.einsum("bhck,bhkv->bhcv", w_c, state, precision=_HIGHEST)
+        o_c = (jnp.einsum("bhck,bhkv->bhcv", qd_c, state, precision=_HIGHEST)
+               + jnp.einsum("bhij,bhjv->bhiv", qk_c, v_new, precision=_HIGHEST))
+        new = (state * jnp.exp(glast_c)[..., None, None]
+               + jnp.einsum("bhck,bhcv->bhkv", kend_c, v_new, precision=_HIGHEST))
+        return new, (o_c, v_new)
+
+    xs = tuple(jnp.moveaxis(x, 2, 0) for x in (u, w, qk, q_decayed, k_to_end, gamma_last))
+    final, (o, v_new) = lax.scan(chunk_step, s0, xs)  # o, v_new: [NC, B, HV, C, V]
+
+    def from_chunks(x):  # [NC, B, HV, C, V] -> [B, T, HV, V]
+        x = jnp.moveaxis(x, 0, 2).reshape(B, HV, n_chunks * C, x.shape[-1])
+        return jnp.moveaxis(x, 1, 2)[:, :T]
+
+    return GatedDeltaOutput(
+        o=from_chunks(o).astype(out_dtype),
+        final_state=final if output_final_state else None,
+        v_new=from_chunks(v_new) if return_pseudo_values else None,
+        g_cumsum=jnp.cumsum(g[:, :T], axis=1) if return_pseudo_values else None,
+    )
+
+
+def commit_state_reference(initial_state, k, g, v_new, n_accepted, *, use_qk_l2norm=False):
+    """State after the first `n_accepted` positions, rebuilt from pseudo-values (no snapshots).
+
+    S_a = e^{gamma_a} S0 + sum_{j<=a} e^{gamma_a - gamma_j} k_j v_new_j^T
+
+    initial_state [B, HV, K, V]; k [B, T, H, K] (as given to the kernel; normalised here when
+    `use_qk_l2norm`); g [B, T, HV] raw gates; v_new [B, T, HV, V]; n_accepted [B] int (traced,
+    0 <= a <= T; a = 0 returns S0).
+    """
+    B, T, H, K = k.shape
+    HV = g.shape[2]
+    if use_qk_l2norm:
+        k = l2_normalize(k)
+    k = jnp.repeat(k.astype(jnp.float32), HV // H, axis=2)  # [B, T, HV, K]
+    a = jnp.broadcast_to(jnp.asarray(n_accepted, jnp.int32).reshape(-1), (B,))
+    keep = (jnp.arange(T)[None, :] < a[:, None])[..., None]  # [B, T, 1]
+    g_kept = jnp.where(keep, g.astype(jnp.float32), 0.0)  # [B, T, HV]
+    # gamma_a - gamma_j = sum_{j < i < a} g_i as an exclusive suffix sum: near the accepted boundary it
+    # sums few terms, so it keeps full precision where cumsum differences would cancel (strong decay).
+    suffix = jnp.cumsum(g_kept[:, ::-1], axis=1)[:, ::-1]  # [B, T, HV] sum_{i >= j}
+    decay_to_a = jnp.concatenate([suffix[:, 1:], jnp.zeros_like(suffix[:, :1])], axis=1)
+    weights = jnp.where(keep, jnp.exp(decay_to_a), 0.0)  # [B, T, HV]
+    gamma_a = jnp.sum(g_kept, axis=1)  # [B, HV]
+    s0 = initial_state.astype(jnp.float32) * jnp.exp(gamma_a)[..., None, None]
+    return s0 + jnp.einsum("bthk,bthv,bth->bhkv", k, v_new.astype(jnp.float32), weights,
+                           precision=_HIGHEST)

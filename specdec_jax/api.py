@@ -1,0 +1,133 @@
+"""The public calls: load, forward_logits, generate. Inputs are checked here, before any compute."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax.numpy as jnp
+import numpy as np
+
+from .config import read_config
+from .decoding.autoregressive import FamilyOps, generate_autoregressive
+from .decoding.sampling import SamplingConfig
+from .errors import InputError
+from .loading import TensorSource, resolve_dtype
+from .model import GenerateResult, Model
+
+QWEN35_METHODS = ("ar",)
+LOOPED_METHODS = ("ar",)
+
+
+def load(path: str | os.PathLike, dtype="bfloat16") -> Model:
+    """Load an HF checkpoint folder (config.json + safetensors) as a `Model`.
+
+    Qwen3.5 (`qwen3_5`, `qwen3_5_text`, `qwen3_5_moe`, `qwen3_5_moe_text`) and looped models
+    (`huginn_raven`: Huginn-0125 and the Raven retrofits). Every tensor's presence and shape is
+    checked from the file headers before any tensor is read.
+    """
+    path = os.fspath(path)
+    cfg = read_config(path)
+    jdtype = resolve_dtype(dtype)
+    if cfg.family == "looped":
+        from .models import looped
+        return looped.load_looped(path, dtype)
+    from .models import qwen35
+    source = TensorSource(path)
+    params = qwen35.load_params(source, cfg, jdtype)
+    return Model(config=cfg, params=params, path=path, dtype=jdtype)
+
+
+def supported_methods(model: Model) -> tuple[str, ...]:
+    return QWEN35_METHODS if model.family == "qwen3_5" else LOOPED_METHODS
+
+
+def validate_input_ids(input_ids, vocab_size: int) -> np.ndarray:
+    """[B, T] int array with 0 <= id < vocab and T >= 1, else InputError naming the problem."""
+    try:
+        ids = np.asarray(input_ids)
+    except Exception as e:  # ragged lists and the like
+        raise InputError(f"input_ids must be an integer array [batch, tokens]; could not convert: {e}") from None
+    if ids.ndim == 1:
+        raise InputError(f"input_ids must be 2-D [batch, tokens]; got shape {ids.shape} (wrap a single prompt "
+                         f"as [ids])")
+    if ids.ndim != 2:
+        raise InputError(f"input_ids must be 2-D [batch, tokens]; got shape {ids.shape}")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise InputError(f"input_ids is empty (shape {ids.shape}): a prompt needs at least one token")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise InputError(f"input_ids must hold integers; got dtype {ids.dtype}")
+    bad = (ids < 0) | (ids >= vocab_size)
+    if bad.any():
+        b, t = map(int, np.argwhere(bad)[0])
+        raise InputError(f"input_ids[{b}, {t}] = {int(ids[b, t])} is outside the vocabulary [0, {vocab_size})")
+    return ids.astype(np.int32)
+
+
+@functools.cache
+def qwen_ops() -> FamilyOps:
+    from .models import qwen35
+
+    def step(params, cfg, state, ids):
+        logits, state, _ = qwen35.forward(params, cfg, state, ids, logits_for="last")
+        return logits[:, 0], state
+
+    return FamilyOps(init_state=qwen35.init_state, step=step)
+
+
+def forward_logits(model: Model, input_ids, **options):
+    """Logits [B, T, vocab] float32 for every position of `input_ids` [B, T] (fresh state).
+
+    Looped models take `num_steps` (recurrence depth, default the config's mean recurrence).
+    """
+    ids = validate_input_ids(input_ids, model.vocab_size)
+    if model.family == "looped":
+        from .models import looped
+        return looped.forward_logits(model, ids, **options)
+    if options:
+        raise InputError(f"forward_logits: unknown options for a Qwen3.5 model: {sorted(options)}")
+    from .models import qwen35
+    state = qwen35.init_state(model.config, ids.shape[0], ids.shape[1], model.dtype)
+    logits, _ = qwen35.forward_jit(model.params, model.config, state, jnp.asarray(ids))
+    return logits
+
+
+def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", temperature: float = 0.0,
+             seed: int = 0, *, top_k: int = 0, top_p: float = 1.0, eos_token_id=None, max_len: int | None = None,
+             **method_options) -> GenerateResult:
+    """Generate `max_new_tokens` tokens after `input_ids` [B, T]; the whole loop runs on device.
+
+    result.tokens [B, max_new_tokens] (new tokens only; after EOS a row repeats EOS);
+    result.stats: new_tokens, seconds, tokens_per_second, ... (see GenerateResult).
+    eos_token_id: None = the config's EOS ids, False/() = never stop early, int or list of ints.
+    max_len: KV-cache length (default prompt + max_new_tokens).
+    """
+    ids = validate_input_ids(input_ids, model.vocab_size)
+    methods = supported_methods(model)
+    if method not in methods:
+        raise InputError(f"method {method!r} is not supported for a {model.family} model; "
+                         f"supported: {', '.join(methods)}")
+    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be a positive integer; got {max_new_tokens!r}")
+    needed = ids.shape[1] + int(max_new_tokens)
+    if max_len is None:
+        max_len = needed
+    if needed > max_len:
+        raise InputError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) = {needed} exceeds "
+                         f"the cache length max_len={max_len}")
+    sampling = SamplingConfig(float(temperature), int(top_k), float(top_p))
+    if eos_token_id is None:
+        eos_ids = tuple(model.config.eos_token_id)
+    elif eos_token_id is False:
+        eos_ids = ()
+    else:
+        eos_ids = tuple(np.atleast_1d(np.asarray(eos_token_id, np.int64)).tolist())
+    if model.family == "looped":
+        from .models import looped
+        return looped.generate(model, ids, int(max_new_tokens), sampling=sampling, seed=seed, eos_ids=eos_ids,
+                               max_len=max_len, **method_options)
+    if method_options:
+        raise InputError(f"generate(method={method!r}): unknown options {sorted(method_options)}")
+    return generate_autoregressive(qwen_ops(), model.params, model.config, ids, int(max_new_tokens),
+                                   max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
+                                   state_dtype=model.dtype)

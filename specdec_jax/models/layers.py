@@ -1,0 +1,132 @@
+"""Shared model pieces: norms, RoPE variants, SwiGLU, linear layers, the attention core.
+
+Weights keep the Hugging Face orientation ([out, in]) so checkpoints load without transposes.
+Reductions (norms, softmax) run in float32; matmuls accumulate in float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+
+def linear(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [..., in] @ w[out, in]^T -> [..., out] in x.dtype, float32 accumulation."""
+    y = lax.dot_general(x, w.astype(x.dtype), (((x.ndim - 1,), (1,)), ((), ())),
+                        preferred_element_type=jnp.float32)
+    return y.astype(x.dtype)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, zero_centered: bool = False) -> jax.Array:
+    """RMSNorm in float32. zero_centered: x_hat * (1 + w) (Qwen3.5), else x_hat * w (Llama).
+
+    Qwen3.5 multiplies in float32 then casts; Llama-style casts x_hat first, then multiplies
+    by the weight: both orders are reproduced so bf16 results match their references.
+    """
+    x32 = x.astype(jnp.float32)
+    normed = x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    if zero_centered:
+        return (normed * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
+    return weight.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def gated_rms_norm(x: jax.Array, gate: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """Gated RMSNorm of the GDN output: (w * rmsnorm(x)) * silu(gate), as transformers orders it."""
+    dtype = x.dtype
+    x32 = x.astype(jnp.float32)
+    normed = (x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(dtype)
+    h = weight.astype(dtype) * normed
+    return (h.astype(jnp.float32) * jax.nn.silu(gate.astype(jnp.float32))).astype(dtype)
+
+
+def swiglu(x: jax.Array, gate_w: jax.Array, up_w: jax.Array, down_w: jax.Array) -> jax.Array:
+    """down(silu(gate(x)) * up(x))."""
+    return linear(jax.nn.silu(linear(x, gate_w)) * linear(x, up_w), down_w)
+
+
+# ---------------------------------------------------------------------------------------- RoPE
+
+def rope_inv_freq(rotary_dim: int, theta: float, scaling: dict | None = None) -> np.ndarray:
+    """Inverse frequencies [rotary_dim // 2] (float32), with optional llama3 frequency scaling."""
+    inv = 1.0 / (theta ** (np.arange(0, rotary_dim, 2, dtype=np.float32) / rotary_dim))
+    inv = inv.astype(np.float32)
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+        old_len = float(scaling["original_max_position_embeddings"])
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv = np.where(medium, smoothed, scaled).astype(np.float32)
+    return inv
+
+
+def rope_angles(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [B, T, rotary_dim // 2] float32 for integer positions [B, T]."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+    return jnp.cos(freqs), jnp.sin(freqs)
+
+
+def apply_rope_half(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate-half RoPE (HF Llama/Qwen) on the first 2*len(cos) dims of x [B, T, N, hd]; rest passes."""
+    rot = 2 * cos.shape[-1]
+    dtype = x.dtype
+    # HF casts cos/sin to the activation dtype before rotating; do the same for bf16 parity.
+    cos = jnp.concatenate([cos, cos], axis=-1)[:, :, None, :].astype(dtype)
+    sin = jnp.concatenate([sin, sin], axis=-1)[:, :, None, :].astype(dtype)
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    half = rot // 2
+    rotated = jnp.concatenate([-x_rot[..., half:], x_rot[..., :half]], axis=-1)
+    out = x_rot * cos + rotated * sin
+    return jnp.concatenate([out, x_pass], axis=-1) if x_pass.shape[-1] else out
+
+
+def apply_rope_interleaved(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """RoPE on interleaved pairs (x[2i], x[2i+1]) as complex numbers (GPT-J / Huginn), in float32."""
+    dtype = x.dtype
+    xf = x.astype(jnp.float32).reshape(x.shape[:-1] + (x.shape[-1] // 2, 2))
+    c, s = cos[:, :, None, :], sin[:, :, None, :]
+    re = xf[..., 0] * c - xf[..., 1] * s
+    im = xf[..., 0] * s + xf[..., 1] * c
+    return jnp.stack([re, im], axis=-1).reshape(x.shape).astype(dtype)
+
+
+# ------------------------------------------------------------------------------------ attention
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+    """Grouped-query attention without repeating K/V in memory.
+
+    q [B, T, NH, hd]; k, v [B, S, NKV, hd]; mask [B, T, S] bool (True = may attend).
+    Returns [B, T, NH, hd] in q.dtype. Scores and softmax in float32.
+    """
+    B, T, NH, hd = q.shape
+    NKV = k.shape[2]
+    qg = q.reshape(B, T, NKV, NH // NKV, hd)
+    scores = jnp.einsum("btngd,bsnd->bngts", qg, k.astype(q.dtype),
+                        preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(mask[:, None, None, :, :], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1)
+    # Rows with nothing to attend to (never produced by the models) would be NaN; keep them 0.
+    probs = jnp.where(mask[:, None, None, :, :], probs, 0.0).astype(v.dtype)
+    out = jnp.einsum("bngts,bsnd->btngd", probs, v, preferred_element_type=jnp.float32)
+    return out.reshape(B, T, NH, hd).astype(q.dtype)
+
+
+def write_cache(cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+    """Write new [B, T, ...] into cache [B, S, ...] at per-sequence offsets start [B]."""
+    def one(c, n, s):
+        return lax.dynamic_update_slice_in_dim(c, n.astype(c.dtype), s, axis=0)
+    return jax.vmap(one)(cache, new, start)
+
+
+def causal_cache_mask(query_positions: jax.Array, cache_len: int) -> jax.Array:
+    """[B, T, S] mask: key slot s is visible to a query at position p iff s <= p."""
+    slots = jnp.arange(cache_len, dtype=jnp.int32)
+    return slots[None, None, :] <= query_positions[:, :, None]

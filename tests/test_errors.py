@@ -1,0 +1,119 @@
+"""Bad input gets one clear error (what, where, what was expected) before any compute."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file, save_file
+
+import specdec_jax as sj
+from specdec_jax.errors import CheckpointError, InputError
+from tests import qwen_helpers as H
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    ref = H.build_reference(H.tiny_text_config(ratio=2), seed=11)
+    path = str(tmp_path_factory.mktemp("ok"))
+    H.save_reference(ref, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(folder):
+    return sj.load(folder, dtype="float32")
+
+
+def _copy(folder, tmp_path):
+    dst = tmp_path / "ckpt"
+    shutil.copytree(folder, dst)
+    return dst
+
+
+def _rewrite(dst, edit):
+    tensors = load_file(str(dst / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_missing_tensor_names_key_and_file(folder, tmp_path):
+    dst = _copy(folder, tmp_path)
+    key = "model.layers.1.linear_attn.A_log"
+    _rewrite(dst, lambda t: t.pop(key))
+    with pytest.raises(CheckpointError, match=rf"'{key}'.*model\.safetensors"):
+        sj.load(dst)
+
+
+def test_wrong_shape_names_key_expected_and_got(folder, tmp_path):
+    dst = _copy(folder, tmp_path)
+    key = "model.layers.3.self_attn.k_proj.weight"
+
+    def edit(t):
+        t[key] = t[key][:-1].contiguous()
+    _rewrite(dst, edit)
+    with pytest.raises(CheckpointError, match=rf"'{key}'.*shape \(31, 32\).*expected \(32, 32\)"):
+        sj.load(dst)
+
+
+def test_unknown_model_type_lists_supported(folder, tmp_path):
+    dst = _copy(folder, tmp_path)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["model_type"] = "llama"
+    (dst / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"unknown model_type 'llama'.*qwen3_5.*huginn_raven"):
+        sj.load(dst)
+
+
+def test_missing_folder_and_weights(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        sj.load(tmp_path / "nope")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_text"}))
+    with pytest.raises(CheckpointError, match="num_hidden_layers"):
+        sj.load(tmp_path)
+
+
+def test_no_weights_file(folder, tmp_path):
+    dst = _copy(folder, tmp_path)
+    os.remove(dst / "model.safetensors")
+    with pytest.raises(CheckpointError, match="model.safetensors.*safetensors only"):
+        sj.load(dst)
+
+
+def test_bad_dtype(folder):
+    with pytest.raises(CheckpointError, match="dtype 'float8'"):
+        sj.load(folder, dtype="float8")
+
+
+@pytest.mark.parametrize("ids, pattern", [
+    (np.zeros((1, 0), np.int32), "empty"),
+    (np.array([[1, 2, 500]]), r"input_ids\[0, 2\] = 500 is outside the vocabulary \[0, 97\)"),
+    (np.array([[1, -1]]), r"input_ids\[0, 1\] = -1"),
+    (np.array([1, 2, 3]), "2-D"),
+    (np.array([[0.5, 1.0]]), "integers"),
+])
+def test_bad_token_ids(model, ids, pattern):
+    with pytest.raises(InputError, match=pattern):
+        sj.generate(model, ids, 4)
+    with pytest.raises(InputError, match=pattern):
+        sj.forward_logits(model, ids)
+
+
+def test_prompt_longer_than_cache(model):
+    with pytest.raises(InputError, match=r"prompt \(10 tokens\) \+ max_new_tokens \(8\) = 18 exceeds .*max_len=12"):
+        sj.generate(model, np.ones((1, 10), np.int32), 8, max_len=12)
+
+
+def test_bad_generation_options(model):
+    ids = np.ones((1, 3), np.int32)
+    with pytest.raises(InputError, match="method 'medusa' is not supported.*supported: ar"):
+        sj.generate(model, ids, 4, method="medusa")
+    with pytest.raises(InputError, match="max_new_tokens"):
+        sj.generate(model, ids, 0)
+    with pytest.raises(InputError, match="temperature"):
+        sj.generate(model, ids, 4, temperature=-1.0)
+    with pytest.raises(InputError, match="top_p"):
+        sj.generate(model, ids, 4, temperature=1.0, top_p=0.0)

@@ -1,0 +1,195 @@
+"""Qwen3.5 model vs transformers (the PyTorch reference), fp32 on CPU; state threading; loading."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.torch import load_file, save_file
+
+import specdec_jax as sj
+from specdec_jax.models import qwen35
+from tests import qwen_helpers as H
+
+VARIANTS = {
+    "ratio1_untied": dict(ratio=1),
+    "ratio2_tied": dict(ratio=2, tied=True),
+    "ratio3_multimodal": dict(ratio=3, multimodal=True),
+    "moe": dict(moe=True, ratio=2),
+    "moe_multimodal_tied": dict(moe=True, ratio=1, tied=True, multimodal=True),
+}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def checkpoint(request, tmp_path_factory):
+    kw = dict(VARIANTS[request.param])
+    multimodal = kw.pop("multimodal", False)
+    cfg = H.tiny_text_config(**kw, seed=len(request.param))
+    ref = H.build_reference(cfg, seed=len(request.param))
+    folder = str(tmp_path_factory.mktemp(request.param))
+    H.save_reference(ref, folder, multimodal=multimodal, mtp_layers=1)
+    return request.param, ref, sj.load(folder, dtype="float32")
+
+
+def test_forward_logits_match_transformers(checkpoint):
+    name, ref, model = checkpoint
+    ids = np.random.default_rng(1).integers(0, model.vocab_size, size=(2, 70))  # crosses a 64-chunk
+    err = H.rel_err(sj.forward_logits(model, ids), H.reference_logits(ref, ids))
+    assert err <= 1e-4, f"{name}: relative error {err:.2e}"
+
+
+def test_greedy_generate_matches_transformers(checkpoint):
+    name, ref, model = checkpoint
+    ids = np.random.default_rng(2).integers(0, model.vocab_size, size=(1, 9))
+    ours = sj.generate(model, ids, 32, method="ar", eos_token_id=False)
+    np.testing.assert_array_equal(ours.tokens, H.reference_greedy(ref, ids, 32), err_msg=name)
+    assert ours.stats["new_tokens"] == 32 and ours.stats["tokens_per_second"] > 0
+
+
+def test_loaded_layout(checkpoint):
+    name, _, model = checkpoint
+    cfg = model.config
+    assert "mtp" in model.params and len(model.params["mtp"]["layers"]) == 1
+    assert ("lm_head" in model.params) == (not cfg.tie_word_embeddings)
+    assert len(model.params["layers"]) == cfg.num_hidden_layers
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    cfg = H.tiny_text_config(ratio=2, layers=4)
+    ref = H.build_reference(cfg, seed=7)
+    folder = str(tmp_path_factory.mktemp("small"))
+    H.save_reference(ref, folder)
+    return folder, sj.load(folder, dtype="float32")
+
+
+def _run(model, state, ids):
+    """Jitted forward on a copy of `state` (the jitted call donates its state argument)."""
+    return qwen35.forward_jit(model.params, model.config, jax.tree.map(jnp.copy, state), jnp.asarray(ids))
+
+
+def _assert_states_close(a, b, tol=1e-5):
+    for name in ("keys", "values", "conv", "recurrent"):
+        for x, y in zip(getattr(a, name), getattr(b, name)):
+            assert H.rel_err(x, y) <= tol, name
+    np.testing.assert_array_equal(a.length, b.length)
+
+
+def test_state_threading_prefill_then_forward(small_model):
+    _, model = small_model
+    ids = np.random.default_rng(3).integers(0, model.vocab_size, size=(2, 77))
+    for split in (1, 64, 76):
+        fresh = qwen35.init_state(model.config, 2, 80, jnp.float32)
+        full_logits, full_state = _run(model, fresh, ids)
+        la, sa = _run(model, qwen35.init_state(model.config, 2, 80, jnp.float32), ids[:, :split])
+        lb, sb = _run(model, sa, ids[:, split:])
+        assert H.rel_err(jnp.concatenate([la, lb], axis=1), full_logits) <= 1e-5, split
+        _assert_states_close(sb, full_state)
+
+
+def test_decode_step_equals_forward_t1(small_model):
+    _, model = small_model
+    cfg = model.config
+    ids = np.random.default_rng(4).integers(0, model.vocab_size, size=(3, 12))
+    _, state = _run(model, qwen35.init_state(cfg, 3, 16, jnp.float32), ids)
+    token = jnp.asarray([5, 17, 3], jnp.int32)
+    want, want_state = _run(model, state, token[:, None])
+    got, got_state = qwen35.decode_step(model.params, cfg, jax.tree.map(jnp.copy, state), token)
+    assert H.rel_err(got, want[:, 0]) <= 1e-5
+    _assert_states_close(got_state, want_state, 1e-5)
+    last, _ = qwen35.prefill(model.params, cfg, qwen35.init_state(cfg, 3, 16, jnp.float32), jnp.asarray(ids))
+    full, _ = _run(model, qwen35.init_state(cfg, 3, 16, jnp.float32), ids)
+    assert H.rel_err(last, full[:, -1]) <= 1e-5
+
+
+def test_batched_generate_matches_single(small_model):
+    _, model = small_model
+    ids = np.random.default_rng(5).integers(0, model.vocab_size, size=(4, 6))
+    batch = sj.generate(model, ids, 10, eos_token_id=False).tokens
+    for b in range(4):
+        np.testing.assert_array_equal(batch[b], sj.generate(model, ids[b:b + 1], 10, eos_token_id=False).tokens[0])
+
+
+def test_generate_stops_at_eos(small_model):
+    _, model = small_model
+    ids = np.random.default_rng(6).integers(0, model.vocab_size, size=(1, 6))
+    free = sj.generate(model, ids, 12, eos_token_id=False).tokens[0]
+    eos = int(free[3])
+    stopped = sj.generate(model, ids, 12, eos_token_id=eos).tokens[0]
+    first = int(np.argmax(free == eos))
+    np.testing.assert_array_equal(stopped[:first + 1], free[:first + 1])
+    assert np.all(stopped[first:] == eos)
+
+
+def test_sampling_is_reproducible_and_varies_with_seed(small_model):
+    _, model = small_model
+    ids = np.zeros((1, 4), np.int64)
+    a = sj.generate(model, ids, 16, temperature=1.0, seed=1, eos_token_id=False).tokens
+    b = sj.generate(model, ids, 16, temperature=1.0, seed=1, eos_token_id=False).tokens
+    c = sj.generate(model, ids, 16, temperature=1.0, seed=2, eos_token_id=False).tokens
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_per_expert_checkpoint_layout(tmp_path):
+    """MoE experts stored one tensor per expert load into the same fused parameters."""
+    cfg = H.tiny_text_config(moe=True, ratio=1)
+    ref = H.build_reference(cfg, seed=3)
+    fused_dir, split_dir = tmp_path / "fused", tmp_path / "split"
+    H.save_reference(ref, str(fused_dir))
+    shutil.copytree(fused_dir, split_dir)
+    tensors = load_file(str(split_dir / "model.safetensors"))
+    I = cfg.moe_intermediate_size
+    for key in [k for k in tensors if k.endswith("mlp.experts.gate_up_proj")]:
+        base = key[: -len("gate_up_proj")]
+        gate_up, down = tensors.pop(key), tensors.pop(base + "down_proj")
+        for e in range(gate_up.shape[0]):
+            tensors[f"{base}{e}.gate_proj.weight"] = gate_up[e, :I].contiguous()
+            tensors[f"{base}{e}.up_proj.weight"] = gate_up[e, I:].contiguous()
+            tensors[f"{base}{e}.down_proj.weight"] = down[e].contiguous()
+    save_file(tensors, str(split_dir / "model.safetensors"), metadata={"format": "pt"})
+    a, b = sj.load(fused_dir, dtype="float32"), sj.load(split_dir, dtype="float32")
+    ids = np.arange(12)[None] % cfg.vocab_size
+    np.testing.assert_array_equal(np.asarray(sj.forward_logits(a, ids)), np.asarray(sj.forward_logits(b, ids)))
+
+
+def test_sharded_checkpoint(tmp_path, small_model):
+    folder, model = small_model
+    tensors = load_file(os.path.join(folder, "model.safetensors"))
+    keys = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": keys[::2], "model-00002-of-00002.safetensors": keys[1::2]}
+    for name, ks in shards.items():
+        save_file({k: tensors[k] for k in ks}, str(tmp_path / name), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: name for name, ks in shards.items() for k in ks}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    shutil.copy(os.path.join(folder, "config.json"), tmp_path / "config.json")
+    sharded = sj.load(tmp_path, dtype="float32")
+    ids = np.arange(10)[None]
+    np.testing.assert_array_equal(np.asarray(sj.forward_logits(sharded, ids)),
+                                  np.asarray(sj.forward_logits(model, ids)))
+
+
+def test_bfloat16_load_runs(small_model):
+    folder, model = small_model
+    bf = sj.load(folder)  # default bfloat16
+    assert bf.params["embed"].dtype == jnp.bfloat16
+    ids = np.arange(20)[None] % bf.vocab_size
+    err = H.rel_err(sj.forward_logits(bf, ids), sj.forward_logits(model, ids))
+    assert err <= 0.1  # random tiny weights: bf16 rounding only, no reference mismatch
+    out = sj.generate(bf, ids, 8, eos_token_id=False)
+    assert out.tokens.shape == (1, 8)
+
+
+def test_hf_tensors_round_trip(small_model):
+    """hf_tensors (used to save trained checkpoints) is the exact inverse of loading."""
+    folder, model = small_model
+    on_disk = load_file(os.path.join(folder, "model.safetensors"))
+    ours = qwen35.hf_tensors(model.params, model.config)
+    assert set(ours) == set(on_disk)
+    for k, v in ours.items():
+        np.testing.assert_array_equal(np.asarray(v), on_disk[k].numpy(), err_msg=k)
