@@ -1,0 +1,61 @@
+"""Shared benchmark plumbing: result headers (device, versions, commit, command), timing, writing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+import jax
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=os.path.dirname(os.path.abspath(__file__)))
+        commit = out.stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+        return (commit + ("+dirty" if dirty else "")) if commit else "uncommitted"
+    except (OSError, subprocess.SubprocessError):
+        return "uncommitted"
+
+
+def result_header(name: str) -> dict:
+    import jaxlib
+    dev = jax.devices()[0]
+    return {
+        "benchmark": name,
+        "device": getattr(dev, "device_kind", str(dev)),
+        "platform": dev.platform,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "git_commit": os.environ.get("BENCH_GIT_COMMIT") or git_commit(),
+        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def median_time(fn, repeats: int, warmup: int = 3) -> float:
+    """Median wall time (s) of fn() with device sync, after warm-up (compile excluded)."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def write_results(out_dir: str, stem: str, result: dict, markdown: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, stem + ".json"), "w") as f:
+        json.dump(result, f, indent=1, default=float)
+    with open(os.path.join(out_dir, stem + ".md"), "w") as f:
+        f.write(markdown)
+    print(markdown)
