@@ -5,12 +5,14 @@
                      "naive"      the per-step recurrence (ground truth)
                      "pallas"     GPU kernels (interpret=True runs them on CPU for tests)
 
-`default_implementation()` picks pallas on GPU when the kernels are importable, else reference.
+`default_implementation()` picks pallas on GPU when the kernels are importable, else reference;
+the environment variable SPECDEC_GDN_IMPLEMENTATION overrides it.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 
@@ -34,6 +36,10 @@ def pallas_available() -> bool:
 
 
 def default_implementation() -> str:
+    """SPECDEC_GDN_IMPLEMENTATION overrides; else pallas on GPU when importable, else reference."""
+    forced = os.environ.get("SPECDEC_GDN_IMPLEMENTATION")
+    if forced:
+        return forced
     return "pallas" if jax.default_backend() == "gpu" and pallas_available() else "reference"
 
 
