@@ -48,6 +48,13 @@ def swiglu(x: jax.Array, gate_w: jax.Array, up_w: jax.Array, down_w: jax.Array) 
     return linear(jax.nn.silu(linear(x, gate_w)) * linear(x, up_w), down_w)
 
 
+def swiglu_fused(x: jax.Array, gate_up_w: jax.Array, down_w: jax.Array) -> jax.Array:
+    """SwiGLU with gate and up stacked as one [2F, D] weight (one GEMV at decode)."""
+    h = linear(x, gate_up_w)
+    F = h.shape[-1] // 2
+    return linear(jax.nn.silu(h[..., :F]) * h[..., F:], down_w)
+
+
 # ---------------------------------------------------------------------------------------- RoPE
 
 def rope_inv_freq(rotary_dim: int, theta: float, scaling: dict | None = None) -> np.ndarray:

@@ -14,7 +14,7 @@ Entry points (all pure; `forward` is what prefill, decode and verification share
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +25,7 @@ from pallas_kernels import gated_delta
 
 from ..config import FULL_ATTENTION, Qwen35Config
 from ..errors import CheckpointError
-from ..loading import TensorSource
+from ..loading import TensorSource, build_tree
 from . import layers as L
 
 
@@ -68,59 +68,78 @@ def init_state(cfg: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat16) 
 
 # ------------------------------------------------------------------------------------- parameters
 
-def _attention_specs(cfg: Qwen35Config) -> dict[str, tuple[str, tuple]]:
+class Leaf(NamedTuple):
+    """How one parameter is assembled from checkpoint tensors: each group's parts are concatenated
+    along axis 0 (fused projections: one GEMV instead of several at decode), and groups are
+    stacked when `stack` (per-expert tensors -> one [E, ...] array)."""
+
+    groups: tuple[tuple[tuple[str, tuple], ...], ...]
+    stack: bool = False
+
+    def with_prefix(self, prefix: str) -> "Leaf":
+        return Leaf(tuple(tuple((prefix + k, s) for k, s in g) for g in self.groups), self.stack)
+
+    def parts(self):
+        return [part for group in self.groups for part in group]
+
+
+def _one(key: str, shape: tuple) -> Leaf:
+    return Leaf((((key, shape),),))
+
+
+def _concat(*parts: tuple[str, tuple]) -> Leaf:
+    return Leaf((tuple(parts),))
+
+
+def _attention_specs(cfg: Qwen35Config) -> dict[str, Leaf]:
     D, hd = cfg.hidden_size, cfg.head_dim
     nH, nKV = cfg.num_attention_heads, cfg.num_key_value_heads
     return {
-        "q_proj": ("self_attn.q_proj.weight", (2 * nH * hd, D)),
-        "k_proj": ("self_attn.k_proj.weight", (nKV * hd, D)),
-        "v_proj": ("self_attn.v_proj.weight", (nKV * hd, D)),
-        "o_proj": ("self_attn.o_proj.weight", (D, nH * hd)),
-        "q_norm": ("self_attn.q_norm.weight", (hd,)),
-        "k_norm": ("self_attn.k_norm.weight", (hd,)),
+        "qkv_proj": _concat(("self_attn.q_proj.weight", (2 * nH * hd, D)), ("self_attn.k_proj.weight", (nKV * hd, D)),
+                            ("self_attn.v_proj.weight", (nKV * hd, D))),
+        "o_proj": _one("self_attn.o_proj.weight", (D, nH * hd)),
+        "q_norm": _one("self_attn.q_norm.weight", (hd,)),
+        "k_norm": _one("self_attn.k_norm.weight", (hd,)),
     }
 
 
-def _gdn_specs(cfg: Qwen35Config) -> dict[str, tuple[str, tuple]]:
+def _gdn_specs(cfg: Qwen35Config) -> dict[str, Leaf]:
     D, HV = cfg.hidden_size, cfg.linear_num_value_heads
     return {
-        "in_proj_qkv": ("linear_attn.in_proj_qkv.weight", (cfg.conv_dim, D)),
-        "in_proj_z": ("linear_attn.in_proj_z.weight", (cfg.linear_value_dim, D)),
-        "in_proj_b": ("linear_attn.in_proj_b.weight", (HV, D)),
-        "in_proj_a": ("linear_attn.in_proj_a.weight", (HV, D)),
-        "conv": ("linear_attn.conv1d.weight", (cfg.conv_dim, 1, cfg.linear_conv_kernel_dim)),
-        "A_log": ("linear_attn.A_log", (HV,)),
-        "dt_bias": ("linear_attn.dt_bias", (HV,)),
-        "norm": ("linear_attn.norm.weight", (cfg.linear_value_head_dim,)),
-        "out_proj": ("linear_attn.out_proj.weight", (D, cfg.linear_value_dim)),
+        "in_proj": _concat(("linear_attn.in_proj_qkv.weight", (cfg.conv_dim, D)),
+                           ("linear_attn.in_proj_z.weight", (cfg.linear_value_dim, D)),
+                           ("linear_attn.in_proj_b.weight", (HV, D)), ("linear_attn.in_proj_a.weight", (HV, D))),
+        "conv": _one("linear_attn.conv1d.weight", (cfg.conv_dim, 1, cfg.linear_conv_kernel_dim)),
+        "A_log": _one("linear_attn.A_log", (HV,)),
+        "dt_bias": _one("linear_attn.dt_bias", (HV,)),
+        "norm": _one("linear_attn.norm.weight", (cfg.linear_value_head_dim,)),
+        "out_proj": _one("linear_attn.out_proj.weight", (D, cfg.linear_value_dim)),
     }
 
 
-def _mlp_specs(cfg: Qwen35Config, keys: set[str], prefix: str) -> dict[str, Any]:
+def _mlp_specs(cfg: Qwen35Config, keys: set[str], prefix: str) -> dict[str, Leaf]:
     """Dense SwiGLU, or MoE with fused ('experts.gate_up_proj') or per-expert expert weights."""
     D = cfg.hidden_size
     if not cfg.is_moe:
         F = cfg.intermediate_size
-        return {"gate_proj": ("mlp.gate_proj.weight", (F, D)), "up_proj": ("mlp.up_proj.weight", (F, D)),
-                "down_proj": ("mlp.down_proj.weight", (D, F))}
+        return {"gate_up_proj": _concat(("mlp.gate_proj.weight", (F, D)), ("mlp.up_proj.weight", (F, D))),
+                "down_proj": _one("mlp.down_proj.weight", (D, F))}
     E, I, S = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
-    specs: dict[str, Any] = {"router": ("mlp.gate.weight", (E, D))}
+    specs: dict[str, Leaf] = {"router": _one("mlp.gate.weight", (E, D))}
     if prefix + "mlp.experts.gate_up_proj" in keys or prefix + "mlp.experts.0.gate_proj.weight" not in keys:
-        specs["experts_gate_up"] = ("mlp.experts.gate_up_proj", (E, 2 * I, D))
-        specs["experts_down"] = ("mlp.experts.down_proj", (E, D, I))
+        specs["experts_gate_up"] = _one("mlp.experts.gate_up_proj", (E, 2 * I, D))
+        specs["experts_down"] = _one("mlp.experts.down_proj", (E, D, I))
     else:  # per-expert tensors are stacked at load into the fused layout
-        specs["experts_gate_up"] = ("per_expert_gate_up", [
-            [(f"mlp.experts.{e}.gate_proj.weight", (I, D)), (f"mlp.experts.{e}.up_proj.weight", (I, D))]
-            for e in range(E)])
-        specs["experts_down"] = ("per_expert_down", [[(f"mlp.experts.{e}.down_proj.weight", (D, I))]
-                                                     for e in range(E)])
+        specs["experts_gate_up"] = Leaf(tuple(
+            ((f"mlp.experts.{e}.gate_proj.weight", (I, D)), (f"mlp.experts.{e}.up_proj.weight", (I, D)))
+            for e in range(E)), stack=True)
+        specs["experts_down"] = Leaf(tuple(((f"mlp.experts.{e}.down_proj.weight", (D, I)),) for e in range(E)),
+                                     stack=True)
     if S:
-        specs.update({
-            "shared_gate_proj": ("mlp.shared_expert.gate_proj.weight", (S, D)),
-            "shared_up_proj": ("mlp.shared_expert.up_proj.weight", (S, D)),
-            "shared_down_proj": ("mlp.shared_expert.down_proj.weight", (D, S)),
-            "shared_expert_gate": ("mlp.shared_expert_gate.weight", (1, D)),
-        })
+        specs["shared_gate_up_proj"] = _concat(("mlp.shared_expert.gate_proj.weight", (S, D)),
+                                               ("mlp.shared_expert.up_proj.weight", (S, D)))
+        specs["shared_down_proj"] = _one("mlp.shared_expert.down_proj.weight", (D, S))
+        specs["shared_expert_gate"] = _one("mlp.shared_expert_gate.weight", (1, D))
     return specs
 
 
@@ -128,8 +147,8 @@ def _layer_specs(cfg: Qwen35Config, layer_type: str, keys: set[str], prefix: str
     D = cfg.hidden_size
     mixer = _attention_specs(cfg) if layer_type == FULL_ATTENTION else _gdn_specs(cfg)
     return {
-        "input_norm": ("input_layernorm.weight", (D,)),
-        "post_norm": ("post_attention_layernorm.weight", (D,)),
+        "input_norm": _one("input_layernorm.weight", (D,)),
+        "post_norm": _one("post_attention_layernorm.weight", (D,)),
         "mixer": mixer,
         "mlp": _mlp_specs(cfg, keys, prefix),
     }
@@ -145,34 +164,30 @@ def detect_prefix(keys: set[str], where: str) -> str:
 
 
 def _spec_leaves(layer_tree: dict, key_prefix: str, path: tuple):
-    """Yield (param path, (HF key | per-expert key groups, shape | None)) for one layer's spec tree."""
+    """Yield (param path, Leaf with full keys) for one layer's spec tree."""
     for name, node in layer_tree.items():
         items = node.items() if isinstance(node, dict) else [(None, node)]
-        for leaf, (key, shape) in items:
-            leaf_path = path + (name,) + ((leaf,) if leaf else ())
-            if isinstance(shape, list):  # per-expert tensors, stacked at load
-                yield leaf_path, ([[(key_prefix + k, s) for k, s in group] for group in shape], None)
-            else:
-                yield leaf_path, (key_prefix + key, shape)
+        for leaf_name, leaf in items:
+            yield path + (name,) + ((leaf_name,) if leaf_name else ()), leaf.with_prefix(key_prefix)
 
 
-def param_specs(cfg: Qwen35Config, keys: set[str], where: str) -> dict[tuple, tuple[Any, Any]]:
-    """{param path: (full HF key | stacked key groups, shape)} for every parameter to load."""
+def param_specs(cfg: Qwen35Config, keys: set[str], where: str) -> dict[tuple, Leaf]:
+    """{param path: Leaf} for every parameter to load."""
     prefix = detect_prefix(keys, where)
     D, V = cfg.hidden_size, cfg.vocab_size
-    specs: dict[tuple, tuple[Any, Any]] = {
-        ("embed",): (prefix + "embed_tokens.weight", (V, D)),
-        ("final_norm",): (prefix + "norm.weight", (D,)),
+    specs: dict[tuple, Leaf] = {
+        ("embed",): _one(prefix + "embed_tokens.weight", (V, D)),
+        ("final_norm",): _one(prefix + "norm.weight", (D,)),
     }
     for i, layer_type in enumerate(cfg.layer_types):
         key_prefix = f"{prefix}layers.{i}."
         specs.update(_spec_leaves(_layer_specs(cfg, layer_type, keys, key_prefix), key_prefix, ("layers", i)))
     if not cfg.tie_word_embeddings:
-        specs[("lm_head",)] = ("lm_head.weight", (V, D))
+        specs[("lm_head",)] = _one("lm_head.weight", (V, D))
     if any(k.startswith("mtp.") for k in keys):
-        specs[("mtp", "fc")] = ("mtp.fc.weight", (D, 2 * D))
+        specs[("mtp", "fc")] = _one("mtp.fc.weight", (D, 2 * D))
         for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-            specs[("mtp", name)] = (f"mtp.{name}.weight", (D,))
+            specs[("mtp", name)] = _one(f"mtp.{name}.weight", (D,))
         for i in sorted({int(k.split(".")[2]) for k in keys if k.startswith("mtp.layers.")}):
             key_prefix = f"mtp.layers.{i}."
             specs.update(_spec_leaves(_layer_specs(cfg, FULL_ATTENTION, keys, key_prefix), key_prefix,
@@ -180,52 +195,47 @@ def param_specs(cfg: Qwen35Config, keys: set[str], where: str) -> dict[tuple, tu
     return specs
 
 
+def _is_conv(key: str) -> bool:
+    return key.endswith("conv1d.weight")  # stored [C, 1, W]; kept as [C, W]
+
+
 def load_params(source: TensorSource, cfg: Qwen35Config, dtype) -> dict:
     """Validate every key and shape first (headers only), then stream tensors to the device."""
-    from ..loading import build_tree
-    keys = set(source.keys())
-    specs = param_specs(cfg, keys, source.description)
-    expected = {}
-    for key, shape in specs.values():
-        if shape is None:
-            for group in key:
-                expected.update(dict(group))
-        else:
-            expected[key] = shape
-    source.check(expected)
+    specs = param_specs(cfg, set(source.keys()), source.description)
+    source.check({k: s for leaf in specs.values() for k, s in leaf.parts()})
 
-    def read(spec):
-        key, shape = spec
-        if shape is None:  # stacked per-expert weights: [E, sum of group rows, ...]
-            return jnp.stack([jnp.concatenate([source.read(k, dtype) for k, _ in group], axis=0)
-                              for group in key])
-        x = source.read(key, dtype)
-        return x[:, 0, :] if key.endswith("conv1d.weight") else x  # [C, 1, W] -> [C, W]
+    def read(leaf: Leaf):
+        def one(key):
+            x = source.read(key, dtype)
+            return x[:, 0, :] if _is_conv(key) else x
+        groups = [jnp.concatenate([one(k) for k, _ in g], axis=0) if len(g) > 1 else one(g[0][0])
+                  for g in leaf.groups]
+        return jnp.stack(groups) if leaf.stack else groups[0]
 
     return build_tree(specs, read)
 
 
 def hf_tensors(params: dict, cfg: Qwen35Config, prefix: str = "model.") -> dict[str, jax.Array]:
     """Inverse of load_params (fused expert layout): {HF key: array}, for saving checkpoints."""
-    out: dict[str, jax.Array] = {prefix + "embed_tokens.weight": params["embed"],
-                                 prefix + "norm.weight": params["final_norm"]}
-    if params.get("lm_head") is not None:
-        out["lm_head.weight"] = params["lm_head"]
-
-    def emit(layer: dict, layer_type: str, key_prefix: str):
-        for path, (key, _) in _spec_leaves(_layer_specs(cfg, layer_type, set(), key_prefix), key_prefix, ()):
-            x = layer[path[0]] if len(path) == 1 else layer[path[0]][path[1]]
-            out[key] = x[:, None, :] if key.endswith("conv1d.weight") else x
-
-    for i, layer_type in enumerate(cfg.layer_types):
-        emit(params["layers"][i], layer_type, f"{prefix}layers.{i}.")
-    if params.get("mtp"):
-        mtp = params["mtp"]
-        out["mtp.fc.weight"] = mtp["fc"]
-        for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-            out[f"mtp.{name}.weight"] = mtp[name]
-        for i, layer in enumerate(mtp["layers"]):
-            emit(layer, FULL_ATTENTION, f"mtp.layers.{i}.")
+    keys = {prefix + "embed_tokens.weight"}  # selects the prefix and the fused expert layout
+    specs = param_specs(cfg, keys | ({"mtp.fc.weight"} if params.get("mtp") else set()), "params")
+    mtp_layers = len(params["mtp"]["layers"]) if params.get("mtp") else 0
+    for i in range(mtp_layers):
+        key_prefix = f"mtp.layers.{i}."
+        specs.update(_spec_leaves(_layer_specs(cfg, FULL_ATTENTION, keys, key_prefix), key_prefix,
+                                  ("mtp", "layers", i)))
+    out: dict[str, jax.Array] = {}
+    for path, leaf in specs.items():
+        x = params
+        for part in path:
+            x = x[part]
+        for e, group in enumerate(leaf.groups):
+            y = x[e] if leaf.stack else x
+            offset = 0
+            for key, shape in group:
+                piece = y[offset:offset + shape[0]]
+                offset += shape[0]
+                out[key] = piece[:, None, :] if _is_conv(key) else piece
     return out
 
 
@@ -241,10 +251,12 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
     B, T, _ = x.shape
     H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     K, V, W = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
-    qkv = L.linear(x, p["in_proj_qkv"])  # [B, T, C]
-    z = L.linear(x, p["in_proj_z"]).reshape(B, T, HV, V)
-    b = L.linear(x, p["in_proj_b"])  # [B, T, HV]
-    a = L.linear(x, p["in_proj_a"])  # [B, T, HV]
+    C, VD = cfg.conv_dim, cfg.linear_value_dim
+    proj = L.linear(x, p["in_proj"])  # [B, T, C + HV*V + 2*HV]: qkv | z | b | a
+    qkv = proj[..., :C]
+    z = proj[..., C:C + VD].reshape(B, T, HV, V)
+    b = proj[..., C + VD:C + VD + HV]  # [B, T, HV]
+    a = proj[..., C + VD + HV:]  # [B, T, HV]
 
     window = jnp.concatenate([conv_state.astype(qkv.dtype), qkv], axis=1)  # [B, W-1+T, C]
     w = p["conv"].astype(jnp.float32)  # [C, W]
@@ -276,12 +288,13 @@ def attention_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, k_cache: jax.Array
     """Gated full attention. positions [B, T]; mask [B, T, S]. Returns out and the updated caches."""
     B, T, _ = x.shape
     nH, nKV, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    qg = L.linear(x, p["q_proj"]).reshape(B, T, nH, 2 * hd)
+    qkv = L.linear(x, p["qkv_proj"])  # [B, T, 2*nH*hd + 2*nKV*hd]: (q_h ; gate_h) per head | k | v
+    qg = qkv[..., :2 * nH * hd].reshape(B, T, nH, 2 * hd)
     q, gate = qg[..., :hd], qg[..., hd:]
     q = L.rms_norm(q, p["q_norm"], cfg.rms_norm_eps, zero_centered=True)
-    k = L.rms_norm(L.linear(x, p["k_proj"]).reshape(B, T, nKV, hd), p["k_norm"], cfg.rms_norm_eps,
-                   zero_centered=True)
-    v = L.linear(x, p["v_proj"]).reshape(B, T, nKV, hd)
+    k = qkv[..., 2 * nH * hd:(2 * nH + nKV) * hd].reshape(B, T, nKV, hd)
+    k = L.rms_norm(k, p["k_norm"], cfg.rms_norm_eps, zero_centered=True)
+    v = qkv[..., (2 * nH + nKV) * hd:].reshape(B, T, nKV, hd)
     cos, sin = L.rope_angles(positions, _inv_freq(cfg))
     q, k = L.apply_rope_half(q, cos, sin), L.apply_rope_half(k, cos, sin)
     k_cache = L.write_cache(k_cache, k, positions[:, 0])
@@ -330,8 +343,8 @@ def moe_mlp(p: dict, cfg: Qwen35Config, x: jax.Array) -> jax.Array:
                                   preferred_element_type=jnp.float32).astype(x.dtype)
         y = jnp.zeros_like(y_sorted).at[order].set(y_sorted).reshape(N, k, D)
     out = jnp.sum((y * top_w[..., None]).astype(jnp.float32), axis=1).astype(x.dtype)
-    if "shared_gate_proj" in p:
-        shared = L.swiglu(xt, p["shared_gate_proj"], p["shared_up_proj"], p["shared_down_proj"])
+    if "shared_gate_up_proj" in p:
+        shared = L.swiglu_fused(xt, p["shared_gate_up_proj"], p["shared_down_proj"])
         out = out + jax.nn.sigmoid(L.linear(xt, p["shared_expert_gate"])) * shared
     return out.reshape(B, T, D)
 
@@ -339,7 +352,7 @@ def moe_mlp(p: dict, cfg: Qwen35Config, x: jax.Array) -> jax.Array:
 def mlp(p: dict, cfg: Qwen35Config, x: jax.Array) -> jax.Array:
     if cfg.is_moe:
         return moe_mlp(p, cfg, x)
-    return L.swiglu(x, p["gate_proj"], p["up_proj"], p["down_proj"])
+    return L.swiglu_fused(x, p["gate_up_proj"], p["down_proj"])
 
 
 # --------------------------------------------------------------------------------------- forward
