@@ -10,13 +10,14 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 
 
 def git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
                              cwd=os.path.dirname(os.path.abspath(__file__)))
-        commit = out.stdout.strip()
+        commit = out.stdout.strip() if out.returncode == 0 else ""
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                                text=True, timeout=10, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
         return (commit + ("+dirty" if dirty else "")) if commit else "uncommitted"
@@ -50,6 +51,17 @@ def median_time(fn, repeats: int, warmup: int = 3) -> float:
         times.append(time.perf_counter() - t0)
     times.sort()
     return times[len(times) // 2]
+
+
+def chained_time(fn, x0, chain: int, repeats: int = 5) -> float:
+    """Seconds per fn application, measured inside one jitted fori_loop of `chain` dependent calls
+    (each input depends on the previous output), so dispatch overhead is excluded."""
+    def body(_, x):
+        y = fn(x)
+        return x + (1e-3 * jnp.mean(y.astype(jnp.float32))).astype(x.dtype)
+
+    looped = jax.jit(lambda x: jax.lax.fori_loop(0, chain, body, x))
+    return median_time(lambda: looped(x0), repeats) / chain
 
 
 def write_results(out_dir: str, stem: str, result: dict, markdown: str) -> None:

@@ -27,7 +27,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scripts.bench_common import median_time, result_header, write_results  # noqa: E402
+from scripts.bench_common import chained_time, result_header, write_results  # noqa: E402
 
 PEAK_BW = 4.3e12  # vendor copy figure (PERFORMANCE.md); measured copy ~4.3 TB/s on this machine
 
@@ -93,42 +93,52 @@ def weight_bytes(params) -> tuple[int, int]:
     return total - mtp, per_token - mtp
 
 
-def component_times(model, prompt_len: int, repeats: int):
-    """Median time of jitted pieces of one decode step (B=1, T=1) on real random weights."""
+def component_times(model, prompt_len: int, chain: int = 64):
+    """Time per application of each piece of one decode step (B=1, T=1), measured inside a jitted
+    fori_loop of dependent calls (no dispatch overhead), on the model's random weights."""
     from specdec_jax.models import layers as L
     from specdec_jax.models import qwen35
     cfg, params = model.config, model.params
     dtype = params["embed"].dtype
     x = jax.random.normal(jax.random.PRNGKey(1), (1, 1, cfg.hidden_size), dtype)
     state = qwen35.init_state(cfg, 1, prompt_len + 8, dtype)
-    lin_i, attn_i = cfg.linear_layers[0], cfg.attention_layers[0]
+    lin_p = params["layers"][cfg.linear_layers[0]]["mixer"]
+    attn_p = params["layers"][cfg.attention_layers[0]]["mixer"]
+    mlp_p = params["layers"][0]["mlp"]
     pos = jnp.full((1, 1), prompt_len, jnp.int32)
     mask = L.causal_cache_mask(pos, state.max_len)
     rec = jax.random.normal(jax.random.PRNGKey(2), state.recurrent[0].shape, jnp.float32) * 0.1
-
-    pieces = {
-        "gdn mixer (1 layer)": jax.jit(lambda p, x, c, r: qwen35.gdn_mixer(p, cfg, x, c, r, "auto", False)[:3]),
-        "attention mixer (1 layer)": jax.jit(lambda p, x, k, v: qwen35.attention_mixer(p, cfg, x, k, v, pos, mask)),
-        "mlp (1 layer)": jax.jit(lambda p, x: qwen35.mlp(p, cfg, x)),
-        "lm_head + final norm": jax.jit(lambda p, x: jnp.einsum(
-            "btd,vd->btv", L.rms_norm(x, p["final_norm"], cfg.rms_norm_eps, zero_centered=True),
-            qwen35.lm_head_weight(p), preferred_element_type=jnp.float32)),
-    }
-    args = {
-        "gdn mixer (1 layer)": (params["layers"][lin_i]["mixer"], x, state.conv[0], rec),
-        "attention mixer (1 layer)": (params["layers"][attn_i]["mixer"], x, state.keys[0], state.values[0]),
-        "mlp (1 layer)": (params["layers"][0]["mlp"], x),
-        "lm_head + final norm": (params, x),
-    }
-    counts = {"gdn mixer (1 layer)": len(cfg.linear_layers), "attention mixer (1 layer)": len(cfg.attention_layers),
-              "mlp (1 layer)": cfg.num_hidden_layers, "lm_head + final norm": 1}
+    conv, kc, vc = state.conv[0], state.keys[0], state.values[0]
+    head = qwen35.lm_head_weight(params)
+    nbytes = lambda t: sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(t))
+    pieces = [
+        ("gdn mixer", len(cfg.linear_layers), lin_p,
+         lambda x: qwen35.gdn_mixer(lin_p, cfg, x, conv, rec, "auto", False)[0]),
+        ("attention mixer", len(cfg.attention_layers), attn_p,
+         lambda x: qwen35.attention_mixer(attn_p, cfg, x, kc, vc, pos, mask)[0]),
+        ("mlp", cfg.num_hidden_layers, mlp_p, lambda x: qwen35.mlp(mlp_p, cfg, x)),
+        ("final norm + lm_head", 1, head, lambda x: jnp.einsum(
+            "btd,vd->btv", L.rms_norm(x, params["final_norm"], cfg.rms_norm_eps, zero_centered=True), head,
+            preferred_element_type=jnp.float32)),
+    ]
     rows = []
-    for name, fn in pieces.items():
-        t = median_time(lambda: fn(*args[name]), repeats)
-        leaf_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(args[name][0]))
-        rows.append({"component": name, "ms": t * 1e3, "count": counts[name], "total_ms": t * 1e3 * counts[name],
-                     "weight_bytes": leaf_bytes, "achieved_TBps": leaf_bytes / t / 1e12})
+    for name, count, weights, fn in pieces:
+        t = chained_time(fn, x, chain)
+        rows.append({"component": name, "ms": t * 1e3, "count": count, "total_ms": t * 1e3 * count,
+                     "weight_bytes": nbytes(weights), "achieved_TBps": nbytes(weights) / t / 1e12})
     return rows
+
+
+def fp32_check(folder: str, hf_model, ids) -> dict:
+    """Both systems in float32 at full matmul precision: isolates implementation error from bf16 rounding."""
+    import specdec_jax as sj
+    from tests.qwen_helpers import rel_err
+    hf_model.float()
+    ref = hf_logits(hf_model, ids)
+    with jax.default_matmul_precision("highest"):
+        ours = np.asarray(sj.forward_logits(sj.load(folder, dtype="float32"), ids))
+    return {"logits_rel_err_fp32": rel_err(ours, ref),
+            "argmax_agreement_fp32": float(np.mean(ours.argmax(-1) == ref.argmax(-1)))}
 
 
 def main():
@@ -145,13 +155,14 @@ def main():
     from tests.qwen_helpers import rel_err
 
     header = result_header("bench_qwen35")
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        hf_model, hf_cfg = build_checkpoint(tmp, args.tiny)
-        build_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        model = sj.load(tmp, dtype="bfloat16")
-        load_s = time.perf_counter() - t0
+    tmp_dir = tempfile.TemporaryDirectory()
+    tmp = tmp_dir.name
+    t0 = time.perf_counter()
+    hf_model, hf_cfg = build_checkpoint(tmp, args.tiny)
+    build_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model = sj.load(tmp, dtype="bfloat16")
+    load_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     ids = rng.integers(0, model.vocab_size, size=(1, args.prompt_len))
 
@@ -177,10 +188,11 @@ def main():
               "token_agreement": float(np.mean(hf_tokens[0] == ours_tokens[0])),
               "first_divergence": int(np.argmax(hf_tokens[0] != ours_tokens[0]))
               if np.any(hf_tokens[0] != ours_tokens[0]) else None}
-    del hf_model
-
     total_bytes, per_token_bytes = weight_bytes(model.params)
-    comps = component_times(model, args.prompt_len, repeats=50)
+    comps = component_times(model, args.prompt_len)
+    fp32 = fp32_check(tmp, hf_model, ids[:, :64])
+    del hf_model
+    tmp_dir.cleanup()
     result = {
         **header,
         "config": {"hidden_size": model.config.hidden_size, "layers": model.config.num_hidden_layers,
@@ -188,6 +200,7 @@ def main():
         "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
         "build_seconds": build_s, "load_seconds": load_s,
         "logits_rel_err_vs_transformers_bf16": logit_err, "argmax_agreement_prompt": argmax_agree,
+        "fp32_check_prompt64": fp32,
         "ours": {"decode_tokens_per_second": decode_tps, "end_to_end_tokens_per_second": e2e_tps,
                  "prefill_seconds": float(np.median([s["prefill_seconds"] for s in runs])),
                  "compile_seconds": runs[0]["compile_seconds"], "decode_step_ms": step_s * 1e3},
@@ -219,7 +232,9 @@ def main():
     md += ["", f"Logits vs transformers (bf16, prompt {args.prompt_len}): relative error {logit_err:.2e}, "
                f"argmax agreement {argmax_agree:.1%}. Greedy tokens equal to transformers: "
                f"{hf.get('token_agreement', float('nan')):.1%} (first divergence: {hf.get('first_divergence')}).",
-           "", "One decode step, pieces timed apart (median of 50, jitted separately):", "",
+           f"Float32, both at full matmul precision (prompt 64): relative error {fp32['logits_rel_err_fp32']:.2e}, "
+           f"argmax agreement {fp32['argmax_agreement_fp32']:.1%}.",
+           "", "One decode step, pieces timed inside a jitted fori_loop of 64 dependent calls:", "",
            "| component | ms each | × count | total ms | weight GB | achieved TB/s |", "|---|---|---|---|---|---|"]
     for c in comps:
         md.append(f"| {c['component']} | {c['ms']:.3f} | {c['count']} | {c['total_ms']:.2f} | "
