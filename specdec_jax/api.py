@@ -15,7 +15,7 @@ from .errors import InputError
 from .loading import TensorSource, resolve_dtype
 from .model import GenerateResult, Model
 
-QWEN35_METHODS = ("ar",)
+QWEN35_METHODS = ("ar", "ngram")
 LOOPED_METHODS = ("ar",)
 
 
@@ -109,12 +109,16 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
                          f"supported: {', '.join(methods)}")
     if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be a positive integer; got {max_new_tokens!r}")
-    needed = ids.shape[1] + int(max_new_tokens)
+    gamma = int(method_options.get("gamma", DEFAULT_GAMMA)) if method != "ar" else 0
+    if gamma < 0:
+        raise InputError(f"gamma (draft length) must be >= 0; got {gamma}")
+    needed = ids.shape[1] + int(max_new_tokens) + gamma
     if max_len is None:
         max_len = needed
     if needed > max_len:
-        raise InputError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) = {needed} exceeds "
-                         f"the cache length max_len={max_len}")
+        raise InputError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens})"
+                         + (f" + gamma ({gamma})" if gamma else "") + f" = {needed} exceeds the cache length "
+                         f"max_len={max_len}")
     sampling = SamplingConfig(float(temperature), int(top_k), float(top_p))
     if eos_token_id is None:
         eos_ids = tuple(model.config.eos_token_id)
@@ -126,8 +130,37 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
         from .models import looped
         return looped.generate(model, ids, int(max_new_tokens), sampling=sampling, seed=seed, eos_ids=eos_ids,
                                max_len=max_len, **method_options)
+    if method != "ar":
+        return _generate_speculative_qwen(model, ids, int(max_new_tokens), method, gamma, max_len, sampling, seed,
+                                          eos_ids, method_options)
     if method_options:
         raise InputError(f"generate(method={method!r}): unknown options {sorted(method_options)}")
     return generate_autoregressive(qwen_ops(), model.params, model.config, ids, int(max_new_tokens),
                                    max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
                                    state_dtype=model.dtype)
+
+
+DEFAULT_GAMMA = 4
+_SPEC_OPTIONS = {"ngram": {"gamma", "rollback", "max_n", "min_n"}}
+
+
+def _generate_speculative_qwen(model, ids, max_new_tokens, method, gamma, max_len, sampling, seed, eos_ids,
+                               options) -> GenerateResult:
+    from .decoding.speculative import ROLLBACK_MODES, generate_speculative
+    from .drafters.ngram import NgramDrafter
+    unknown = set(options) - _SPEC_OPTIONS[method]
+    if unknown:
+        raise InputError(f"generate(method={method!r}): unknown options {sorted(unknown)}; "
+                         f"accepted: {sorted(_SPEC_OPTIONS[method])}")
+    rollback = options.get("rollback", "pseudo")
+    if rollback not in ROLLBACK_MODES:
+        raise InputError(f"rollback must be one of {ROLLBACK_MODES}; got {rollback!r}")
+    if rollback == "snapshot" and gamma + 1 > 64:
+        raise InputError(f"snapshot rollback verifies at most 64 positions; gamma={gamma} needs {gamma + 1}")
+    max_n, min_n = int(options.get("max_n", 3)), int(options.get("min_n", 1))
+    if not 1 <= min_n <= max_n:
+        raise InputError(f"n-gram sizes need 1 <= min_n <= max_n; got min_n={min_n}, max_n={max_n}")
+    drafter = NgramDrafter(max_n=max_n, min_n=min_n)
+    return generate_speculative(model.params, model.config, ids, max_new_tokens, drafter=drafter, gamma=gamma,
+                                max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
+                                state_dtype=model.dtype, rollback=rollback)

@@ -246,7 +246,7 @@ def lm_head_weight(params: dict) -> jax.Array:
 
 
 def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, rec_state: jax.Array,
-              impl: str, collect: bool):
+              impl: str, collect):
     """Gated DeltaNet token mixer. x [B, T, D] -> out [B, T, D], new conv/recurrent state, extras."""
     B, T, _ = x.shape
     H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
@@ -271,15 +271,24 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
     beta = jax.nn.sigmoid(b)
     g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(a.astype(jnp.float32) + p["dt_bias"].astype(jnp.float32))
 
-    kwargs = dict(initial_state=rec_state, output_final_state=True, return_pseudo_values=collect,
+    snapshots = collect == "snapshot"
+    kwargs = dict(initial_state=rec_state, output_final_state=True, return_pseudo_values=bool(collect),
                   use_qk_l2norm=True, implementation=impl)
-    if T <= 1 or (collect and T <= 64):
+    if snapshots:
+        if T > 64:
+            raise ValueError(f"snapshot rollback verifies at most 64 positions; got T={T}")
+        res = gated_delta.fused_recurrent_gated_delta_rule(q, k, v, g, beta, return_all_states=True, **kwargs)
+    elif T <= 1 or (collect and T <= 64):
         res = gated_delta.fused_recurrent_gated_delta_rule(q, k, v, g, beta, **kwargs)
     else:
         res = gated_delta.chunk_gated_delta_rule(q, k, v, g, beta, **kwargs)
     o = L.gated_rms_norm(res.o.astype(x.dtype), z, p["norm"], cfg.rms_norm_eps)  # [B, T, HV, V]
     out = L.linear(o.reshape(B, T, HV * V), p["out_proj"])
-    extras = {"k": k, "g": g, "v_new": res.v_new, "conv_window": window} if collect else {}
+    extras = {}
+    if collect:
+        extras = {"k": k, "g": g, "v_new": res.v_new, "conv_window": window}
+        if snapshots:
+            extras["all_states"] = res.all_states  # [B, T, HV, K, V]: the per-position baseline
     return out, new_conv, res.final_state, extras
 
 
@@ -358,12 +367,13 @@ def mlp(p: dict, cfg: Qwen35Config, x: jax.Array) -> jax.Array:
 # --------------------------------------------------------------------------------------- forward
 
 def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.Array, *,
-            impl: str = "auto", collect: bool = False, logits_for: str = "all"):
+            impl: str = "auto", collect=None, logits_for: str = "all"):
     """Run T >= 1 new tokens [B, T] from `state`; returns (logits, new_state, extras).
 
     logits: [B, T, vocab] float32 ("all") or [B, 1, vocab] for the last position ("last").
-    collect: also return what speculative commit needs per GDN layer (k, g, v_new, conv window)
-    and the final hidden states (for MTP drafters) in `extras`.
+    collect: None, or what speculative commit needs in `extras`: per GDN layer k, g, v_new and the
+    conv window ("pseudo" or True), plus per-position recurrent states ("snapshot", the baseline);
+    and the final-normed hidden states (for MTP drafters).
     """
     B, T = input_ids.shape
     dtype = params["embed"].dtype
@@ -412,3 +422,30 @@ def decode_step(params, cfg, state, token_ids, impl="auto"):
     """One token per sequence [B]: logits [B, vocab] and the new state."""
     logits, state = forward_jit(params, cfg, state, token_ids[:, None], impl=impl, logits_for="last")
     return logits[:, 0], state
+
+
+def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax.Array, *,
+           impl: str = "auto") -> Qwen35State:
+    """State after keeping the first n_keep [B] of the T positions a verification forward ran.
+
+    before: the committed state the verification started from; verified, extras: what
+    `forward(..., collect="pseudo" | "snapshot")` returned. Attention K/V stay where the verifier
+    wrote them (entries past the new length are masked and later overwritten); the conv state is
+    the window at the accepted boundary; the GDN state is rebuilt from pseudo-values
+    (`commit_state`) or, in snapshot mode, selected from the per-position states.
+    """
+    n_keep = n_keep.astype(jnp.int32)
+    conv, rec = [], []
+    for s0, ex in zip(before.recurrent, extras["gdn"]):
+        window = ex["conv_window"]  # [B, W-1+T, C]
+        W1 = window.shape[1] - ex["k"].shape[1]
+        conv.append(jax.vmap(lambda w, a: lax.dynamic_slice_in_dim(w, a, W1, axis=0))(window, n_keep))
+        if "all_states" in ex:
+            idx = jnp.maximum(n_keep - 1, 0)
+            picked = jnp.take_along_axis(ex["all_states"], idx[:, None, None, None, None], axis=1)[:, 0]
+            rec.append(jnp.where((n_keep > 0)[:, None, None, None], picked, s0))
+        else:
+            rec.append(gated_delta.commit_state(s0, ex["k"], ex["g"], ex["v_new"], n_keep, use_qk_l2norm=True,
+                                                implementation=impl))
+    return Qwen35State(keys=verified.keys, values=verified.values, conv=tuple(conv), recurrent=tuple(rec),
+                       length=before.length + n_keep)

@@ -1,0 +1,199 @@
+"""Speculative decoding for Qwen3.5: one jitted draft -> verify -> accept -> commit step, run inside a
+`lax.while_loop` until every sequence has max_new_tokens (or EOS). No host sync per step.
+
+The committed model state covers every token except the *anchor* (the last emitted token, not yet
+processed). A step drafts `gamma` tokens after the anchor, verifies anchor + drafts in ONE forward
+from the committed state, accepts a prefix, and commits anchor + accepted drafts:
+
+- attention K/V stay where the verifier wrote them; `length` advances by the kept count,
+- the conv state is the window at the accepted boundary,
+- the GDN state is rebuilt from pseudo-values (`rollback="pseudo"`, no per-position state) or
+  selected from per-position snapshots (`rollback="snapshot"`, the vLLM/SGLang baseline).
+
+Batches are ragged: every sequence keeps its own length, accepted count and output offset.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax import lax
+
+from ..model import GenerateResult
+from ..models import qwen35
+from .acceptance import accept
+from .sampling import SamplingConfig, select_token
+
+ROLLBACK_MODES = ("pseudo", "snapshot")
+
+
+@struct.dataclass
+class SpecState:
+    """Everything a step reads and writes, besides the drafter's own state.
+
+    model: committed Qwen35State (all tokens but the anchor). anchor [B]: last emitted token.
+    history [B, H], hist_len [B]: prompt + emitted tokens (the anchor is the last), for drafters.
+    out [B, N + gamma + 1], n_out [B]: emitted tokens; done [B]: EOS seen or budget reached.
+    steps: verify steps taken; accepted [N, B]: accepted drafts per step (-1 = sequence inactive).
+    """
+
+    model: qwen35.Qwen35State
+    anchor: jax.Array
+    history: jax.Array
+    hist_len: jax.Array
+    out: jax.Array
+    n_out: jax.Array
+    done: jax.Array
+    steps: jax.Array
+    accepted: jax.Array
+
+
+def _append(buf: jax.Array, start: jax.Array, new: jax.Array) -> jax.Array:
+    """buf [B, N] with new [B, G] written at per-row offsets start [B]."""
+    return jax.vmap(lambda b, s, n: lax.dynamic_update_slice_in_dim(b, n, s, axis=0))(buf, start, new)
+
+
+def _eos_mask(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
+    if not eos_ids:
+        return jnp.zeros(tokens.shape, bool)
+    return jnp.any(tokens[..., None] == jnp.asarray(eos_ids, jnp.int32), axis=-1)
+
+
+def spec_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gamma: int,
+              sampling: SamplingConfig, rollback: str, max_new_tokens: int, eos_ids: tuple[int, ...],
+              impl: str = "auto"):
+    """One speculative step. Returns (state, drafter_state, emitted [B, gamma+1], n_emitted [B])."""
+    B = state.anchor.shape[0]
+    k_draft, k_accept = jax.random.split(key)
+    active = ~state.done
+    if gamma > 0:
+        drafts, draft_probs, drafter_state = drafter.propose(params, cfg, drafter_state, state.history,
+                                                             state.hist_len, gamma, k_draft)
+    else:
+        drafts, draft_probs = jnp.zeros((B, 0), jnp.int32), None
+    verify_ids = jnp.concatenate([state.anchor[:, None], drafts], axis=1)  # [B, gamma + 1]
+    logits, verified, extras = qwen35.forward(params, cfg, state.model, verify_ids, impl=impl, collect=rollback)
+    n_acc, next_token = accept(drafts, draft_probs, logits, k_accept, sampling)
+    # emitted = accepted drafts, then the target's token; later slots repeat it (never read).
+    slot = jnp.arange(gamma + 1)[None, :]
+    emitted = jnp.where(slot < n_acc[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), next_token[:, None])
+    n_emit = n_acc + 1
+    # Stop at the first EOS among the emitted tokens.
+    eos_here = _eos_mask(emitted, eos_ids) & (slot < n_emit[:, None])
+    first_eos = jnp.argmax(eos_here, axis=1)
+    hit_eos = jnp.any(eos_here, axis=1)
+    n_emit = jnp.where(hit_eos, first_eos + 1, n_emit)
+    n_emit = jnp.where(active, n_emit, 0)
+    # Keep anchor + accepted drafts; a finished sequence keeps nothing (its state stays put).
+    n_keep = jnp.where(active, jnp.minimum(n_acc + 1, n_emit), 0)
+    model = qwen35.commit(state.model, verified, extras, n_keep, impl=impl)
+    new_anchor = jnp.take_along_axis(emitted, jnp.maximum(n_emit - 1, 0)[:, None], axis=1)[:, 0]
+    n_out = state.n_out + n_emit
+    done = state.done | hit_eos | (n_out >= max_new_tokens)
+    state = SpecState(
+        model=model,
+        anchor=jnp.where(active, new_anchor, state.anchor),
+        history=_append(state.history, state.hist_len, emitted),
+        hist_len=state.hist_len + n_emit,
+        out=_append(state.out, state.n_out, emitted),
+        n_out=n_out,
+        done=done,
+        steps=state.steps + 1,
+        accepted=state.accepted.at[jnp.minimum(state.steps, state.accepted.shape[0] - 1)].set(
+            jnp.where(active, n_acc, -1)),
+    )
+    drafter_state = drafter.update(drafter_state, emitted=emitted, n_emitted=n_emit, verified=extras)
+    return state, drafter_state, emitted, n_emit
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_len", "sampling", "eos_ids", "state_dtype",
+                                             "gamma", "max_new_tokens", "drafter", "impl"))
+def _spec_prefill(params, prompt, key, *, cfg, max_len, sampling, eos_ids, state_dtype, gamma, max_new_tokens,
+                  drafter, impl):
+    """Prompt -> SpecState whose anchor is the first new token (chosen exactly as AR chooses it)."""
+    B, T = prompt.shape
+    model = qwen35.init_state(cfg, B, max_len, state_dtype)
+    logits, model, _ = qwen35.forward(params, cfg, model, prompt, impl=impl, logits_for="last")
+    first = select_token(logits[:, 0], key, sampling)
+    history = jnp.zeros((B, max_len + gamma + 1), jnp.int32).at[:, :T].set(prompt).at[:, T].set(first)
+    out = jnp.zeros((B, max_new_tokens + gamma + 1), jnp.int32).at[:, 0].set(first)
+    done = _eos_mask(first, eos_ids) | (max_new_tokens <= 1)
+    state = SpecState(model=model, anchor=first, history=history, hist_len=jnp.full((B,), T + 1, jnp.int32),
+                      out=out, n_out=jnp.ones((B,), jnp.int32), done=done, steps=jnp.int32(0),
+                      accepted=jnp.full((max_new_tokens, B), -1, jnp.int32))
+    return state, drafter.init(params, cfg, prompt, max_len)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "sampling", "eos_ids", "gamma", "max_new_tokens", "drafter",
+                                             "rollback", "impl"),
+                   donate_argnames=("state", "drafter_state"))
+def _spec_loop(params, state, drafter_state, key, *, cfg, sampling, eos_ids, gamma, max_new_tokens, drafter,
+               rollback, impl):
+    step = functools.partial(spec_step, params, cfg, drafter=drafter, gamma=gamma, sampling=sampling,
+                             rollback=rollback, max_new_tokens=max_new_tokens, eos_ids=eos_ids, impl=impl)
+
+    def cond(carry):
+        return ~jnp.all(carry[0].done)
+
+    def body(carry):
+        state, drafter_state, key = carry
+        key, sub = jax.random.split(key)
+        state, drafter_state, _, _ = step(state, drafter_state, sub)
+        return state, drafter_state, key
+
+    state, drafter_state, _ = lax.while_loop(cond, body, (state, drafter_state, key))
+    pad = eos_ids[0] if eos_ids else 0
+    filled = jnp.arange(max_new_tokens)[None, :] < state.n_out[:, None]
+    tokens = jnp.where(filled, state.out[:, :max_new_tokens], pad)
+    return tokens, state, drafter_state
+
+
+def generate_speculative(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, drafter, gamma: int,
+                         max_len: int, sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...], state_dtype,
+                         rollback: str = "pseudo", impl: str = "auto", return_state: bool = False) -> GenerateResult:
+    """Compile, then time prefill and the speculative loop (compile time reported apart).
+
+    max_len must leave room for the last verification: prompt + max_new_tokens + gamma.
+    """
+    if rollback not in ROLLBACK_MODES:
+        raise ValueError(f"rollback must be one of {ROLLBACK_MODES}; got {rollback!r}")
+    prompt = jnp.asarray(prompt, jnp.int32)
+    # The first token is drawn with the key AR uses for it, so seeded runs start identically.
+    key_loop, key_first = jax.random.split(jax.random.PRNGKey(seed))
+    static_p = dict(cfg=cfg, max_len=max_len, sampling=sampling, eos_ids=eos_ids, state_dtype=state_dtype,
+                    gamma=gamma, max_new_tokens=max_new_tokens, drafter=drafter, impl=impl)
+    static_l = dict(cfg=cfg, sampling=sampling, eos_ids=eos_ids, gamma=gamma, max_new_tokens=max_new_tokens,
+                    drafter=drafter, rollback=rollback, impl=impl)
+    t0 = time.perf_counter()
+    prefill_c = _spec_prefill.lower(params, prompt, key_first, **static_p).compile()
+    shapes = jax.eval_shape(functools.partial(_spec_prefill, **static_p), params, prompt, key_first)
+    loop_c = _spec_loop.lower(params, shapes[0], shapes[1], key_loop, **static_l).compile()
+    compile_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    state, dstate = jax.block_until_ready(prefill_c(params, prompt, key_first))
+    t1 = time.perf_counter()
+    tokens, state, dstate = jax.block_until_ready(loop_c(params, state, dstate, key_loop))
+    t2 = time.perf_counter()
+    tokens = np.asarray(tokens)
+    steps = int(state.steps)
+    accepted = np.asarray(state.accepted)[:steps]  # [steps, B]
+    valid = accepted >= 0
+    n_new = int(np.minimum(np.asarray(state.n_out), max_new_tokens).sum())
+    stats = {
+        "method": drafter.name, "gamma": gamma, "rollback": rollback, "new_tokens": n_new,
+        "seconds": t2 - t0, "prefill_seconds": t1 - t0, "decode_seconds": t2 - t1, "compile_seconds": compile_s,
+        "tokens_per_second": n_new / max(t2 - t0, 1e-9),
+        "verify_steps": steps,
+        "mean_accepted": float(accepted[valid].mean()) if valid.any() else 0.0,
+        "tokens_per_step": float((accepted[valid] + 1).mean()) if valid.any() else 0.0,
+        "accepted_counts": accepted.T.tolist(),
+    }
+    if return_state:
+        stats["state"] = state
+    return GenerateResult(tokens=tokens, stats=stats)
