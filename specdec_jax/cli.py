@@ -1,0 +1,191 @@
+"""Command line: `python -m specdec_jax generate --model DIR --prompt TEXT [...]`.
+
+Loads a checkpoint folder and its tokenizer, generates, prints the prompt and its continuation,
+then a table (method, tokens/s, new tokens, verify steps, mean accepted tokens); `--compare-ar`
+adds a plain autoregressive run and the speedup. Bad input is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+from pathlib import Path
+
+EXIT_USAGE = 2
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "checkpoints" / "tiny-qwen35-code"
+DEFAULT_PROMPT = 'def fibonacci(n):\\n    """Return the n-th Fibonacci number."""\\n'
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+class UsageError(Exception):
+    """A bad command line or input: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse prints usage + message on two or more lines; we want one
+        raise UsageError(message)
+
+
+def unescape(text: str) -> str:
+    """Interpret \\n, \\t, \\r and \\\\ in a command-line prompt; other backslashes stay as they are."""
+    return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m specdec_jax", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="{generate}")
+    sub.required = True
+    g = sub.add_parser("generate", help="generate a continuation of a prompt")
+    g.add_argument("--model", default=str(DEFAULT_MODEL),
+                   help=f"checkpoint folder with config.json, safetensors and a tokenizer (default {DEFAULT_MODEL})")
+    g.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text; \\n and \\t escapes are interpreted")
+    g.add_argument("--method", default="ar", help="decoding method (default ar; the model lists what it supports)")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=0, help="0 = off")
+    g.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--num-steps", type=int, default=None, help="looped models: recurrence depth")
+    g.add_argument("--compare-ar", action="store_true", help="also run plain autoregressive decoding")
+    g.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
+                   help="parameter dtype (default bfloat16 on GPU/TPU, float32 on CPU)")
+    return parser
+
+
+def _check_numbers(args) -> None:
+    if args.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be >= 1; got {args.max_new_tokens}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise UsageError(f"--temperature must be a finite number >= 0; got {args.temperature}")
+    if args.top_k < 0:
+        raise UsageError(f"--top-k must be >= 0 (0 = off); got {args.top_k}")
+    if not 0 < args.top_p <= 1:
+        raise UsageError(f"--top-p must be in (0, 1]; got {args.top_p}")
+    if args.num_steps is not None and args.num_steps < 1:
+        raise UsageError(f"--num-steps must be >= 1; got {args.num_steps}")
+
+
+def _known_methods() -> set[str]:
+    """Every method some model family supports (the api module's *_METHODS tuples)."""
+    from . import api
+    return {m for name in dir(api) if name.endswith("_METHODS") for m in getattr(api, name)}
+
+
+def _load_tokenizer(folder: str):
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if not any(os.path.isfile(os.path.join(folder, n)) for n in names):
+        raise UsageError(f"no tokenizer in '{folder}' (expected tokenizer.json / tokenizer_config.json beside "
+                         f"config.json)")
+    try:
+        from transformers import AutoTokenizer
+        from transformers.utils import logging as hf_logging
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # it reads config.json and warns about model types it does not know
+        try:
+            return AutoTokenizer.from_pretrained(folder)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+    except Exception as e:  # transformers raises many types; one line is enough to act on
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"could not load the tokenizer in '{folder}': {first}") from None
+
+
+def _trim_at_eos(tokens, eos_ids) -> list[int]:
+    out = []
+    for t in tokens:
+        out.append(int(t))
+        if int(t) in eos_ids:
+            break
+    return out
+
+
+def _row(stats: dict) -> list[str]:
+    def get(key, fmt):
+        v = stats.get(key)
+        return "-" if v is None else fmt.format(v)
+    return [str(stats.get("method", "?")), get("tokens_per_second", "{:,.1f}"), get("new_tokens", "{:d}"),
+            get("verify_steps", "{:d}"), get("mean_accepted", "{:.2f}")]
+
+
+def _table(rows: list[list[str]]) -> str:
+    header = ["method", "tokens/s", "new tokens", "verify steps", "mean accepted"]
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([fmt(header)] + [fmt(r) for r in rows])
+
+
+def generate_command(args) -> int:
+    _check_numbers(args)
+    folder = os.path.expanduser(args.model)
+    if not os.path.isdir(folder):
+        raise UsageError(f"model folder '{folder}' does not exist" if not os.path.exists(folder)
+                         else f"--model '{folder}' is not a folder")
+    prompt = unescape(args.prompt)
+    if not prompt:
+        raise UsageError("--prompt is empty")
+
+    import jax
+    import numpy as np
+    import specdec_jax as sj
+
+    dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
+    tokenizer = _load_tokenizer(folder)
+    model = sj.load(folder, dtype=dtype)
+    methods = tuple(sj.supported_methods(model))
+    if args.method not in methods:
+        family = model.family
+        if args.method in _known_methods():
+            raise UsageError(f"method '{args.method}' is not supported by this {family} model; "
+                             f"supported: {', '.join(methods)}")
+        raise UsageError(f"unknown method '{args.method}'; supported for this {family} model: {', '.join(methods)}")
+    options = {}
+    if args.num_steps is not None:
+        if model.family != "looped":
+            raise UsageError(f"--num-steps applies to looped models only; '{folder}' is a {model.family} model")
+        options["num_steps"] = args.num_steps
+
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    if not ids:
+        raise UsageError("the prompt encodes to no tokens")
+    ids = np.asarray([ids], np.int64)
+    sampling = dict(temperature=args.temperature, seed=args.seed, top_k=args.top_k, top_p=args.top_p)
+    result = sj.generate(model, ids, args.max_new_tokens, method=args.method, **sampling, **options)
+    eos_ids = set(model.config.eos_token_id)
+    new = _trim_at_eos(result.tokens[0], eos_ids)
+    text = tokenizer.decode(new, skip_special_tokens=True)
+    print(prompt + text)
+    print()
+    rows = [_row(dict(result.stats, method=result.stats.get("method", args.method)))]
+    notes = [f"model: {folder} ({model.family}, {dtype}); prompt {ids.shape[1]} tokens"]
+    if args.compare_ar:
+        if args.method == "ar":
+            notes.append("--compare-ar: the method is already ar")
+        else:
+            base = sj.generate(model, ids, args.max_new_tokens, method="ar", **sampling, **options)
+            rows.append(_row(dict(base.stats, method="ar")))
+            speedup = result.stats["tokens_per_second"] / max(base.stats["tokens_per_second"], 1e-9)
+            notes.append(f"speedup over ar: {speedup:.2f}x")
+            if args.temperature == 0:
+                same = np.array_equal(result.tokens, base.tokens)
+                notes.append(f"greedy output identical to ar: {'yes' if same else 'NO'}")
+    print(_table(rows))
+    for n in notes:
+        print(n)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code (2 for bad input, with one line on stderr)."""
+    from .errors import SpecdecError
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return generate_command(args)
+    except (UsageError, SpecdecError) as e:
+        message = " ".join(str(e).split())  # one line, whatever the message held
+        print(f"specdec_jax: error: {message}", file=sys.stderr)
+        return EXIT_USAGE

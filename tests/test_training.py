@@ -1,0 +1,196 @@
+"""Training of the tiny checkpoints (both archs) and the Qwen3.5 MTP head, on CPU.
+
+A few optimizer steps on a tiny config must lower the loss; the written Qwen3.5 checkpoint must load
+in specdec_jax and in transformers and both must decode the same greedy tokens (fp32); the MTP head
+must match a small PyTorch implementation written here from vLLM's description.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import specdec_jax as sj
+from specdec_jax import training
+from specdec_jax.models import mtp, qwen35
+from tests import qwen_helpers as H
+
+VOCAB = 96
+TINY_QWEN = dict(hidden=32, layers=4, heads=4, kv_heads=2, head_dim=16, linear_key_heads=2, linear_value_heads=4,
+                 linear_head_dim=8, intermediate=64)
+TINY_HUGINN = dict(hidden=32, heads=4, prelude=1, core=1, coda=1, intermediate=64, mean_recurrence=4,
+                   backprop_depth=2, eval_depths=(1, 4))
+
+
+def bigram_tokens(n: int, seed: int) -> np.ndarray:
+    """A learnable toy language: each token follows from the previous one 85% of the time."""
+    rng = np.random.default_rng(seed)
+    table = rng.integers(2, VOCAB, size=VOCAB)
+    noise = rng.integers(2, VOCAB, size=n)
+    keep = rng.random(n) < 0.85
+    out = np.empty(n, np.uint16)
+    out[0] = 5
+    for i in range(1, n):
+        out[i] = table[out[i - 1]] if keep[i] else noise[i]
+    return out
+
+
+def _options(tmp_path, arch: str, **kw) -> training.TrainOptions:
+    base = dict(arch=arch, out=str(tmp_path / arch), steps=40, batch=8, seq_len=32, lr=1e-2, warmup_steps=5,
+                log_every=5, eval_every=0, time_budget_s=300, quiet=True, schedule="steps")
+    base.update(TINY_QWEN if arch == "qwen35" else TINY_HUGINN)
+    base.update(kw)
+    return training.TrainOptions(**base)
+
+
+def _history(folder) -> list[dict]:
+    return json.loads((folder / "train_log.json").read_text())["history"]
+
+
+@pytest.fixture(scope="module")
+def qwen_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("train")
+    o = _options(tmp, "qwen35")
+    data = bigram_tokens(12_000, seed=0)
+    summary = training.run_training(o, data[:10_000], data[10_000:], vocab_size=VOCAB)
+    return tmp / "qwen35", summary
+
+
+def test_qwen35_training_lowers_loss_and_writes_checkpoint(qwen_run):
+    folder, summary = qwen_run
+    hist = _history(folder)
+    assert hist[0]["step"] == 1 and summary["steps"] == 40
+    assert summary["final_train_loss"] < hist[0]["loss"] - 1.0, (hist[0], summary["final_train_loss"])
+    assert hist[-1]["mtp_ce"] < hist[0]["mtp_ce"]
+    assert summary["eval"]["ce"] < math.log(VOCAB) - 1.0
+    for name in ("config.json", "model.safetensors", "README.md", "train_log.json"):
+        assert (folder / name).is_file(), name
+    config = json.loads((folder / "config.json").read_text())
+    assert config["mtp_num_hidden_layers"] == 1 and config["eos_token_id"] == 0
+    assert "held-out" in (folder / "README.md").read_text().lower()
+
+
+def test_qwen35_checkpoint_matches_transformers(qwen_run):
+    folder, _ = qwen_run
+    from transformers import Qwen3_5ForCausalLM
+    ref, info = Qwen3_5ForCausalLM.from_pretrained(folder, dtype=torch.float32, output_loading_info=True)
+    assert not info["missing_keys"], info["missing_keys"]
+    model = sj.load(folder, dtype="float32")
+    assert "mtp" in model.params  # the MTP head is loaded here, and simply unused by transformers
+    ids = bigram_tokens(2_000, seed=5)[None, 100:110].astype(np.int64)
+    ours = sj.generate(model, ids, 16, eos_token_id=False).tokens
+    np.testing.assert_array_equal(ours, H.reference_greedy(ref.eval(), ids, 16))
+    logits = sj.forward_logits(model, ids)
+    assert H.rel_err(logits, H.reference_logits(ref, ids)) <= 1e-4
+
+
+def test_huginn_training_lowers_loss_and_loads(tmp_path):
+    o = _options(tmp_path, "huginn", steps=30)
+    data = bigram_tokens(12_000, seed=1)
+    summary = training.run_training(o, data[:10_000], data[10_000:], vocab_size=VOCAB)
+    hist = _history(tmp_path / "huginn")
+    assert summary["final_train_loss"] < hist[0]["loss"] - 1.0, (hist[0], summary["final_train_loss"])
+    assert set(summary["eval"]["per_depth"]) == {1, 4}
+    assert summary["eval"]["per_depth"][4]["ce"] < math.log(VOCAB) - 1.0
+    model = sj.load(tmp_path / "huginn", dtype="float32")
+    assert model.family == "looped" and model.config.mean_recurrence == 4
+    out = sj.generate(model, data[None, :6].astype(np.int64), 4, eos_token_id=False)
+    assert out.tokens.shape == (1, 4)
+
+
+def test_recurrence_sampler():
+    rng = np.random.default_rng(0)
+    draws = [training.sample_recurrence(rng, 16, 4) for _ in range(4000)]
+    n, k = np.array(draws).T
+    assert np.all((k >= 1) & (k <= 4)) and np.all(n >= 0)
+    assert np.all((n == 0) | (k == 4))  # no-grad steps only once the backprop window is full
+    assert abs(np.mean(n + k) - 17) < 0.5  # Poisson-lognormal around the mean, plus one
+
+
+# --------------------------------------------------------------------------------------------- MTP
+
+def torch_mtp(t: dict, cfg, hidden: torch.Tensor, next_ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """vLLM's Qwen3.5 MTP head on HF-named tensors `t`, fp32: logits for the tokens at t + 2."""
+    eps, nH, nKV, hd = cfg.rms_norm_eps, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+
+    def norm(x, w):  # zero-centred RMSNorm
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1 + w)
+
+    B, T, _ = hidden.shape
+    emb = t["model.embed_tokens.weight"]
+    e = norm(emb[next_ids], t["mtp.pre_fc_norm_embedding.weight"])
+    h = norm(hidden, t["mtp.pre_fc_norm_hidden.weight"])
+    x = torch.cat([e, h], -1) @ t["mtp.fc.weight"].T
+    p = "mtp.layers.0."
+    y = norm(x, t[p + "input_layernorm.weight"])
+    qg = (y @ t[p + "self_attn.q_proj.weight"].T).view(B, T, nH, 2 * hd)
+    q, gate = qg[..., :hd], qg[..., hd:].reshape(B, T, nH * hd)
+    q = norm(q, t[p + "self_attn.q_norm.weight"])
+    k = norm((y @ t[p + "self_attn.k_proj.weight"].T).view(B, T, nKV, hd), t[p + "self_attn.k_norm.weight"])
+    v = (y @ t[p + "self_attn.v_proj.weight"].T).view(B, T, nKV, hd)
+    rd = int(hd * cfg.partial_rotary_factor)
+    inv = 1.0 / cfg.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd)
+    ang = (torch.arange(T, dtype=torch.float32) + offset)[:, None] * inv[None]
+    cos, sin = torch.cat([ang, ang], -1).cos()[None, :, None], torch.cat([ang, ang], -1).sin()[None, :, None]
+
+    def rope(z):
+        r, rest = z[..., :rd], z[..., rd:]
+        rotated = torch.cat([-r[..., rd // 2:], r[..., :rd // 2]], -1)
+        return torch.cat([r * cos + rotated * sin, rest], -1)
+
+    q, k = rope(q), rope(k)
+    rep = nH // nKV
+    k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+    scores = torch.einsum("bthd,bshd->bhts", q, k) * hd ** -0.5
+    scores = scores.masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf"))
+    attn = torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v).reshape(B, T, nH * hd)
+    x = x + (attn * torch.sigmoid(gate)) @ t[p + "self_attn.o_proj.weight"].T
+    y = norm(x, t[p + "post_attention_layernorm.weight"])
+    mlp = torch.nn.functional.silu(y @ t[p + "mlp.gate_proj.weight"].T) * (y @ t[p + "mlp.up_proj.weight"].T)
+    x = x + mlp @ t[p + "mlp.down_proj.weight"].T
+    return norm(x, t["mtp.norm.weight"]) @ emb.T
+
+
+@pytest.fixture(scope="module")
+def mtp_setup():
+    o = training.TrainOptions(**TINY_QWEN)
+    cfg = training.qwen35_config(VOCAB, o)
+    params = training.init_qwen35_params(cfg, jax.random.PRNGKey(3), std=0.3)
+    # Random norm weights and a strong MTP layer, so that every piece matters.
+    keys = iter(jax.random.split(jax.random.PRNGKey(4), 64))
+    params["mtp"] = jax.tree.map(lambda x: x + 0.2 * jax.random.normal(next(keys), x.shape) if x.ndim == 1 else x,
+                                 params["mtp"])
+    rng = np.random.default_rng(0)
+    hidden = rng.standard_normal((2, 11, cfg.hidden_size)).astype(np.float32)
+    next_ids = rng.integers(0, VOCAB, size=(2, 11))
+    return cfg, params, hidden, next_ids
+
+
+def test_mtp_forward_matches_torch(mtp_setup):
+    cfg, params, hidden, next_ids = mtp_setup
+    logits, hidden_out = mtp.mtp_forward_train(params, cfg, jnp.asarray(hidden), jnp.asarray(next_ids))
+    assert logits.shape == (2, 11, VOCAB) and hidden_out.shape == hidden.shape
+    tensors = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in qwen35.hf_tensors(params, cfg).items()}
+    want = torch_mtp(tensors, cfg, torch.from_numpy(hidden), torch.from_numpy(next_ids)).numpy()
+    assert H.rel_err(logits, want) <= 1e-5
+
+
+def test_mtp_cached_forward_equals_full(mtp_setup):
+    cfg, params, hidden, next_ids = mtp_setup
+    full, full_hidden = mtp.mtp_forward_train(params, cfg, jnp.asarray(hidden), jnp.asarray(next_ids))
+    k_cache, v_cache = mtp.init_mtp_cache(cfg, 2, 16, jnp.float32)
+    pieces, hiddens = [], []
+    for start, stop in ((0, 1), (1, 6), (6, 11)):  # T = 1 (decode) and multi-token (verification) calls
+        pos = jnp.broadcast_to(jnp.arange(start, stop, dtype=jnp.int32)[None], (2, stop - start))
+        lg, ho, k_cache, v_cache = mtp.mtp_forward(params, cfg, jnp.asarray(hidden[:, start:stop]),
+                                                   jnp.asarray(next_ids[:, start:stop]), k_cache, v_cache, pos)
+        pieces.append(lg)
+        hiddens.append(ho)
+    assert H.rel_err(jnp.concatenate(pieces, axis=1), full) <= 1e-5
+    assert H.rel_err(jnp.concatenate(hiddens, axis=1), full_hidden) <= 1e-5
