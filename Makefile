@@ -22,7 +22,7 @@ test: $(VENV)/.installed
 	JAX_PLATFORMS=cpu $(PY) -m pytest tests
 
 demo: $(VENV)/.installed
-	JAX_PLATFORMS=cpu $(PY) -m specdec_jax generate --compare-ar --max-new-tokens 64 \
+	JAX_PLATFORMS=cpu $(PY) -m specdec_jax generate --method ngram --gamma 8 --compare-ar --max-new-tokens 128 \
 		--prompt 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 
 clean:

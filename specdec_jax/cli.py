@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--num-steps", type=int, default=None, help="looped models: recurrence depth")
     g.add_argument("--compare-ar", action="store_true", help="also run plain autoregressive decoding")
+    g.add_argument("--gamma", type=int, default=None, help="draft length of speculative methods (default 4)")
     g.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
                    help="parameter dtype (default bfloat16 on GPU/TPU, float32 on CPU)")
     return parser
@@ -153,7 +154,17 @@ def generate_command(args) -> int:
         raise UsageError("the prompt encodes to no tokens")
     ids = np.asarray([ids], np.int64)
     sampling = dict(temperature=args.temperature, seed=args.seed, top_k=args.top_k, top_p=args.top_p)
-    result = sj.generate(model, ids, args.max_new_tokens, method=args.method, **sampling, **options)
+    if args.gamma is not None and args.method != "ar":
+        options["gamma"] = args.gamma
+
+    def run(method, opts):
+        # With --compare-ar each method first runs once untimed: first executions pay one-time
+        # costs (allocation, thread pools) that would bias the comparison.
+        for _ in range(2 if args.compare_ar else 1):
+            out = sj.generate(model, ids, args.max_new_tokens, method=method, **sampling, **opts)
+        return out
+
+    result = run(args.method, options)
     eos_ids = set(model.config.eos_token_id)
     new = _trim_at_eos(result.tokens[0], eos_ids)
     text = tokenizer.decode(new, skip_special_tokens=True)
@@ -165,7 +176,7 @@ def generate_command(args) -> int:
         if args.method == "ar":
             notes.append("--compare-ar: the method is already ar")
         else:
-            base = sj.generate(model, ids, args.max_new_tokens, method="ar", **sampling, **options)
+            base = run("ar", {k: v for k, v in options.items() if k != "gamma"})
             rows.append(_row(dict(base.stats, method="ar")))
             speedup = result.stats["tokens_per_second"] / max(base.stats["tokens_per_second"], 1e-9)
             notes.append(f"speedup over ar: {speedup:.2f}x")
