@@ -139,17 +139,18 @@ def torch_inputs(torch, x, dtype):
 # --------------------------------------------------------------------------------------------- timing
 
 def jax_chain(step, n):
-    """jit(s0 -> s after n chained calls of step(s) -> s)."""
-    def run(s):
+    """jit((s0, inputs) -> s after n chained calls s = step(s, inputs)); inputs are arguments, not
+    constants (closing over them would let XLA constant-fold the whole chain at compile time)."""
+    def run(s, x):
         for _ in range(n):
-            s = step(s)
+            s = step(s, x)
         return s
     return jax.jit(run)
 
 
-def time_jax(fn, s0, n):
+def time_jax(fn, n, *args):
     t0 = time.perf_counter()
-    jax.block_until_ready(fn(s0))
+    jax.block_until_ready(fn(*args))
     return (time.perf_counter() - t0) / n
 
 
@@ -242,18 +243,22 @@ def measure_ceilings():
     """Device copy bandwidth (read + write) and bf16 matmul rate on random data."""
     x = jax.random.normal(jax.random.PRNGKey(0), (1 << 29,), jnp.float32)  # 2 GiB
     copy = jax.jit(lambda a: a * 1.0001)
-    t_copy = np.median([time_jax(copy, x, 1) for _ in range(3 + 10)][3:])
+    t_copy = np.median([time_jax(copy, 1, x) for _ in range(3 + 10)][3:])
     a = jax.random.normal(jax.random.PRNGKey(1), (8192, 8192), jnp.bfloat16)
     mm = jax.jit(lambda m: (m @ m).astype(jnp.bfloat16))
-    t_mm = np.median([time_jax(mm, a, 1) for _ in range(3 + 10)][3:])
+    t_mm = np.median([time_jax(mm, 1, a) for _ in range(3 + 10)][3:])
     return {"copy_TBps": 2 * x.nbytes / t_copy / 1e12, "bf16_matmul_TFLOPs": 2 * 8192 ** 3 / t_mm / 1e12}
 
 
-def check_correctness(log, with_fla):
+def check_correctness(log, with_fla, small=False, fp32=False):
     """Kernels vs reference on the GPU: fp32 inputs (~1e-6 expected) and bf16 inputs (~3e-3)."""
     rows = []
-    cases = [("fp32", jnp.float32, 1, 200, 2, 4, 128, 128), ("fp32-odd", jnp.float32, 2, 77, 1, 3, 48, 40),
-             ("bf16", jnp.bfloat16, 1, 1024, 16, 32, 128, 128)]
+    cases = [("bf16", jnp.bfloat16, 1, 1024, 16, 32, 128, 128)]
+    if fp32:
+        cases = [("fp32", jnp.float32, 1, 200, 2, 4, 128, 128),
+                 ("fp32-odd", jnp.float32, 2, 77, 1, 3, 48, 40)] + cases
+    if small:
+        cases = [("fp32", jnp.float32, 1, 70, 1, 4, 128, 32), ("bf16", jnp.bfloat16, 1, 64, 1, 4, 128, 32)]
     for name, dt, b, t, h, hv, kd, vd in cases:
         x = to_jax(make_inputs(b, t, h, hv, kd, vd, seed=1), dt)
         args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
@@ -274,12 +279,19 @@ def check_correctness(log, with_fla):
         rows.append(dict(case=name, op="recurrent", T=ts, o=rel(out_r.o, ref_r.o),
                          state=rel(out_r.final_state, ref_r.final_state), v_new=rel(out_r.v_new, ref_r.v_new),
                          all_states=rel(out_r.all_states, ref_r.all_states)))
+        try:
+            out_m = pallas_ops.fused_recurrent_gated_delta_rule(*sl, return_pseudo_values=True, backend="mosaic",
+                                                                block_v=32, **kw)
+            rows.append(dict(case=name, op="recurrent[mosaic]", T=ts, o=rel(out_m.o, ref_r.o),
+                             state=rel(out_m.final_state, ref_r.final_state), v_new=rel(out_m.v_new, ref_r.v_new)))
+        except Exception as e:  # noqa: BLE001 - the Mosaic GPU kernel is a measured alternative
+            log(f"mosaic recurrent failed: {type(e).__name__}: {str(e)[:1500]}")
         for a in (0, 1, ts // 2, ts):
             n = jnp.full((b,), a, jnp.int32)
             want = x["s0"] if a == 0 else ref_r.all_states[:, a - 1]
             got = pallas_ops.commit_state(x["s0"], sl[1], sl[3], out_r.v_new, n, use_qk_l2norm=True)
             rows.append(dict(case=name, op=f"commit a={a}", T=ts, state=rel(got, want)))
-        if with_fla and dt == jnp.bfloat16:
+        if with_fla and dt == jnp.bfloat16 and not small:
             torch, fla_chunk, fla_rec, fla_snap = torch_side()
             xt = torch_inputs(torch, make_inputs(b, t, h, hv, kd, vd, seed=1), torch.bfloat16)
             o, st = fla_chunk(xt["q"], xt["k"], xt["v"], xt["g"], xt["beta"], scale=kd ** -0.5,
@@ -296,7 +308,7 @@ def check_correctness(log, with_fla):
     return rows
 
 
-def bench(log, args):
+def bench(log, args, save=lambda rows: None):
     """Paired timings at Qwen3.5-9B shapes (H=16, HV=32, K=V=128, bf16) and H=HV=32 at T=8192."""
     b, h, hv, kd, vd = (1, 1, 2, 32, 32) if args.small else (1, 16, 32, 128, 128)
     scale = kd ** -0.5
@@ -307,68 +319,77 @@ def bench(log, args):
             fla = torch_side()
         except Exception as e:  # noqa: BLE001 - the JAX numbers stand alone when fla is missing
             log(f"fla unavailable: {type(e).__name__}: {e}")
-    t_list = [1, 4, 16, 64, 1024, 8192] if not (args.quick or args.small) else [4, 64, 128]
-    shapes = [(h, t) for t in t_list] + ([] if args.small else [(32, 8192)])
+    # Longest first: the numbers the targets are about come in even if a run is cut short.
+    t_list = [8192, 64, 16, 4, 1, 1024] if not (args.quick or args.small) else [128, 64, 4]
+    shapes = [(h, t) for t in t_list[:1]] + ([] if args.small else [(32, 8192)]) + [(h, t) for t in t_list[1:]]
     for hh, t in shapes:
         x_np = make_inputs(b, t, hh, hv, kd, vd, seed=t)
         x = to_jax(x_np, jnp.bfloat16)
         # Long chains amortise JAX's per-jit dispatch (tens of us) over the launch-bound small-T calls.
-        n_chain = 32 if t <= 64 else (4 if t <= 1024 else 2)
+        n_chain = 16 if t <= 64 else (4 if t <= 1024 else 2)
         repeats = args.repeats
-        q, k, v, g, beta = x["q"], x["k"], x["v"], x["g"], x["beta"]
         timers, meta = {}, {}
 
         def add_jax(name, step, kind, extra_bytes=0):
             try:
                 fn = jax_chain(step, n_chain)
-                jax.block_until_ready(fn(x["s0"]))  # compile + warm-up
-                jax.block_until_ready(fn(x["s0"]))
-                timers[name] = lambda fn=fn: time_jax(fn, x["s0"], n_chain)
+                jax.block_until_ready(fn(x["s0"], x))  # compile + warm-up
+                jax.block_until_ready(fn(x["s0"], x))
+                timers[name] = lambda fn=fn: time_jax(fn, n_chain, x["s0"], x)
                 meta[name] = (kind, extra_bytes)
             except Exception as e:  # noqa: BLE001 - report and keep measuring the rest
                 log(f"[T={t} H={hh}] {name} failed: {type(e).__name__}: {str(e)[:800]}")
                 traceback.print_exc()
 
         kw = dict(use_qk_l2norm=True, scale=scale)
-        if t > CHUNK_T or t == CHUNK_T:
-            for bv, sd in ([(32, "bf16"), (64, "bf16"), (16, "bf16"), (32, "f32")] if t == 8192 and args.variants
-                           else [(args.block_v, args.state_dot)]):
-                add_jax(f"pallas_chunk[bv={bv},{sd}]",
-                        lambda s, bv=bv, sd=sd: pallas_ops.chunk_gated_delta_rule(
-                            q, k, v, g, beta, initial_state=s, block_v=bv, state_dot=sd, **kw).final_state, "chunk")
-            add_jax("reference_chunk", lambda s: gd.chunk_gated_delta_rule(
-                q, k, v, g, beta, initial_state=s, implementation="reference", **kw).final_state, "chunk")
+        qkvgb = lambda x: (x["q"], x["k"], x["v"], x["g"], x["beta"])
+        if t >= CHUNK_T:
+            chunk_variants = [(args.block_v, args.state_dot, True)]
+            if t == 8192 and hh == h:
+                chunk_variants.append((args.block_v, args.state_dot, False))
+                if args.variants:
+                    chunk_variants += [(64, "bf16", True), (16, "bf16", True), (32, "f32", True)]
+            for bv, sd, split in chunk_variants:
+                add_jax(f"pallas_chunk[bv={bv},{sd},{'split' if split else 'fused'}]",
+                        lambda s, x, bv=bv, sd=sd, split=split: pallas_ops.chunk_gated_delta_rule(
+                            *qkvgb(x), initial_state=s, block_v=bv, state_dot=sd, split_output=split,
+                            **kw).final_state, "chunk")
+            if hh == h:
+                add_jax("reference_chunk", lambda s, x: gd.chunk_gated_delta_rule(
+                    *qkvgb(x), initial_state=s, implementation="reference", **kw).final_state, "chunk")
         if t <= CHUNK_T:
             n_acc = jnp.full((b,), max(1, t // 2), jnp.int32)
             u_bytes = 4 * b * t * hv * vd
             snap_bytes = 4 * b * t * hv * kd * vd
-            for bv, nw in ([(8, 1), (16, 1), (16, 2), (32, 4)] if args.variants else [(8, 1)]):
-                add_jax(f"pallas_recurrent[bv={bv},w={nw}]",
-                        lambda s, bv=bv, nw=nw: pallas_ops.fused_recurrent_gated_delta_rule(
-                            q, k, v, g, beta, initial_state=s, block_v=bv, num_warps=nw, **kw).final_state,
-                        "recurrent")
+            rec_variants = [("triton", 8, 1), ("mosaic", 32, 1)]
+            if args.variants:
+                rec_variants += [("triton", 16, 1), ("triton", 32, 4), ("mosaic", 16, 1), ("mosaic", 64, 1)]
+            for be, bv, nw in rec_variants:
+                add_jax(f"pallas_recurrent[{be},bv={bv}]",
+                        lambda s, x, be=be, bv=bv, nw=nw: pallas_ops.fused_recurrent_gated_delta_rule(
+                            *qkvgb(x), initial_state=s, block_v=bv, num_warps=nw, backend=be,
+                            **kw).final_state, "recurrent")
 
-            def verify_commit(s, commit):
-                out = pallas_ops.fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=s,
-                                                                  return_pseudo_values=True,
-                                                                  output_final_state=False, **kw)
-                return commit(s, k, g, out.v_new, n_acc, use_qk_l2norm=True)
+            def verify_commit(s, x, commit, be, bv):
+                out = pallas_ops.fused_recurrent_gated_delta_rule(*qkvgb(x), initial_state=s,
+                                                                  return_pseudo_values=True, backend=be,
+                                                                  block_v=bv, output_final_state=False, **kw)
+                return commit(s, x["k"], x["g"], out.v_new, n_acc, use_qk_l2norm=True)
 
-            add_jax("pallas_verify+commit", lambda s: verify_commit(s, pallas_ops.commit_state), "recurrent",
-                    u_bytes + 8 * b * hv * kd * vd)
-            add_jax("pallas_verify+jnp_commit", lambda s: verify_commit(
-                s, lambda *a, **k_: gd.commit_state(*a, implementation="reference", **k_)), "recurrent",
-                u_bytes + 8 * b * hv * kd * vd)
-            add_jax("pallas_snapshot_verify", lambda s: pallas_ops.fused_recurrent_gated_delta_rule(
-                q, k, v, g, beta, initial_state=s, return_all_states=True, output_final_state=False,
+            for be, bv, _ in rec_variants[:2]:
+                add_jax(f"pallas_verify+commit[{be},bv={bv}]",
+                        lambda s, x, be=be, bv=bv: verify_commit(s, x, pallas_ops.commit_state, be, bv),
+                        "recurrent", u_bytes + 8 * b * hv * kd * vd)
+            add_jax("pallas_snapshot_verify", lambda s, x: pallas_ops.fused_recurrent_gated_delta_rule(
+                *qkvgb(x), initial_state=s, return_all_states=True, output_final_state=False,
                 **kw).all_states[:, t // 2 if t > 1 else 0], "recurrent", snap_bytes)
-            add_jax("pallas_commit_only", lambda s: pallas_ops.commit_state(s, k, g, x["v"].astype(jnp.float32), n_acc,
-                                                                            use_qk_l2norm=True), "commit")
-            add_jax("jnp_commit_only", lambda s: gd.commit_state(s, k, g, x["v"].astype(jnp.float32), n_acc,
-                                                                 use_qk_l2norm=True, implementation="reference"),
-                    "commit")
-            add_jax("reference_recurrent", lambda s: gd.fused_recurrent_gated_delta_rule(
-                q, k, v, g, beta, initial_state=s, implementation="reference", **kw).final_state, "recurrent")
+            add_jax("pallas_commit_only", lambda s, x: pallas_ops.commit_state(
+                s, x["k"], x["g"], x["v"].astype(jnp.float32), n_acc, use_qk_l2norm=True), "commit")
+            add_jax("jnp_commit_only", lambda s, x: gd.commit_state(
+                s, x["k"], x["g"], x["v"].astype(jnp.float32), n_acc, use_qk_l2norm=True,
+                implementation="reference"), "commit")
+            add_jax("reference_recurrent", lambda s, x: gd.fused_recurrent_gated_delta_rule(
+                *qkvgb(x), initial_state=s, implementation="reference", **kw).final_state, "recurrent")
         if fla is not None:
             torch, fla_chunk, fla_rec, fla_snap = fla
             xt = torch_inputs(torch, x_np, torch.bfloat16)
@@ -410,6 +431,7 @@ def bench(log, args):
                        TFLOPs=flops / sec / 1e12, chain=n_chain, repeats=repeats)
             results.append(row)
             log(json.dumps(row))
+        save(results)
     return results
 
 
@@ -438,7 +460,9 @@ def markdown(header, ceilings, checks, rows):
                 fla_ms[(r["T"], r["H"], r["impl"])] = r["ms"]
         for r in rows:
             impl = r["impl"]
-            if "snapshot" in impl or "verify" in impl:
+            if "commit_only" in impl:
+                base = None
+            elif "snapshot" in impl or "verify" in impl:
                 base = fla_ms.get((r["T"], r["H"], "fla_snapshot_verify"))
             elif r["T"] <= CHUNK_T and "chunk" not in impl:
                 base = fla_ms.get((r["T"], r["H"], "fla_recurrent"))
@@ -455,10 +479,12 @@ def main(argv=None):
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--tag", default="h200")
     parser.add_argument("--quick", action="store_true", help="fewer sizes")
-    parser.add_argument("--variants", action="store_true", help="also time kernel tuning variants")
+    parser.add_argument("--variants", action="store_true", help="also time more kernel tuning variants")
     parser.add_argument("--skip-fla", action="store_true")
     parser.add_argument("--small", action="store_true", help="tiny shapes (a CPU smoke test of this script)")
     parser.add_argument("--skip-check", action="store_true")
+    parser.add_argument("--skip-ceilings", action="store_true", help="no copy / matmul ceiling measurement")
+    parser.add_argument("--check-fp32", action="store_true", help="also check fp32 inputs (slow IEEE kernels)")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--block-v", type=int, default=32, help="chunk state kernel block (default run)")
     parser.add_argument("--state-dot", default="bf16", help="chunk state kernel product dtype (default run)")
@@ -473,17 +499,20 @@ def main(argv=None):
 
     header = result_header("gated_delta")
     log(json.dumps(header))
-    ceilings = measure_ceilings()
+    ceilings = None if args.skip_ceilings else measure_ceilings()
     log(json.dumps(ceilings))
-    checks = [] if args.skip_check else check_correctness(log, not args.skip_fla)
-    rows = bench(log, args)
-    result = dict(header, ceilings=ceilings, correctness=checks, timings=rows)
-    with open(os.path.join(args.out, f"gdn_{args.tag}.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    md = markdown(header, ceilings, checks, rows)
-    with open(os.path.join(args.out, f"gdn_{args.tag}.md"), "w") as f:
-        f.write(md)
-    print(md)
+    checks = [] if args.skip_check else check_correctness(log, not args.skip_fla, args.small, args.check_fp32)
+
+    def save(rows):  # after every size, so a run cut short still leaves its numbers
+        with open(os.path.join(args.out, f"gdn_{args.tag}.json"), "w") as f:
+            json.dump(dict(header, ceilings=ceilings, correctness=checks, timings=rows), f, indent=1)
+        md = markdown(header, ceilings, checks, rows)
+        with open(os.path.join(args.out, f"gdn_{args.tag}.md"), "w") as f:
+            f.write(md)
+        return md
+
+    rows = bench(log, args, save)
+    print(save(rows))
     return 0
 
 

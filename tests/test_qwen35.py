@@ -193,3 +193,27 @@ def test_hf_tensors_round_trip(small_model):
     assert set(ours) == set(on_disk)
     for k, v in ours.items():
         np.testing.assert_array_equal(np.asarray(v), on_disk[k].numpy(), err_msg=k)
+
+
+def test_pallas_kernels_inside_the_model(small_model):
+    """The model's implementation flag routes GDN through the Pallas kernels (interpret mode on CPU):
+    prefill (chunk kernel, T > 64), decode (recurrent kernel) and speculative commit agree with the XLA path."""
+    from specdec_jax.decoding.sampling import SamplingConfig
+    from specdec_jax.decoding.speculative import generate_speculative
+    from specdec_jax.drafters.ngram import NgramDrafter
+    _, model = small_model
+    cfg = model.config
+    ids = jnp.asarray(np.random.default_rng(12).integers(0, model.vocab_size, size=(1, 70)))
+    fresh = lambda: qwen35.init_state(cfg, 1, 80, jnp.float32)
+    want, want_state, _ = qwen35.forward(model.params, cfg, fresh(), ids, impl="reference")
+    got, got_state, _ = qwen35.forward(model.params, cfg, fresh(), ids, impl="pallas")
+    assert H.rel_err(got, want) <= 1e-5
+    tok = ids[:, :1]
+    a, _, _ = qwen35.forward(model.params, cfg, want_state, tok, impl="reference")
+    b, _, _ = qwen35.forward(model.params, cfg, got_state, tok, impl="pallas")
+    assert H.rel_err(b, a) <= 1e-5
+    prompt = np.tile(np.asarray(ids[:, :6]), (1, 3))
+    spec = lambda impl: generate_speculative(model.params, cfg, prompt, 8, drafter=NgramDrafter(), gamma=3,
+                                             max_len=40, sampling=SamplingConfig(), seed=0, eos_ids=(),
+                                             state_dtype=jnp.float32, impl=impl).tokens
+    np.testing.assert_array_equal(spec("pallas"), sj.generate(model, prompt, 8, eos_token_id=False).tokens)

@@ -5,8 +5,10 @@
                      "naive"      the per-step recurrence (ground truth)
                      "pallas"     GPU kernels (interpret=True runs them on CPU for tests)
 
-`default_implementation()` picks pallas on GPU when the kernels are importable, else reference;
-the environment variable SPECDEC_GDN_IMPLEMENTATION overrides it.
+`default_implementation(op)` picks, on GPU, the implementation measured fastest for that op
+(benchmarks/results/gdn_h200*.md): the Pallas chunk kernel (5.6x the XLA path at T=8192); the XLA
+step recurrence and commit for small T until the Pallas ones are measured. Elsewhere: reference.
+The environment variable SPECDEC_GDN_IMPLEMENTATION overrides it for every op.
 """
 
 from __future__ import annotations
@@ -35,16 +37,26 @@ def pallas_available() -> bool:
     return _pallas_module() is not None
 
 
-def default_implementation() -> str:
-    """SPECDEC_GDN_IMPLEMENTATION overrides; else pallas on GPU when importable, else reference."""
+# Ops whose Pallas kernel has been measured faster than the XLA path on the GPU.
+_PALLAS_BY_DEFAULT = frozenset({"chunk"})
+
+
+def default_implementation(op: str = "chunk") -> str:
+    """SPECDEC_GDN_IMPLEMENTATION overrides; else pallas on GPU for measured ops, else reference."""
     forced = os.environ.get("SPECDEC_GDN_IMPLEMENTATION")
     if forced:
         return forced
-    return "pallas" if jax.default_backend() == "gpu" and pallas_available() else "reference"
+    on_gpu = jax.default_backend() == "gpu" and pallas_available()
+    return "pallas" if on_gpu and op in _PALLAS_BY_DEFAULT else "reference"
 
 
-def _resolve(implementation: str | None) -> str:
-    impl = default_implementation() if implementation in (None, "auto") else implementation
+def _interpret(flag: bool) -> bool:
+    """Pallas kernels compile for the GPU only; elsewhere they run in interpret mode."""
+    return bool(flag) or jax.default_backend() != "gpu"
+
+
+def _resolve(implementation: str | None, op: str = "chunk") -> str:
+    impl = default_implementation(op) if implementation in (None, "auto") else implementation
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"gated_delta: implementation must be one of {IMPLEMENTATIONS} or 'auto'; got {impl!r}")
     if impl == "pallas" and not pallas_available():
@@ -68,7 +80,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, 
         return reference.chunk_gated_delta_rule_reference(q, k, v, g, beta, **kwargs)
     if impl == "naive":
         return reference.naive_recurrent_gated_delta_rule(q, k, v, g, beta, **kwargs)
-    return _pallas_module().chunk_gated_delta_rule(q, k, v, g, beta, interpret=interpret, **kwargs)
+    return _pallas_module().chunk_gated_delta_rule(q, k, v, g, beta, interpret=_interpret(interpret), **kwargs)
 
 
 def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
@@ -80,24 +92,25 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
     Rollback modes: `return_all_states` (one state snapshot per position, the baseline) or
     `return_pseudo_values` (v_new, g_cumsum for `commit_state`).
     """
-    impl = _resolve(implementation)
+    impl = _resolve(implementation, "recurrent")
     kwargs = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                   return_pseudo_values=return_pseudo_values, return_all_states=return_all_states,
                   use_qk_l2norm=use_qk_l2norm)
     if impl in ("reference", "naive"):
         return reference.naive_recurrent_gated_delta_rule(q, k, v, g, beta, **kwargs)
-    return _pallas_module().fused_recurrent_gated_delta_rule(q, k, v, g, beta, interpret=interpret, **kwargs)
+    return _pallas_module().fused_recurrent_gated_delta_rule(q, k, v, g, beta, interpret=_interpret(interpret),
+                                                             **kwargs)
 
 
 def commit_state(initial_state, k, g, v_new, n_accepted, *, use_qk_l2norm=False, implementation="auto",
                  interpret=False):
     """State after accepting the first `n_accepted` [B] positions (traced), from pseudo-values."""
-    impl = _resolve(implementation)
+    impl = _resolve(implementation, "commit")
     if impl in ("reference", "naive"):
         return reference.commit_state_reference(initial_state, k, g, v_new, n_accepted,
                                                 use_qk_l2norm=use_qk_l2norm)
     return _pallas_module().commit_state(initial_state, k, g, v_new, n_accepted, use_qk_l2norm=use_qk_l2norm,
-                                         interpret=interpret)
+                                         interpret=_interpret(interpret))
 
 
 __all__ = ["GatedDeltaOutput", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "commit_state",

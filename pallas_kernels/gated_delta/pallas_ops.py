@@ -1,0 +1,166 @@
+"""Public Pallas entry points of the gated delta rule (same signatures as reference.py).
+
+    chunk_gated_delta_rule            any T (prefill / verification): chunk_kernel.py (three kernels)
+    fused_recurrent_gated_delta_rule  small T from a state (decode / chain verify): recurrent_kernel.py
+    commit_state                      state after `n_accepted` positions from pseudo-values: commit_kernel.py
+
+The kernels use the Pallas Triton backend (the recurrent op also has a Mosaic GPU kernel,
+`backend="mosaic"`) and run unchanged with `interpret=True` on CPU. Inputs of any size are
+accepted: K and V are zero-padded to a power of two (>= 16) and T to a multiple of the chunk
+(chunk op) or to a power of two >= 16 (commit); results are sliced back. Keyword-only
+tuning arguments (`block_v`, `state_dot`, `split_output`, `backend`, warps) default to the values
+measured best on an H200 where a measurement exists (README.md, "Benchmarks").
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from . import chunk_kernel, commit_kernel, recurrent_kernel
+from ._kernel_utils import F32, dot_precisions, is_low_precision, next_pow2, pad_axis
+from .reference import GatedDeltaOutput, check_gated_delta_inputs
+
+CHUNK = chunk_kernel.CHUNK
+
+
+def _scale(scale, k_dim: int) -> float:
+    return float(k_dim ** -0.5 if scale is None else scale)
+
+
+def _pad_kv(q, k, v, initial_state, kp: int, vp: int):
+    q, k = pad_axis(q, 3, kp), pad_axis(k, 3, kp)
+    v = pad_axis(v, 3, vp)
+    if initial_state is not None:
+        initial_state = pad_axis(pad_axis(initial_state.astype(F32), 2, kp), 3, vp)
+    return q, k, v, initial_state
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "output_final_state", "return_pseudo_values",
+                                             "use_qk_l2norm", "interpret", "block_v", "state_dot",
+                                             "split_output"))
+def _chunk(q, k, v, g, beta, initial_state, *, scale, output_final_state, return_pseudo_values, use_qk_l2norm,
+           interpret, block_v, state_dot, split_output):
+    b, t, _, hv, k_dim, v_dim = check_gated_delta_inputs(q, k, v, g, beta, initial_state)
+    low = is_low_precision(k.dtype)
+    prec, merge_prec = dot_precisions(low, interpret)
+    kp, vp = next_pow2(k_dim), next_pow2(v_dim)
+    tp = -(-t // CHUNK) * CHUNK
+    q, k, v, s0 = _pad_kv(q, k, v, initial_state, kp, vp)
+    # Padded steps have g = 0 and beta = 0: they neither decay nor write the state.
+    q, k, v = (pad_axis(x, 1, tp) for x in (q, k, v))
+    g_f = pad_axis(g.astype(F32), 1, tp)  # [B, Tp, HV]
+    gam = jnp.cumsum(jnp.moveaxis(g_f, 1, 2).reshape(b, hv, tp // CHUNK, CHUNK), axis=-1)
+    gam = gam.reshape(b, hv, tp)  # [B, HV, Tp] cumulative gate inside each chunk
+    beta_t = jnp.moveaxis(pad_axis(beta.astype(F32), 1, tp), 1, 2)  # [B, HV, Tp]
+    if state_dot == "bf16" and low:
+        state_dtype = k.dtype
+    else:
+        state_dtype = F32
+    o, final, v_new = chunk_kernel.chunk_fwd(
+        q, k, v, gam, beta_t, s0, scale=scale, l2norm=use_qk_l2norm, want_vnew=return_pseudo_values,
+        wu_dtype=k.dtype if low else F32, state_dtype=state_dtype, prec=prec, merge_prec=merge_prec,
+        block_v=block_v, interpret=interpret, split_output=split_output)
+    return GatedDeltaOutput(
+        o=o[:, :t, :, :v_dim],
+        final_state=final[:, :, :k_dim, :v_dim] if output_final_state else None,
+        v_new=v_new[:, :t, :, :v_dim] if return_pseudo_values else None,
+        g_cumsum=jnp.cumsum(g.astype(F32), axis=1) if return_pseudo_values else None,
+    )
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=True,
+                           return_pseudo_values=False, use_qk_l2norm=False, interpret=False, block_v=32,
+                           state_dot="bf16", split_output=True) -> GatedDeltaOutput:
+    """Chunked gated delta rule for any T (prefill / verification), Pallas kernels.
+
+    q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV]; initial_state [B, HV, K, V] fp32 or None.
+    Returns GatedDeltaOutput(o [B, T, HV, V] in v.dtype, final_state [B, HV, K, V] fp32,
+    v_new [B, T, HV, V] fp32 and g_cumsum [B, T, HV] fp32 when `return_pseudo_values`).
+    `block_v`: value columns per program of the state kernel; `state_dot`: "f32" (TF32 tensor-core
+    products with the fp32 state) or "bf16" (state rounded to bf16 for the products, as fla does);
+    both only matter for 16-bit inputs. `split_output`: O from a separate kernel parallel over chunks
+    (True) or inside the sequential chunk loop (False); see chunk_kernel.chunk_fwd.
+    """
+    return _chunk(q, k, v, g, beta, initial_state, scale=_scale(scale, q.shape[-1]),
+                  output_final_state=output_final_state, return_pseudo_values=return_pseudo_values,
+                  use_qk_l2norm=use_qk_l2norm, interpret=interpret, block_v=block_v, state_dot=state_dot,
+                  split_output=split_output)
+
+
+def _use_mosaic(backend, k_dim, v_dim, hv, block_v, return_all_states) -> bool:
+    if backend == "triton" or return_all_states:  # per-position snapshots: Triton kernel only
+        return False
+    from . import recurrent_mgpu
+    return recurrent_mgpu.supported(k_dim, v_dim, hv, block_v)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "output_final_state", "return_pseudo_values",
+                                             "return_all_states", "use_qk_l2norm", "interpret", "block_v",
+                                             "num_warps", "backend"))
+def _recurrent(q, k, v, g, beta, initial_state, *, scale, output_final_state, return_pseudo_values,
+               return_all_states, use_qk_l2norm, interpret, block_v, num_warps, backend):
+    b, _, _, hv, k_dim, v_dim = check_gated_delta_inputs(q, k, v, g, beta, initial_state)
+    if _use_mosaic(backend, k_dim, v_dim, hv, block_v, return_all_states):
+        from . import recurrent_mgpu
+        s0 = (jnp.zeros((b, hv, k_dim, v_dim), F32) if initial_state is None else initial_state.astype(F32))
+        o, final, u = recurrent_mgpu.recurrent_fwd_mgpu(q, k, v, g, beta, s0, scale=scale, l2norm=use_qk_l2norm,
+                                                        want_vnew=return_pseudo_values, block_v=block_v,
+                                                        interpret=interpret)
+        return GatedDeltaOutput(
+            o=o, final_state=final if output_final_state else None, v_new=u,
+            g_cumsum=jnp.cumsum(g.astype(F32), axis=1) if return_pseudo_values else None)
+    kp, vp = next_pow2(k_dim), next_pow2(v_dim)
+    q, k, v, s0 = _pad_kv(q, k, v, initial_state, kp, vp)
+    o, final, u, states = recurrent_kernel.recurrent_fwd(
+        q, k, v, g, beta, s0, scale=scale, l2norm=use_qk_l2norm, want_vnew=return_pseudo_values,
+        want_states=return_all_states, block_v=block_v, interpret=interpret, num_warps=num_warps)
+    return GatedDeltaOutput(
+        o=o[..., :v_dim],
+        final_state=final[:, :, :k_dim, :v_dim] if output_final_state else None,
+        v_new=u[..., :v_dim] if return_pseudo_values else None,
+        g_cumsum=jnp.cumsum(g.astype(F32), axis=1) if return_pseudo_values else None,
+        all_states=states[..., :k_dim, :v_dim] if return_all_states else None,
+    )
+
+
+def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=True,
+                                     return_pseudo_values=False, return_all_states=False, use_qk_l2norm=False,
+                                     interpret=False, block_v=8, num_warps=1, backend="triton") -> GatedDeltaOutput:
+    """Step recurrence for small T (decode, chain verification) from an initial state, Pallas kernel.
+
+    Shapes as `chunk_gated_delta_rule`. Rollback modes: `return_pseudo_values` (v_new = u_t and
+    g_cumsum, for `commit_state`) or `return_all_states` (all_states [B, T, HV, K, V] fp32, one
+    snapshot per position: the baseline). `backend`: "triton" (recurrent_kernel.py) or "mosaic"
+    (recurrent_mgpu.py, Mosaic GPU; falls back to Triton for snapshots or unsupported sizes).
+    """
+    return _recurrent(q, k, v, g, beta, initial_state, scale=_scale(scale, q.shape[-1]),
+                      output_final_state=output_final_state, return_pseudo_values=return_pseudo_values,
+                      return_all_states=return_all_states, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
+                      block_v=block_v, num_warps=num_warps, backend=backend)
+
+
+@functools.partial(jax.jit, static_argnames=("use_qk_l2norm", "interpret", "block_v"))
+def _commit(initial_state, k, g, v_new, n_accepted, *, use_qk_l2norm, interpret, block_v):
+    b, t, _, k_dim = k.shape
+    hv, v_dim = v_new.shape[2], v_new.shape[3]
+    kp, vp, tp = next_pow2(k_dim), next_pow2(v_dim), next_pow2(t)
+    s0 = pad_axis(pad_axis(initial_state.astype(F32), 2, kp), 3, vp)
+    k = pad_axis(pad_axis(k, 3, kp), 1, tp)
+    u = pad_axis(pad_axis(v_new.astype(F32), 3, vp), 1, tp)
+    g_t = jnp.moveaxis(pad_axis(g.astype(F32), 1, tp), 1, 2)  # [B, HV, Tp]
+    n = jnp.broadcast_to(jnp.asarray(n_accepted, jnp.int32).reshape(-1), (b,))
+    out = commit_kernel.commit_fwd(s0, k, g_t, u, n, l2norm=use_qk_l2norm, block_v=block_v, interpret=interpret)
+    return out[:, :, :k_dim, :v_dim]
+
+
+def commit_state(initial_state, k, g, v_new, n_accepted, *, use_qk_l2norm=False, interpret=False, block_v=32):
+    """State after accepting the first `n_accepted` positions, rebuilt from pseudo-values (no snapshots).
+
+    initial_state [B, HV, K, V] fp32; k [B, T, H, K] (as given to the verify call); g [B, T, HV] raw
+    gates; v_new [B, T, HV, V]; n_accepted [B] int (traced, 0 <= a <= T). Returns [B, HV, K, V] fp32.
+    """
+    return _commit(initial_state, k, g, v_new, n_accepted, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
+                   block_v=block_v)

@@ -1,0 +1,112 @@
+"""Fused step recurrence for small T (decode, chain verification) as a Pallas (Triton backend) kernel.
+
+Grid (B*HV, V/BV): each program keeps one [K, BV] fp32 state block in registers and walks the T
+positions (T <= 64 in practice; any T works):
+
+    S <- e^{g_t} S;   u_t = beta_t (v_t - S^T k_t);   S <- S + k_t u_t^T;   o_t = S^T (scale q_t)
+
+Rollback outputs: `u_t` (pseudo-values, [T, BV] per program: 1/K of a state per position) and,
+for the snapshot baseline, the state after every position ([T, K, BV] per program).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from ._kernel_utils import F32, l2norm_vec
+
+MAX_UNROLL = 64  # decode / verify lengths; longer sequences belong to the chunk kernel
+
+
+def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2norm, unroll):
+    q_ref, k_ref, v_ref, g_ref, beta_ref = refs[:5]
+    rest = list(refs[5:])
+    s0_ref = rest.pop(0) if has_s0 else None
+    o_ref, st_ref = rest.pop(0), rest.pop(0)
+    vnew_ref = rest.pop(0) if want_vnew else None
+    states_ref = rest.pop(0) if want_states else None
+    kdim, bv = st_ref.shape
+    state = s0_ref[...].astype(F32) if has_s0 else jnp.zeros((kdim, bv), F32)
+
+    def step(t, state):  # state [K, BV] fp32
+        q = q_ref[t, :].astype(F32)  # [K]
+        k = k_ref[t, :].astype(F32)  # [K]
+        v = v_ref[t, :].astype(F32)  # [BV]
+        if l2norm:
+            q, k = l2norm_vec(q), l2norm_vec(k)
+        g = g_ref[t].astype(F32)
+        beta = beta_ref[t].astype(F32)
+        state = state * jnp.exp(g)
+        u = beta * (v - jnp.sum(state * k[:, None], axis=0))  # [BV]
+        state = state + k[:, None] * u[None, :]
+        o_ref[t, :] = jnp.sum(state * (q * scale)[:, None], axis=0).astype(o_ref.dtype)
+        if want_vnew:
+            vnew_ref[t, :] = u
+        if want_states:
+            states_ref[t, :, :] = state
+        return state
+
+    if unroll:
+        # Unrolled, every load is independent of the state and can be issued ahead of the chain.
+        for t in range(n_steps):
+            state = step(t, state)
+    else:
+        state = lax.fori_loop(0, n_steps, step, state)
+    st_ref[...] = state
+
+
+def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states, block_v, interpret,
+                  num_warps=1, num_stages=2):
+    """q, k [B, T, H, Kp]; v [B, T, HV, Vp]; g, beta [B, T, HV]; s0 [B, HV, Kp, Vp] fp32 or None.
+
+    Returns o [B, T, HV, Vp] (v.dtype), final state [B, HV, Kp, Vp] fp32, u [B, T, HV, Vp] fp32 or
+    None, states [B, T, HV, Kp, Vp] fp32 or None.
+    """
+    b, t, h, kp = q.shape
+    hv, vp = v.shape[2], v.shape[3]
+    group = hv // h
+    bv = min(block_v, vp)
+    nv = vp // bv
+    has_s0 = s0 is not None
+    key_spec = pl.BlockSpec((None, t, None, kp), lambda i, j: (i // hv, 0, (i % hv) // group, 0))
+    val_spec = pl.BlockSpec((None, t, None, bv), lambda i, j: (i // hv, 0, i % hv, j))
+    # g and beta are read in their [B, T, HV] layout (one scalar per step): no transpose launch.
+    gate_spec = pl.BlockSpec((None, t, None), lambda i, j: (i // hv, 0, i % hv))
+    state_spec = pl.BlockSpec((None, None, kp, bv), lambda i, j: (i // hv, i % hv, 0, j))
+    in_specs = [key_spec, key_spec, val_spec, gate_spec, gate_spec]
+    args = [q, k, v, g, beta]
+    if has_s0:
+        in_specs.append(state_spec)
+        args.append(s0)
+    out_specs = [val_spec, state_spec]
+    out_shape = [jax.ShapeDtypeStruct((b, t, hv, vp), v.dtype), jax.ShapeDtypeStruct((b, hv, kp, vp), F32)]
+    if want_vnew:
+        out_specs.append(val_spec)
+        out_shape.append(jax.ShapeDtypeStruct((b, t, hv, vp), F32))
+    if want_states:
+        out_specs.append(pl.BlockSpec((None, t, None, kp, bv), lambda i, j: (i // hv, 0, i % hv, 0, j)))
+        out_shape.append(jax.ShapeDtypeStruct((b, t, hv, kp, vp), F32))
+    outs = pl.pallas_call(
+        functools.partial(_recurrent_kernel, n_steps=t, scale=scale, has_s0=has_s0, want_vnew=want_vnew,
+                          want_states=want_states, l2norm=l2norm,
+                          # Interpret mode runs the same step as a loop: unrolled it compiles ~10x slower on CPU.
+                          unroll=t <= MAX_UNROLL and not interpret),
+        grid=(b * hv, nv),
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="gdn_recurrent",
+    )(*args)
+    outs = list(outs)
+    o, final = outs.pop(0), outs.pop(0)
+    u = outs.pop(0) if want_vnew else None
+    states = outs.pop(0) if want_states else None
+    return o, final, u, states

@@ -1,0 +1,215 @@
+"""One shared suite for every gated-delta implementation, against the naive per-step recurrence.
+
+Implementations: "reference" (jnp) and "pallas" (the GPU kernels, run with interpret=True on CPU;
+the Mosaic GPU recurrent kernel too where this jax can interpret it). Pallas interpret mode fills
+every kernel output with NaN before the kernel runs, so "all finite" below also means "every
+element was written". Inputs have strong decay (g down to -20), L2-normalised or raw keys, fixed
+seeds. Tolerances: relative error ||a - b|| / ||b|| <= 1e-5 (fp32), <= 2e-2 (bf16 inputs).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import gated_delta as gd
+from pallas_kernels.gated_delta import pallas_ops, reference
+
+IMPLS = ["reference", "pallas"]
+TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
+
+
+def _has_mosaic_interpret() -> bool:
+    try:
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+    except ImportError:
+        return False
+    return hasattr(plgpu, "InterpretGPUParams")
+
+
+def rel_err(a, b) -> float:
+    a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+    b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def make_inputs(b, t, h, hv, k_dim, v_dim, dtype=jnp.float32, seed=0, normalize_k=True):
+    """Random inputs; gates mostly mild with ~10% strong decay down to -20."""
+    ks = jax.random.split(jax.random.PRNGKey(seed), 8)
+    q = jax.random.normal(ks[0], (b, t, h, k_dim))
+    k = jax.random.normal(ks[1], (b, t, h, k_dim))
+    if normalize_k:  # without in-kernel normalisation the recurrence needs |k| ~ 1 to stay bounded
+        k = reference.l2_normalize(k)
+    v = jax.random.normal(ks[2], (b, t, hv, v_dim))
+    strong = jax.random.bernoulli(ks[3], 0.1, (b, t, hv))
+    g = jnp.where(strong, jax.random.uniform(ks[4], (b, t, hv), minval=-20.0, maxval=-1.0),
+                  jax.random.uniform(ks[5], (b, t, hv), minval=-0.5, maxval=0.0))
+    beta = jax.nn.sigmoid(jax.random.normal(ks[6], (b, t, hv)))
+    s0 = 0.5 * jax.random.normal(ks[7], (b, hv, k_dim, v_dim))
+    return dict(q=q.astype(dtype), k=k.astype(dtype), v=v.astype(dtype), g=g, beta=beta, s0=s0)
+
+
+def _check(name, got, want, tol):
+    assert got is not None, f"{name} missing"
+    assert got.shape == want.shape, f"{name}: shape {got.shape} != {want.shape}"
+    assert bool(jnp.all(jnp.isfinite(jnp.asarray(got, jnp.float32)))), f"{name}: non-finite (unwritten) elements"
+    err = rel_err(got, want)
+    assert err <= tol, f"{name}: relative error {err:.3e} > {tol:.0e}"
+
+
+def _kw(impl):
+    return dict(implementation="pallas", interpret=True) if impl == "pallas" else dict(implementation=impl)
+
+
+# (B, T, H, HV, K, V, dtype, initial state, in-kernel q/k L2 norm). Every listed T, group size
+# HV/H in {1, 2, 3}, K=V in {64, 128} and one odd size appear; big T x big K only once (interpret
+# mode is slow).
+CHUNK_CASES = [
+    (1, 1, 1, 1, 64, 64, jnp.float32, True, False),
+    (1, 7, 2, 4, 64, 64, jnp.float32, False, False),
+    (2, 63, 1, 3, 64, 64, jnp.float32, True, True),
+    (1, 64, 2, 2, 128, 128, jnp.float32, True, True),
+    (1, 65, 1, 2, 64, 64, jnp.bfloat16, True, True),
+    (1, 200, 1, 3, 48, 40, jnp.float32, True, False),
+    (1, 200, 2, 2, 128, 128, jnp.bfloat16, False, True),
+    (1, 1000, 1, 1, 64, 64, jnp.float32, True, True),
+]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", CHUNK_CASES, ids=lambda c: "B{}_T{}_H{}_HV{}_K{}_V{}_{}_s0{}_l2{}".format(
+    *c[:6], jnp.dtype(c[6]).name, int(c[7]), int(c[8])))
+def test_chunk_matches_naive(impl, case):
+    b, t, h, hv, k_dim, v_dim, dtype, with_s0, l2 = case
+    x = make_inputs(b, t, h, hv, k_dim, v_dim, dtype, seed=t, normalize_k=not l2)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    s0 = x["s0"] if with_s0 else None
+    want = reference.naive_recurrent_gated_delta_rule(*args, initial_state=s0, return_pseudo_values=True,
+                                                      use_qk_l2norm=l2)
+    got = gd.chunk_gated_delta_rule(*args, initial_state=s0, return_pseudo_values=True, use_qk_l2norm=l2, **_kw(impl))
+    tol = TOL[dtype]
+    assert got.o.dtype == dtype
+    _check("o", got.o, want.o, tol)
+    _check("final_state", got.final_state, want.final_state, tol)
+    _check("v_new", got.v_new, want.v_new, tol)
+    _check("g_cumsum", got.g_cumsum, want.g_cumsum, 1e-6)
+
+
+RECURRENT_CASES = [
+    (1, 1, 1, 1, 64, 64, jnp.float32, True, False),
+    (2, 7, 1, 3, 64, 64, jnp.float32, True, True),
+    (1, 63, 2, 2, 48, 40, jnp.float32, True, False),
+    (1, 64, 1, 4, 128, 128, jnp.float32, True, True),
+    (1, 16, 2, 4, 128, 128, jnp.bfloat16, True, True),
+    (1, 65, 1, 1, 64, 64, jnp.float32, False, False),
+]
+
+
+_CASE_ID = lambda c: "B{}_T{}_H{}_HV{}_K{}_V{}_{}_s0{}_l2{}".format(*c[:6], jnp.dtype(c[6]).name, int(c[7]),
+                                                                    int(c[8]))
+# The Mosaic GPU kernel needs K % 64 == 0 and HV % 4 == 0 (other sizes fall back to the Triton kernel);
+# its interpret mode is slow, so it gets the small cases.
+MOSAIC_CASES = [(1, 5, 1, 4, 64, 64, jnp.float32, True, True), (1, 16, 2, 4, 128, 128, jnp.bfloat16, True, True),
+                (2, 3, 4, 8, 128, 32, jnp.float32, False, False)]
+_mosaic = dict(backend="mosaic", block_v=16)
+RECURRENT_PARAMS = (
+    [pytest.param(impl, {}, c, id=f"{impl}-{_CASE_ID(c)}") for impl in IMPLS for c in RECURRENT_CASES]
+    + [pytest.param("pallas", _mosaic, c, id=f"pallas-mosaic-{_CASE_ID(c)}", marks=pytest.mark.skipif(
+        not _has_mosaic_interpret(), reason="Mosaic GPU interpret mode needs jax >= 0.12")) for c in MOSAIC_CASES])
+
+
+@pytest.mark.parametrize("impl,extra,case", RECURRENT_PARAMS)
+def test_recurrent_matches_naive(impl, extra, case):
+    b, t, h, hv, k_dim, v_dim, dtype, with_s0, l2 = case
+    x = make_inputs(b, t, h, hv, k_dim, v_dim, dtype, seed=100 + t, normalize_k=not l2)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    s0 = x["s0"] if with_s0 else None
+    want = reference.naive_recurrent_gated_delta_rule(*args, initial_state=s0, return_pseudo_values=True,
+                                                      return_all_states=True, use_qk_l2norm=l2)
+    tol = TOL[dtype]
+    # Kernel options beyond the shared signature go to pallas_ops directly (the dispatcher has none).
+    op = (functools.partial(pallas_ops.fused_recurrent_gated_delta_rule, interpret=True, **extra) if extra
+          else functools.partial(gd.fused_recurrent_gated_delta_rule, **_kw(impl)))
+    # Pseudo-value mode (what speculative verification uses) ...
+    got = op(*args, initial_state=s0, return_pseudo_values=True, use_qk_l2norm=l2)
+    _check("o", got.o, want.o, tol)
+    _check("final_state", got.final_state, want.final_state, tol)
+    _check("v_new", got.v_new, want.v_new, tol)
+    _check("g_cumsum", got.g_cumsum, want.g_cumsum, 1e-6)
+    if extra:  # snapshots always run on the Triton kernel, tested above
+        return
+    # ... and the snapshot baseline: one state per position.
+    snap = op(*args, initial_state=s0, return_all_states=True, use_qk_l2norm=l2, output_final_state=False)
+    assert snap.final_state is None
+    _check("all_states", snap.all_states, want.all_states, tol)
+    _check("o (snapshot mode)", snap.o, want.o, tol)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
+def test_chunk_fused_state_kernel_variant(dtype):
+    """split_output=False (O inside the sequential chunk loop) computes the same function."""
+    x = make_inputs(1, 130, 2, 4, 64, 64, dtype, seed=11, normalize_k=False)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    want = reference.naive_recurrent_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True,
+                                                      use_qk_l2norm=True)
+    got = pallas_ops.chunk_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True,
+                                            use_qk_l2norm=True, split_output=False, interpret=True)
+    for name in ("o", "final_state", "v_new"):
+        _check(name, getattr(got, name), getattr(want, name), TOL[dtype])
+
+
+COMMIT_CASES = [(1, 1, 1, 2, 64, 64, False), (2, 7, 1, 3, 64, 64, True), (1, 64, 2, 2, 128, 128, True),
+                (1, 20, 1, 2, 48, 40, False)]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", COMMIT_CASES, ids=lambda c: "B{}_T{}_H{}_HV{}_K{}_V{}_l2{}".format(
+    c[0], c[1], c[2], c[3], c[4], c[5], int(c[6])))
+def test_commit_every_accepted_count(impl, case):
+    """commit_state(a) == naive state after a positions, for every a, from one compiled function."""
+    b, t, h, hv, k_dim, v_dim, l2 = case
+    x = make_inputs(b, t, h, hv, k_dim, v_dim, seed=200 + t, normalize_k=not l2)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    want = reference.naive_recurrent_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True,
+                                                      return_all_states=True, use_qk_l2norm=l2)
+    commit = jax.jit(functools.partial(gd.commit_state, use_qk_l2norm=l2, **_kw(impl)))
+    states = jnp.concatenate([x["s0"][:, None], want.all_states], axis=1)  # [B, T+1, HV, K, V]: after a steps
+    for a in range(t + 1):
+        # Batch rows accept different counts: row i accepts (a + i) mod (T + 1).
+        n = jnp.asarray([(a + i) % (t + 1) for i in range(b)], jnp.int32)
+        got = commit(x["s0"], x["k"], x["g"], want.v_new, n)
+        _check(f"state after a={n.tolist()}", got, states[jnp.arange(b), n], 1e-5)
+    assert commit._cache_size() == 1, "n_accepted must be traced: one compilation for every a"
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_chunk_verify_then_commit(impl):
+    """Long verification through the chunk path (T > 64), then commit at chunk-boundary counts."""
+    b, t, h, hv, k_dim, v_dim = 1, 130, 1, 2, 64, 64
+    x = make_inputs(b, t, h, hv, k_dim, v_dim, seed=7)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    want = reference.naive_recurrent_gated_delta_rule(*args, initial_state=x["s0"], return_all_states=True)
+    out = gd.chunk_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True, **_kw(impl))
+    commit = jax.jit(functools.partial(gd.commit_state, **_kw(impl)))
+    for a in (1, 63, 64, 65, 128, 130):
+        got = commit(x["s0"], x["k"], x["g"], out.v_new, jnp.full((b,), a, jnp.int32))
+        _check(f"state after a={a}", got, want.all_states[:, a - 1], 1e-5)
+
+
+def test_pseudo_values_equal_wy_form():
+    """The WY pseudo-values of the chunk form are the per-step u_t (README.md, derivation)."""
+    x = make_inputs(1, 64, 1, 1, 64, 64, seed=3)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    want = reference.naive_recurrent_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True)
+    got = reference.chunk_gated_delta_rule_reference(*args, initial_state=x["s0"], return_pseudo_values=True)
+    _check("v_new", got.v_new, want.v_new, 1e-5)
+
+
+def test_bad_shapes_raise():
+    x = make_inputs(1, 4, 2, 3, 16, 16)  # HV=3 is not a multiple of H=2
+    with pytest.raises(ValueError, match="multiple"):
+        gd.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], implementation="pallas", interpret=True)
