@@ -15,7 +15,8 @@ from .errors import InputError
 from .loading import TensorSource, resolve_dtype
 from .model import GenerateResult, Model
 
-QWEN35_METHODS = ("ar", "ngram")
+QWEN35_METHODS = ("ar", "ngram", "ngram-table", "mtp", "mtp-shortlist")
+DRAFT_TABLES_FILE = "draft_tables.safetensors"
 LOOPED_METHODS = ("ar",)
 
 
@@ -35,11 +36,29 @@ def load(path: str | os.PathLike, dtype="bfloat16") -> Model:
     from .models import qwen35
     source = TensorSource(path)
     params = qwen35.load_params(source, cfg, jdtype)
+    tables = os.path.join(path, DRAFT_TABLES_FILE)
+    if os.path.isfile(tables):
+        from .drafters.table import load_draft_tables
+        params["draft"] = load_draft_tables(tables, cfg.vocab_size)
     return Model(config=cfg, params=params, path=path, dtype=jdtype)
 
 
 def supported_methods(model: Model) -> tuple[str, ...]:
-    return QWEN35_METHODS if model.family == "qwen3_5" else LOOPED_METHODS
+    """Methods this model can run: MTP needs mtp.* weights, table drafters need draft tables."""
+    if model.family != "qwen3_5":
+        return LOOPED_METHODS
+    has_mtp = bool(model.params.get("mtp"))
+    tables = model.params.get("draft") or {}
+    ok = {"ar": True, "ngram": True, "ngram-table": "table_keys" in tables, "mtp": has_mtp,
+          "mtp-shortlist": has_mtp and "shortlist" in tables}
+    return tuple(m for m in QWEN35_METHODS if ok[m])
+
+
+def _method_requirement(method: str) -> str:
+    return {"mtp": "the MTP head (mtp.* tensors in the checkpoint)",
+            "mtp-shortlist": f"the MTP head and a token shortlist ({DRAFT_TABLES_FILE}, "
+                             "scripts/build_draft_tables.py)",
+            "ngram-table": f"a model n-gram table ({DRAFT_TABLES_FILE}, scripts/build_draft_tables.py)"}.get(method, "")
 
 
 def validate_input_ids(input_ids, vocab_size: int) -> np.ndarray:
@@ -105,8 +124,9 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
     ids = validate_input_ids(input_ids, model.vocab_size)
     methods = supported_methods(model)
     if method not in methods:
-        raise InputError(f"method {method!r} is not supported for a {model.family} model; "
-                         f"supported: {', '.join(methods)}")
+        need = _method_requirement(method) if model.family == "qwen3_5" and method in QWEN35_METHODS else ""
+        raise InputError(f"method {method!r} is not supported for this {model.family} model"
+                         + (f": it needs {need}" if need else "") + f"; supported: {', '.join(methods)}")
     if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be a positive integer; got {max_new_tokens!r}")
     gamma = int(method_options.get("gamma", DEFAULT_GAMMA)) if method != "ar" else 0
@@ -141,13 +161,16 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
 
 
 DEFAULT_GAMMA = 4
-_SPEC_OPTIONS = {"ngram": {"gamma", "rollback", "max_n", "min_n"}}
+_SPEC_OPTIONS = {"ngram": {"gamma", "rollback", "max_n", "min_n"}, "ngram-table": {"gamma", "rollback"},
+                 "mtp": {"gamma", "rollback"}, "mtp-shortlist": {"gamma", "rollback", "shortlist_size"}}
 
 
 def _generate_speculative_qwen(model, ids, max_new_tokens, method, gamma, max_len, sampling, seed, eos_ids,
                                options) -> GenerateResult:
     from .decoding.speculative import ROLLBACK_MODES, generate_speculative
+    from .drafters.mtp import MtpDrafter
     from .drafters.ngram import NgramDrafter
+    from .drafters.table import TableDrafter
     unknown = set(options) - _SPEC_OPTIONS[method]
     if unknown:
         raise InputError(f"generate(method={method!r}): unknown options {sorted(unknown)}; "
@@ -160,7 +183,18 @@ def _generate_speculative_qwen(model, ids, max_new_tokens, method, gamma, max_le
     max_n, min_n = int(options.get("max_n", 3)), int(options.get("min_n", 1))
     if not 1 <= min_n <= max_n:
         raise InputError(f"n-gram sizes need 1 <= min_n <= max_n; got min_n={min_n}, max_n={max_n}")
-    drafter = NgramDrafter(max_n=max_n, min_n=min_n)
+    if method == "ngram":
+        drafter = NgramDrafter(max_n=max_n, min_n=min_n)
+    elif method == "ngram-table":
+        drafter = TableDrafter()
+    elif method == "mtp":
+        drafter = MtpDrafter()
+    else:
+        available = int(model.params["draft"]["shortlist"].shape[0])
+        size = int(options.get("shortlist_size", available))
+        if not 1 <= size <= available:
+            raise InputError(f"shortlist_size must be in 1..{available} (the stored shortlist); got {size}")
+        drafter = MtpDrafter(shortlist_size=size)
     return generate_speculative(model.params, model.config, ids, max_new_tokens, drafter=drafter, gamma=gamma,
                                 max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
                                 state_dtype=model.dtype, rollback=rollback)

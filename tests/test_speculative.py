@@ -36,13 +36,13 @@ class OracleDrafter:
     vocab: int
     name = "oracle"
 
-    def init(self, params, cfg, prompt, max_len):
+    def init(self, params, cfg, prompt, max_len, **_):
         return ()
 
     def update(self, drafter_state, **_):
         return drafter_state
 
-    def propose(self, params, cfg, drafter_state, history, hist_len, gamma, key):
+    def propose(self, params, cfg, drafter_state, history, hist_len, gamma, key, **_):
         ref = jnp.asarray(self.reference, jnp.int32)  # [B, L]
         pos = hist_len[:, None] + jnp.arange(gamma)[None, :]  # [B, gamma]
         tok = jnp.take_along_axis(ref, jnp.clip(pos, 0, ref.shape[1] - 1), axis=1)
@@ -171,13 +171,13 @@ class RandomDrafter:
     logits: tuple
     name = "random"
 
-    def init(self, params, cfg, prompt, max_len):
+    def init(self, params, cfg, prompt, max_len, **_):
         return ()
 
     def update(self, drafter_state, **_):
         return drafter_state
 
-    def propose(self, params, cfg, drafter_state, history, hist_len, gamma, key):
+    def propose(self, params, cfg, drafter_state, history, hist_len, gamma, key, **_):
         B = history.shape[0]
         logq = jax.nn.log_softmax(jnp.asarray(self.logits, jnp.float32))
         drafts = jax.random.categorical(key, logq, shape=(B, gamma)).astype(jnp.int32)

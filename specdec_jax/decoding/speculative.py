@@ -73,7 +73,7 @@ def spec_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gam
     active = ~state.done
     if gamma > 0:
         drafts, draft_probs, drafter_state = drafter.propose(params, cfg, drafter_state, state.history,
-                                                             state.hist_len, gamma, k_draft)
+                                                             state.hist_len, gamma, k_draft, sampling=sampling)
     else:
         drafts, draft_probs = jnp.zeros((B, 0), jnp.int32), None
     verify_ids = jnp.concatenate([state.anchor[:, None], drafts], axis=1)  # [B, gamma + 1]
@@ -107,7 +107,8 @@ def spec_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gam
         accepted=state.accepted.at[jnp.minimum(state.steps, state.accepted.shape[0] - 1)].set(
             jnp.where(active, n_acc, -1)),
     )
-    drafter_state = drafter.update(drafter_state, emitted=emitted, n_emitted=n_emit, verified=extras)
+    drafter_state = drafter.update(drafter_state, emitted=emitted, n_emitted=n_emit, n_keep=n_keep, verified=extras,
+                                   params=params, cfg=cfg)
     return state, drafter_state, emitted, n_emit
 
 
@@ -118,7 +119,9 @@ def _spec_prefill(params, prompt, key, *, cfg, max_len, sampling, eos_ids, state
     """Prompt -> SpecState whose anchor is the first new token (chosen exactly as AR chooses it)."""
     B, T = prompt.shape
     model = qwen35.init_state(cfg, B, max_len, state_dtype)
-    logits, model, _ = qwen35.forward(params, cfg, model, prompt, impl=impl, logits_for="last")
+    needs_hidden = getattr(drafter, "needs_hidden", False)
+    logits, model, extras = qwen35.forward(params, cfg, model, prompt, impl=impl, logits_for="last",
+                                           collect="hidden" if needs_hidden else None)
     first = select_token(logits[:, 0], key, sampling)
     history = jnp.zeros((B, max_len + gamma + 1), jnp.int32).at[:, :T].set(prompt).at[:, T].set(first)
     out = jnp.zeros((B, max_new_tokens + gamma + 1), jnp.int32).at[:, 0].set(first)
@@ -126,7 +129,8 @@ def _spec_prefill(params, prompt, key, *, cfg, max_len, sampling, eos_ids, state
     state = SpecState(model=model, anchor=first, history=history, hist_len=jnp.full((B,), T + 1, jnp.int32),
                       out=out, n_out=jnp.ones((B,), jnp.int32), done=done, steps=jnp.int32(0),
                       accepted=jnp.full((max_new_tokens, B), -1, jnp.int32))
-    return state, drafter.init(params, cfg, prompt, max_len)
+    return state, drafter.init(params, cfg, prompt, max_len + gamma + 1, hidden=extras.get("hidden"),
+                               first_token=first)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "sampling", "eos_ids", "gamma", "max_new_tokens", "drafter",

@@ -22,13 +22,13 @@ class NgramDrafter:
     name = "ngram"
     deterministic = True
 
-    def init(self, params, cfg, prompt, max_len):
+    def init(self, params, cfg, prompt, max_len, **_):
         return ()
 
     def update(self, drafter_state, **_):
         return drafter_state
 
-    def propose(self, params, cfg, drafter_state, history, hist_len, gamma: int, key):
+    def propose(self, params, cfg, drafter_state, history, hist_len, gamma: int, key, **_):
         """history [B, H] (the anchor is history[b, hist_len[b] - 1]) -> drafts [B, gamma], None."""
         drafts = jax.vmap(lambda h, n: ngram_lookup(h, n, gamma, self.max_n, self.min_n))(history, hist_len)
         return drafts, None, drafter_state

@@ -41,15 +41,16 @@ def init_mtp_cache(cfg: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat
 
 
 def mtp_forward(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_ids: jax.Array, k_cache: jax.Array,
-                v_cache: jax.Array, positions: jax.Array, *, layer: int = 0):
+                v_cache: jax.Array, positions: jax.Array, *, layer: int = 0, compute_logits: bool = True):
     """MTP head on T positions continuing its own KV cache.
 
     hidden [B, T, D]: the target's final-normed hidden states at positions `positions` [B, T] int32
     (consecutive per row; new K/V are written at positions[:, 0] ...); next_ids [B, T]: the tokens at
     positions + 1. k_cache, v_cache [B, S, NKV, hd]; slots <= the query position are attended to
     (slots past the committed length must be stale-but-masked, as in the target's cache).
-    Returns (logits [B, T, vocab] float32 predicting the tokens at positions + 2,
-    hidden_out [B, T, D] (after mtp.norm), new k_cache, new v_cache).
+    Returns (logits [B, T, vocab] float32 predicting the tokens at positions + 2 (None when
+    compute_logits=False: a shortlist drafter projects hidden_out itself), hidden_out [B, T, D]
+    (after mtp.norm), new k_cache, new v_cache).
     """
     mp = params["mtp"]
     dtype = params["embed"].dtype
@@ -63,6 +64,8 @@ def mtp_forward(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_ids: ja
     x = x + a
     x = x + qwen35.mlp(p["mlp"], cfg, _norm(x, p["post_norm"], cfg))
     hidden_out = _norm(x, mp["norm"], cfg)
+    if not compute_logits:
+        return None, hidden_out, k_cache, v_cache
     logits = lax.dot_general(hidden_out, qwen35.lm_head_weight(params).astype(dtype), (((2,), (1,)), ((), ())),
                              preferred_element_type=jnp.float32)
     return logits, hidden_out, k_cache, v_cache

@@ -373,7 +373,7 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     logits: [B, T, vocab] float32 ("all") or [B, 1, vocab] for the last position ("last").
     collect: None, or what speculative commit needs in `extras`: per GDN layer k, g, v_new and the
     conv window ("pseudo" or True), plus per-position recurrent states ("snapshot", the baseline);
-    and the final-normed hidden states (for MTP drafters).
+    and the final-normed hidden states (for MTP drafters; "hidden" collects only those).
     """
     B, T = input_ids.shape
     dtype = params["embed"].dtype
@@ -391,7 +391,8 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
             h, keys[slot], values[slot] = attention_mixer(p["mixer"], cfg, h, keys[slot], values[slot],
                                                           positions, mask)
         else:
-            h, conv[slot], rec[slot], ex = gdn_mixer(p["mixer"], cfg, h, conv[slot], rec[slot], impl, collect)
+            h, conv[slot], rec[slot], ex = gdn_mixer(p["mixer"], cfg, h, conv[slot], rec[slot], impl,
+                                                     None if collect == "hidden" else collect)
             gdn_extras.append(ex)
         x = x + h
         x = x + mlp(p["mlp"], cfg, L.rms_norm(x, p["post_norm"], cfg.rms_norm_eps, zero_centered=True))

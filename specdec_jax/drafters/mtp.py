@@ -1,0 +1,108 @@
+"""MTP drafter: Qwen3.5's own multi-token-prediction head, chained to draft gamma tokens.
+
+The head's entry at position t consumes (h_t, token t+1) and predicts token t+2 (models/mtp.py).
+The drafter keeps the head's KV cache in step with the target's committed length:
+
+- init: entries for every prompt position (the prompt's target hiddens, the first new token
+  closing the window); the last entry predicts the first draft.
+- propose: draft 1 comes from the stored prediction; drafts 2..gamma chain the head on its own
+  output hidden state (the target's hidden there is not known yet), writing provisional entries
+  past the committed length.
+- update (after verification): re-run the head on the verifier's true hidden states of anchor +
+  drafts with the emitted tokens, keep the first n_keep entries (length += n_keep): the
+  provisional entries are overwritten or masked, like the target's own KV rollback.
+
+Shortlist mode (`shortlist_size > 0`): drafts are chosen among a static list of frequent tokens
+(params["draft"]["shortlist"], from the model's own generations) with a [N, D] head instead of the
+full [vocab, D] one; verification keeps the output exact, since the target decides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ..decoding.sampling import SamplingConfig, probabilities, select_token
+from ..models import mtp as mtp_head
+from ..models import qwen35
+
+
+@dataclasses.dataclass(frozen=True)
+class MtpDrafter:
+    shortlist_size: int = 0
+    deterministic = False
+    needs_hidden = True
+
+    @property
+    def name(self) -> str:
+        return "mtp-shortlist" if self.shortlist_size else "mtp"
+
+    # --------------------------------------------------------------------------------- helpers
+    def _head_logits(self, params, hidden_out: jax.Array) -> jax.Array:
+        """hidden_out [..., D] -> draft logits over the full vocabulary or the shortlist [..., N]."""
+        head = qwen35.lm_head_weight(params)
+        if self.shortlist_size:
+            head = head[params["draft"]["shortlist"][: self.shortlist_size]]  # [N, D]
+        return jnp.einsum("...d,vd->...v", hidden_out, head.astype(hidden_out.dtype),
+                          preferred_element_type=jnp.float32)
+
+    def _choose(self, params, logits: jax.Array, key, sampling: SamplingConfig):
+        """(token ids, q over the full vocabulary or None when greedy) from head logits [B, N]."""
+        ids = select_token(logits, key, sampling)
+        if self.shortlist_size:
+            ids = params["draft"]["shortlist"][: self.shortlist_size][ids]
+        if sampling.greedy:
+            return ids.astype(jnp.int32), None
+        q = probabilities(logits, sampling)
+        if self.shortlist_size:
+            vocab = qwen35.lm_head_weight(params).shape[0]
+            full = jnp.zeros(q.shape[:-1] + (vocab,), q.dtype)
+            q = full.at[..., params["draft"]["shortlist"][: self.shortlist_size]].set(q)
+        return ids.astype(jnp.int32), q
+
+    def _run(self, params, cfg, hidden, next_ids, k, v, positions):
+        _, hout, k, v = mtp_head.mtp_forward(params, cfg, hidden, next_ids, k, v, positions, compute_logits=False)
+        return self._head_logits(params, hout), hout, k, v
+
+    # ------------------------------------------------------------------------------- interface
+    def init(self, params, cfg, prompt, max_len, *, hidden, first_token, **_):
+        B, T = prompt.shape
+        k, v = mtp_head.init_mtp_cache(cfg, B, max_len, params["embed"].dtype)
+        next_ids = jnp.concatenate([prompt[:, 1:], first_token[:, None]], axis=1)  # [B, T]
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T))
+        logits, hout, k, v = self._run(params, cfg, hidden, next_ids, k, v, positions)
+        return {"k": k, "v": v, "length": jnp.full((B,), T, jnp.int32), "logits": logits[:, -1],
+                "hidden": hout[:, -1:]}
+
+    def propose(self, params, cfg, state, history, hist_len, gamma: int, key, *, sampling=SamplingConfig(), **_):
+        keys = jax.random.split(key, gamma)
+        d1, q1 = self._choose(params, state["logits"], keys[0], sampling)
+
+        def chain(carry, xs):
+            token, hidden, k, v = carry
+            i, step_key = xs
+            pos = (state["length"] + i)[:, None]  # provisional entry past the committed length
+            logits, hout, k, v = self._run(params, cfg, hidden, token[:, None], k, v, pos)
+            nxt, q = self._choose(params, logits[:, 0], step_key, sampling)
+            return (nxt, hout, k, v), (nxt, q)
+
+        carry = (d1, state["hidden"], state["k"], state["v"])
+        (_, _, k, v), (rest, q_rest) = lax.scan(chain, carry, (jnp.arange(gamma - 1, dtype=jnp.int32), keys[1:]))
+        drafts = jnp.concatenate([d1[:, None], jnp.moveaxis(rest, 0, 1)], axis=1)  # [B, gamma]
+        q = None if sampling.greedy else jnp.concatenate([q1[:, None], jnp.moveaxis(q_rest, 0, 1)], axis=1)
+        return drafts, q, dict(state, k=k, v=v)
+
+    def update(self, state, *, emitted, n_keep, verified, params, cfg, **_):
+        B, G1 = emitted.shape
+        positions = state["length"][:, None] + jnp.arange(G1, dtype=jnp.int32)[None]  # anchor + drafts
+        logits, hout, k, v = self._run(params, cfg, verified["hidden"], emitted, state["k"], state["v"], positions)
+        last = jnp.maximum(n_keep - 1, 0)
+        pick = lambda x: jnp.take_along_axis(x, last[:, None, None], axis=1)  # [B, 1, ...]
+        moved = (n_keep > 0)[:, None]
+        return {"k": k, "v": v, "length": state["length"] + n_keep,
+                "logits": jnp.where(moved, pick(logits)[:, 0], state["logits"]),
+                "hidden": jnp.where(moved[:, :, None], pick(hout), state["hidden"])}
+

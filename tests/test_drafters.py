@@ -1,0 +1,104 @@
+"""MTP, MTP-shortlist and model n-gram table drafters: exact greedy output, exact sampling, tables."""
+
+from __future__ import annotations
+
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specdec_jax as sj
+from specdec_jax.decoding.sampling import SamplingConfig
+from specdec_jax.decoding.speculative import generate_speculative
+from specdec_jax.drafters.mtp import MtpDrafter
+from specdec_jax.drafters.table import build_tables, save_draft_tables, table_lookup
+from specdec_jax.errors import InputError
+from tests import qwen_helpers as H
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "checkpoints", "tiny-qwen35-code")
+
+
+@pytest.fixture(scope="module")
+def mtp_model(tmp_path_factory):
+    """Random tiny Qwen3.5 with an MTP head and draft tables built from its own samples."""
+    ref = H.build_reference(H.tiny_text_config(ratio=2, vocab=53), seed=31)
+    folder = str(tmp_path_factory.mktemp("mtp"))
+    H.save_reference(ref, folder, mtp_layers=1, seed=31)
+    model = sj.load(folder, dtype="float32")
+    samples = sj.generate(model, np.arange(8)[None] % 53, 64, temperature=1.0, eos_token_id=False).tokens
+    save_draft_tables(build_tables(list(samples), model.vocab_size, 24), os.path.join(folder, "draft_tables.safetensors"),
+                      {"test": "1"})
+    return sj.load(folder, dtype="float32")
+
+
+@pytest.mark.parametrize("method, gamma, rollback", [
+    ("mtp", 1, "pseudo"), ("mtp", 4, "pseudo"), ("mtp", 8, "snapshot"), ("mtp-shortlist", 4, "pseudo"),
+    ("ngram-table", 4, "pseudo"), ("ngram-table", 2, "snapshot")])
+def test_greedy_equals_ar(mtp_model, method, gamma, rollback):
+    ids = np.random.default_rng(gamma).integers(0, mtp_model.vocab_size, size=(4, 9))
+    ar = sj.generate(mtp_model, ids, 24, eos_token_id=False).tokens
+    res = sj.generate(mtp_model, ids, 24, method=method, gamma=gamma, rollback=rollback, eos_token_id=False)
+    np.testing.assert_array_equal(res.tokens, ar)
+
+
+@pytest.mark.skipif(not os.path.isdir(TINY), reason="shipped checkpoint missing")
+@pytest.mark.parametrize("gamma", [2, 8])
+def test_mtp_on_trained_checkpoint_is_exact_and_accepts(gamma):
+    model = sj.load(TINY, dtype="float32")
+    ids = np.asarray([[1542, 12, 290, 1239, 11, 2023, 198, 220, 220, 220, 422]]) % model.vocab_size
+    ar = sj.generate(model, ids, 48, eos_token_id=False).tokens
+    res = sj.generate(model, ids, 48, method="mtp", gamma=gamma, eos_token_id=False)
+    np.testing.assert_array_equal(res.tokens, ar)
+    assert res.stats["mean_accepted"] > 0.5  # the trained head predicts the token after next
+
+
+def test_mtp_sampling_preserves_distribution(tmp_path):
+    from tests.test_speculative import _chi2_pvalue
+    ref = H.build_reference(H.tiny_text_config(ratio=1, vocab=6, layers=2,
+                                               layer_types=["linear_attention", "full_attention"]), seed=8)
+    H.save_reference(ref, str(tmp_path), mtp_layers=1, seed=8)
+    model = sj.load(tmp_path, dtype="float32")
+    n, V = 20_000, 6
+    ids = np.tile(np.asarray([[1, 2, 3, 4]]), (n, 1))
+    ar = sj.generate(model, ids, 3, temperature=1.0, seed=1, eos_token_id=False).tokens
+    spec = generate_speculative(model.params, model.config, ids, 3, drafter=MtpDrafter(), gamma=2, max_len=9,
+                                sampling=SamplingConfig(1.0), seed=2, eos_ids=(), state_dtype=jnp.float32)
+    assert 0.2 < spec.stats["mean_accepted"] < 2.0  # both the accept and the reject paths ran
+    code = lambda t: t[:, 0] * V * V + t[:, 1] * V + t[:, 2]
+    assert _chi2_pvalue(np.bincount(code(ar), minlength=V ** 3), np.bincount(code(spec.tokens), minlength=V ** 3)) > 1e-3
+
+
+def test_table_build_and_lookup():
+    seqs = [np.asarray([5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10]), np.asarray([1, 2, 3, 4, 5, 6, 7, 8])]
+    tables = {k: jnp.asarray(v) for k, v in build_tables(seqs, 12, 4).items()}
+    np.testing.assert_array_equal(table_lookup(tables, jnp.int32(5), jnp.int32(6)), [7, 8, 9, 10])
+    np.testing.assert_array_equal(table_lookup(tables, jnp.int32(2), jnp.int32(3)), [4, 5, 6, 7])
+    # unseen bigram -> the unigram continuation of its last token; unseen token -> repeated
+    np.testing.assert_array_equal(table_lookup(tables, jnp.int32(0), jnp.int32(6)), [7, 8, 9, 10])
+    np.testing.assert_array_equal(table_lookup(tables, jnp.int32(0), jnp.int32(11)), [11, 11, 11, 11])
+    assert set(np.asarray(tables["shortlist"]).tolist()) <= set(range(5, 11))
+
+
+def test_methods_need_their_weights(tmp_path):
+    ref = H.build_reference(H.tiny_text_config(ratio=1), seed=2)
+    H.save_reference(ref, str(tmp_path))  # no mtp.*, no draft tables
+    model = sj.load(tmp_path, dtype="float32")
+    assert sj.supported_methods(model) == ("ar", "ngram")
+    with pytest.raises(InputError, match=r"method 'mtp' is not supported.*needs the MTP head"):
+        sj.generate(model, np.ones((1, 3), np.int32), 4, method="mtp")
+    with pytest.raises(InputError, match=r"'ngram-table'.*draft_tables.safetensors"):
+        sj.generate(model, np.ones((1, 3), np.int32), 4, method="ngram-table")
+
+
+@pytest.mark.skipif(not os.path.isdir(TINY), reason="shipped checkpoint missing")
+def test_shipped_checkpoint_matches_transformers():
+    """The shipped tiny Qwen3.5 loads in transformers too, and both give the same greedy tokens."""
+    import torch
+    from transformers import Qwen3_5ForCausalLM
+    ref = Qwen3_5ForCausalLM.from_pretrained(TINY, dtype=torch.float32).eval()
+    model = sj.load(TINY, dtype="float32")
+    ids = np.asarray([[1542, 12, 290, 1239, 11, 2023, 198, 220, 220, 220, 422]]) % model.vocab_size
+    np.testing.assert_array_equal(sj.generate(model, ids, 24, eos_token_id=False).tokens,
+                                  H.reference_greedy(ref, ids, 24))
