@@ -1,4 +1,4 @@
-"""`python -m specdec_jax {generate} ...` (see specdec_jax/cli.py)."""
+"""`python -m specdec_jax {generate,bench} ...` (see specdec_jax/cli.py)."""
 
 import sys
 

@@ -1,8 +1,12 @@
-"""Command line: `python -m specdec_jax generate --model DIR --prompt TEXT [...]`.
+"""Command line: `python -m specdec_jax generate --model DIR --prompt TEXT [...]` and
+`python -m specdec_jax bench --model DIR --methods ar,ngram --prompts heldout|FILE --out DIR [...]`.
 
-Loads a checkpoint folder and its tokenizer, generates, prints the prompt and its continuation,
+generate: loads a checkpoint folder and its tokenizer, generates, prints the prompt and its continuation,
 then a table (method, tokens/s, new tokens, verify steps, mean accepted tokens); `--compare-ar`
-adds a plain autoregressive run and the speedup. Bad input is one line on stderr and exit code 2.
+adds a plain autoregressive run and the speedup.
+bench: paired runs of several methods on the same prompts (specdec_jax/bench.py) with a progress bar;
+writes bench.json, bench.md and bench.png to --out and prints the Markdown report.
+Bad input is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import argparse
 import math
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -37,7 +42,7 @@ def unescape(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m specdec_jax", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", metavar="{generate}")
+    sub = parser.add_subparsers(dest="command", metavar="{generate,bench}")
     sub.required = True
     g = sub.add_parser("generate", help="generate a continuation of a prompt")
     g.add_argument("--model", default=str(DEFAULT_MODEL),
@@ -54,6 +59,31 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gamma", type=int, default=None, help="draft length of speculative methods (default 4)")
     g.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
                    help="parameter dtype (default bfloat16 on GPU/TPU, float32 on CPU)")
+
+    b = sub.add_parser("bench", help="benchmark decoding methods on the same prompts (paired with ar)",
+                       description="Paired benchmark: per prompt, every method runs once untimed, then --repeats "
+                                   "timed rounds with the methods alternating; ar is always the baseline. Writes "
+                                   "bench.json, bench.md and bench.png to --out.")
+    b.add_argument("--model", default=str(DEFAULT_MODEL),
+                   help=f"checkpoint folder with config.json, safetensors and a tokenizer (default {DEFAULT_MODEL})")
+    b.add_argument("--methods", default="ar,ngram",
+                   help="comma-separated methods (default ar,ngram; ar is always run as the baseline)")
+    b.add_argument("--prompts", default="heldout",
+                   help="'heldout' (held-out stdlib modules) or a file: a .json list of strings, or text with one "
+                        "prompt per line (\\n escapes interpreted)")
+    b.add_argument("--num-prompts", type=int, default=16, help="use the first N prompts (default 16)")
+    b.add_argument("--max-prompt-tokens", type=int, default=256,
+                   help="left-truncate longer prompts to their last N tokens (default 256)")
+    b.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per run (default 128)")
+    b.add_argument("--gamma", type=int, default=None,
+                   help="draft length of the speculative methods (default: each method's own, 4)")
+    b.add_argument("--repeats", type=int, default=1, help="timed rounds per prompt (default 1)")
+    b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
+                   help="parameter dtype (default bfloat16 on GPU/TPU, float32 on CPU)")
+    b.add_argument("--out", default=None, help="report folder (default benchmarks/results/bench-<model name>)")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
@@ -189,13 +219,60 @@ def generate_command(args) -> int:
     return 0
 
 
+def _parse_methods(text: str) -> list[str]:
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    if not methods:
+        raise UsageError(f"--methods names no method; got {text!r}")
+    return list(dict.fromkeys(methods))
+
+
+def bench_command(args) -> int:
+    for name, value, low in (("--max-new-tokens", args.max_new_tokens, 2), ("--num-prompts", args.num_prompts, 1),
+                             ("--max-prompt-tokens", args.max_prompt_tokens, 1), ("--repeats", args.repeats, 1)):
+        if value < low:
+            raise UsageError(f"{name} must be >= {low}; got {value}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise UsageError(f"--temperature must be a finite number >= 0; got {args.temperature}")
+    if args.gamma is not None and not 0 <= args.gamma <= args.max_new_tokens:
+        raise UsageError(f"--gamma must be in [0, --max-new-tokens={args.max_new_tokens}]; got {args.gamma}")
+    methods = _parse_methods(args.methods)
+    folder = os.path.expanduser(args.model)
+    if not os.path.isdir(folder):
+        raise UsageError(f"model folder '{folder}' does not exist" if not os.path.exists(folder)
+                         else f"--model '{folder}' is not a folder")
+    out = args.out or os.path.join("benchmarks", "results", f"bench-{os.path.basename(os.path.normpath(folder))}")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UsageError(f"--out '{out}' exists and is not a folder")
+
+    from . import bench
+    options = {m: {"gamma": args.gamma} for m in methods if m != "ar"} if args.gamma is not None else {}
+    # run_bench checks the prompts, tokenizer, model and methods before the first generation
+    result = bench.run_bench(folder, methods, args.prompts, max_new_tokens=args.max_new_tokens, method_options=options,
+                             temperature=args.temperature, seed=args.seed, repeats=args.repeats, dtype=args.dtype,
+                             progress=not args.no_progress, num_prompts=args.num_prompts,
+                             max_prompt_tokens=args.max_prompt_tokens, command=args.command_line)
+    paths = bench.write_report(result, out)
+    with open(paths["markdown"], encoding="utf-8") as f:
+        print(f.read())
+    written = [p for p in (paths["json"], paths["markdown"], paths["png"]) if p]
+    print("wrote " + ", ".join(written))
+    if result.get("plot_error"):
+        print(result["plot_error"], file=sys.stderr)
+    return 0
+
+
+COMMANDS = {"generate": generate_command, "bench": bench_command}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code (2 for bad input, with one line on stderr)."""
     from .errors import SpecdecError
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = parser.parse_args(argv)
-        return generate_command(args)
+        args.command_line = "python -m specdec_jax " + " ".join(shlex.quote(a) for a in argv)
+        return COMMANDS[args.command](args)
     except (UsageError, SpecdecError) as e:
         message = " ".join(str(e).split())  # one line, whatever the message held
         print(f"specdec_jax: error: {message}", file=sys.stderr)

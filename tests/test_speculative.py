@@ -211,3 +211,24 @@ def test_speculative_sampling_preserves_distribution(small_vocab_model, drafter_
     # A sampler that ignores the target must fail the same test (the test can fail).
     wrong = np.asarray(jax.random.randint(jax.random.PRNGKey(0), (n, 3), 0, V))
     assert _chi2_pvalue(a, np.bincount(code(wrong), minlength=V ** 3)) < 1e-6
+
+
+def test_single_jitted_step_driven_from_python(model):
+    """spec_step as one jitted call (state donated): driving it by hand gives the AR tokens."""
+    from specdec_jax.decoding.speculative import _spec_prefill, spec_step_jit
+    ids = np.tile(np.random.default_rng(2).integers(0, model.vocab_size, size=(1, 4)), (1, 3))
+    ar = sj.generate(model, ids, 12, eos_token_id=False).tokens[0]
+    drafter, gamma, sampling = NgramDrafter(), 3, SamplingConfig()
+    key = jax.random.PRNGKey(0)
+    state, dstate = _spec_prefill(model.params, jnp.asarray(ids, jnp.int32), key, cfg=model.config,
+                                  max_len=ids.shape[1] + 12 + gamma, sampling=sampling, eos_ids=(),
+                                  state_dtype=jnp.float32, gamma=gamma, max_new_tokens=12, drafter=drafter,
+                                  impl="reference")
+    tokens = [int(state.anchor[0])]
+    while len(tokens) < 12:
+        state, dstate, emitted, n = spec_step_jit(model.params, model.config, state, dstate, key, drafter=drafter,
+                                                  gamma=gamma, sampling=sampling, rollback="pseudo",
+                                                  max_new_tokens=12, eos_ids=())
+        assert emitted.shape == (1, gamma + 1)
+        tokens += np.asarray(emitted[0, : int(n[0])]).tolist()
+    np.testing.assert_array_equal(tokens[:12], ar)

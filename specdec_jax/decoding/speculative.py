@@ -112,6 +112,13 @@ def spec_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gam
     return state, drafter_state, emitted, n_emit
 
 
+# The step alone as one jitted call (state and drafter state donated), for callers that drive their own
+# loop; generation uses the same function inside `lax.while_loop` (_spec_loop).
+spec_step_jit = jax.jit(spec_step, static_argnames=("cfg", "drafter", "gamma", "sampling", "rollback",
+                                                     "max_new_tokens", "eos_ids", "impl"),
+                        donate_argnames=("state", "drafter_state"))
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "max_len", "sampling", "eos_ids", "state_dtype",
                                              "gamma", "max_new_tokens", "drafter", "impl"))
 def _spec_prefill(params, prompt, key, *, cfg, max_len, sampling, eos_ids, state_dtype, gamma, max_new_tokens,

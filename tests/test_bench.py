@@ -1,0 +1,171 @@
+"""`python -m specdec_jax bench`: paired runs on a tiny checkpoint write JSON / Markdown / PNG; the bootstrap
+interval on known data; bad input is one line on stderr and exit code 2, before any generation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from specdec_jax import bench, cli, corpus, training
+
+TEXTS = ["def add(a, b):\n    return a + b\n", "class Point:\n    def __init__(self, x, y):\n        self.x = x\n"] * 4
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """Random weights and a small BPE tokenizer (the construction of tests/test_cli.py)."""
+    root = tmp_path_factory.mktemp("bench")
+    tok_dir = corpus.train_tokenizer(TEXTS, root / "tokenizer", vocab_size=300, min_frequency=1)
+    from tokenizers import Tokenizer
+    vocab = Tokenizer.from_file(str(tok_dir / "tokenizer.json")).get_vocab_size()
+    o = training.TrainOptions(hidden=32, layers=4, heads=4, kv_heads=2, head_dim=16, linear_key_heads=2,
+                              linear_value_heads=4, linear_head_dim=8, intermediate=64)
+    cfg = training.qwen35_config(vocab, o)
+    params = training.init_qwen35_params(cfg, jax.random.PRNGKey(0), std=0.2)
+    folder = root / "model"
+    training.save_checkpoint(folder, "qwen35", params, cfg, training.qwen35_config_json(cfg), tok_dir)
+    return folder
+
+
+@pytest.fixture
+def prompts_file(tmp_path) -> Path:
+    path = tmp_path / "prompts.txt"
+    path.write_text("def add(a, b):\\n    return\n\nclass Point:\\n    def __init__(self, x, y):\\n\n")
+    return path
+
+
+def one_line_error(rc: int, err: str, *needles: str) -> None:
+    assert rc == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_bootstrap_ci_known_data():
+    # Two values: resampled medians are 1 (p=1/4), 1.5 (p=1/2), 2 (p=1/4), so the 95% interval is [1, 2].
+    assert bench.bootstrap_ci([1.0, 2.0]) == (1.0, 2.0)
+    assert bench.bootstrap_ci([3.0] * 7) == (3.0, 3.0)
+    assert bench.bootstrap_ci([1.25]) == (1.25, 1.25)
+    assert all(np.isnan(bench.bootstrap_ci([])))
+    x = np.arange(1, 101, dtype=float)
+    lo, hi = bench.bootstrap_ci(x)
+    assert (lo, hi) == bench.bootstrap_ci(x)  # fixed seed: deterministic
+    # The median of 1..100 is 50.5; its sampling sd is about 1.25 * 29 / sqrt(100) = 3.6, so the interval
+    # spans roughly +-7 around it.
+    assert 40 < lo < 50.5 < hi < 61
+    assert 8 < hi - lo < 20
+    lo_m, hi_m = bench.bootstrap_ci(x, np.mean)
+    assert abs((lo_m + hi_m) / 2 - 50.5) < 1.5 and 9 < hi_m - lo_m < 14  # 2 * 1.96 * 29 / 10 = 11.3
+
+
+def test_decode_tokens_per_second():
+    # The first token comes from the prefill, so 9 of the 10 new tokens are decode tokens.
+    assert bench.decode_tokens_per_second({"new_tokens": 10, "decode_seconds": 0.5}) == pytest.approx(18.0)
+
+
+def test_load_prompt_texts(tmp_path, prompts_file):
+    assert bench.load_prompt_texts(prompts_file) == ["def add(a, b):\n    return",
+                                                     "class Point:\n    def __init__(self, x, y):\n"]
+    assert bench.load_prompt_texts(prompts_file, 1) == ["def add(a, b):\n    return"]
+    js = tmp_path / "p.json"
+    js.write_text(json.dumps(["x = 1\n", "def f():\n"]))
+    assert bench.load_prompt_texts(js) == ["x = 1\n", "def f():\n"]
+    held = bench.load_prompt_texts("heldout", 3)
+    assert len(held) == 3 and all(t.lstrip().startswith(("def ", "async def ")) for t in held)
+
+
+def test_bench_writes_reports(checkpoint, prompts_file, tmp_path, capsys):
+    out = tmp_path / "report"
+    rc = cli.main(["bench", "--model", str(checkpoint), "--methods", "ar,ngram", "--prompts", str(prompts_file),
+                   "--max-new-tokens", "8", "--gamma", "2", "--dtype", "float32", "--out", str(out),
+                   "--max-prompt-tokens", "5"])  # both prompts left-truncated to 5 tokens: one compilation each
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    paths = [out / "bench.json", out / "bench.md", out / "bench.png"]
+    assert all(p.is_file() for p in paths)
+    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    result = json.loads(paths[0].read_text())
+    for key in ("device", "platform", "jax", "jaxlib", "git_commit", "command", "date", "model", "settings",
+                "prompts", "runs", "summary"):
+        assert key in result, key
+    assert result["command"].startswith("python -m specdec_jax bench --model")
+    st = result["settings"]
+    assert st["methods"] == ["ar", "ngram"] and st["num_prompts"] == 2 and st["max_new_tokens"] == 8
+    assert st["method_options"] == {"ngram": {"gamma": 2}}
+    assert "decode_seconds" in st["metric"]
+    assert [p["text"] for p in result["prompts"]] == bench.load_prompt_texts(prompts_file)
+    assert all(p["tokens"] == 5 and p["truncated"] for p in result["prompts"])
+
+    ar, ng = result["summary"]["ar"], result["summary"]["ngram"]
+    assert ar["speedup_median"] == 1.0 and ar["speculative"] is False and ar["mean_accepted"] is None
+    assert ar["decode_tps_median"] > 0 and ng["decode_tps_median"] > 0
+    lo, hi = ng["speedup_ci95"]
+    assert lo <= ng["speedup_median"] <= hi
+    assert ng["speculative"] is True and ng["options"]["gamma"] == 2
+    assert 0 <= ng["mean_accepted"] <= 2 and ng["tokens_per_step"] == pytest.approx(ng["mean_accepted"] + 1)
+    assert len(ng["accepted_histogram"]) == 3 and sum(ng["accepted_histogram"]) == ng["verify_steps"] > 0
+    assert ng["greedy_equal_to_ar"] == 2  # exact speculative decoding: greedy output equals ar's
+
+    for method in ("ar", "ngram"):
+        rows = result["runs"][method]
+        assert len(rows) == 2
+        for row in rows:
+            assert row["new_tokens"] == 8 and len(row["tokens"]) == 8  # EOS ignored: always max_new_tokens
+            assert len(row["decode_tps_runs"]) == 1 and row["decode_tps"] > 0
+    for row, ar_row in zip(result["runs"]["ngram"], result["runs"]["ar"]):
+        assert row["speedup"] == pytest.approx(row["decode_tps"] / ar_row["decode_tps"])
+        assert row["equal_to_ar"] is True and row["tokens"] == ar_row["tokens"]
+
+    md = paths[1].read_text()
+    assert md in captured.out
+    assert "| method | options | decode tok/s (median) | speedup vs ar (median) | 95% interval |" in md
+    assert "| ngram | gamma=2, rollback=" in md and "| ar | – |" in md and "2/2" in md
+    assert "(new tokens − 1) / decode seconds" in md and "![" in md
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--methods", "ar,telepathy"], ("unknown method 'telepathy'", "ar")),
+    (["--methods", ","], ("--methods",)),
+    (["--prompts", "{tmp}/nowhere.txt"], ("nowhere.txt", "does not exist")),
+    (["--prompts", "{tmp}/empty.txt"], ("empty.txt", "no prompts")),
+    (["--prompts", "{tmp}/empty.json"], ("empty.json", "no prompts")),
+    (["--prompts", "{tmp}/bad.json"], ("bad.json", "list of strings")),
+    (["--repeats", "0"], ("--repeats",)),
+    (["--max-new-tokens", "1"], ("--max-new-tokens",)),
+    (["--gamma", "-1"], ("--gamma",)),
+])
+def test_bench_bad_input_exits_2(checkpoint, prompts_file, tmp_path, capsys, args, needles):
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    (tmp_path / "empty.json").write_text("[]")
+    (tmp_path / "bad.json").write_text('{"prompt": "x"}')
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    if "--prompts" not in args:
+        args += ["--prompts", str(prompts_file)]
+    out = tmp_path / "report"
+    rc = cli.main(["bench", "--model", str(checkpoint), "--out", str(out), *args])
+    captured = capsys.readouterr()
+    one_line_error(rc, captured.err, *needles)
+    assert captured.out == "" and not out.exists()  # nothing ran, nothing was written
+
+
+def test_bench_missing_model_exits_2(tmp_path, capsys):
+    rc = cli.main(["bench", "--model", str(tmp_path / "nowhere")])
+    one_line_error(rc, capsys.readouterr().err, "nowhere", "does not exist")
+
+
+def test_tokenize_prompts_left_truncates():
+    class Chars:  # one token per character
+        def encode(self, text, add_special_tokens=False):
+            return [ord(c) for c in text]
+
+    items = bench.tokenize_prompts(Chars(), ["abcdef", "xy"], max_prompt_tokens=4)
+    assert [it["ids"] for it in items] == [[ord(c) for c in "cdef"], [ord("x"), ord("y")]]
+    assert [(it["tokens"], it["truncated"]) for it in items] == [(4, True), (2, False)]
+    with pytest.raises(bench.InputError, match="encodes to no tokens"):
+        bench.tokenize_prompts(Chars(), ["ok", ""], max_prompt_tokens=4)
