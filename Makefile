@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 test: $(VENV)/.installed
-	JAX_PLATFORMS=cpu $(PY) -m pytest tests
+	JAX_PLATFORMS=cpu $(PY) -m pytest -n 2 --dist loadfile tests
 
 demo: $(VENV)/.installed
 	JAX_PLATFORMS=cpu $(PY) -m specdec_jax generate --method ngram --gamma 8 --compare-ar --max-new-tokens 128 \
