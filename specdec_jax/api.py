@@ -10,6 +10,7 @@ import numpy as np
 
 from .config import read_config
 from .decoding.autoregressive import FamilyOps, generate_autoregressive
+from .decoding.looped_spec import LOOPED_SPEC_METHODS
 from .decoding.sampling import SamplingConfig
 from .errors import InputError
 from .loading import TensorSource, resolve_dtype
@@ -17,7 +18,7 @@ from .model import GenerateResult, Model
 
 QWEN35_METHODS = ("ar", "ngram", "ngram-table", "mtp", "mtp-shortlist")
 DRAFT_TABLES_FILE = "draft_tables.safetensors"
-LOOPED_METHODS = ("ar",)
+LOOPED_METHODS = ("ar",) + LOOPED_SPEC_METHODS
 
 
 def load(path: str | os.PathLike, dtype="bfloat16") -> Model:
@@ -129,6 +130,18 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
                          + (f": it needs {need}" if need else "") + f"; supported: {', '.join(methods)}")
     if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be a positive integer; got {max_new_tokens!r}")
+    sampling = SamplingConfig(float(temperature), int(top_k), float(top_p))
+    if eos_token_id is None:
+        eos_ids = tuple(model.config.eos_token_id)
+    elif eos_token_id is False:
+        eos_ids = ()
+    else:
+        eos_ids = tuple(np.atleast_1d(np.asarray(eos_token_id, np.int64)).tolist())
+    if model.family == "looped" and method != "ar":
+        # Looped self-speculation sizes its own cache (its default gamma depends on the method).
+        from .decoding.looped_spec import generate_looped_spec
+        return generate_looped_spec(model, ids, int(max_new_tokens), method, sampling=sampling, seed=seed,
+                                    eos_ids=eos_ids, max_len=max_len, **method_options)
     gamma = int(method_options.get("gamma", DEFAULT_GAMMA)) if method != "ar" else 0
     if gamma < 0:
         raise InputError(f"gamma (draft length) must be >= 0; got {gamma}")
@@ -139,13 +152,6 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
         raise InputError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens})"
                          + (f" + gamma ({gamma})" if gamma else "") + f" = {needed} exceeds the cache length "
                          f"max_len={max_len}")
-    sampling = SamplingConfig(float(temperature), int(top_k), float(top_p))
-    if eos_token_id is None:
-        eos_ids = tuple(model.config.eos_token_id)
-    elif eos_token_id is False:
-        eos_ids = ()
-    else:
-        eos_ids = tuple(np.atleast_1d(np.asarray(eos_token_id, np.int64)).tolist())
     if model.family == "looped":
         from .models import looped
         return looped.generate(model, ids, int(max_new_tokens), sampling=sampling, seed=seed, eos_ids=eos_ids,
