@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import subprocess
 import sys
 import time
 
@@ -13,31 +11,10 @@ import jax
 import jax.numpy as jnp
 
 
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=os.path.dirname(os.path.abspath(__file__)))
-        commit = out.stdout.strip() if out.returncode == 0 else ""
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, timeout=10, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-        return (commit + ("+dirty" if dirty else "")) if commit else "uncommitted"
-    except (OSError, subprocess.SubprocessError):
-        return "uncommitted"
-
-
 def result_header(name: str) -> dict:
-    import jaxlib
-    dev = jax.devices()[0]
-    return {
-        "benchmark": name,
-        "device": getattr(dev, "device_kind", str(dev)),
-        "platform": dev.platform,
-        "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__,
-        "git_commit": os.environ.get("BENCH_GIT_COMMIT") or git_commit(),
-        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-    }
+    """Device, jax/jaxlib versions, git commit, exact command, date (shared with the CLI's bench)."""
+    from specdec_jax.bench import result_header as header
+    return header(name)
 
 
 def median_time(fn, repeats: int, warmup: int = 3) -> float:

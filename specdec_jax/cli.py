@@ -107,22 +107,8 @@ def _known_methods() -> set[str]:
 
 
 def _load_tokenizer(folder: str):
-    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-    if not any(os.path.isfile(os.path.join(folder, n)) for n in names):
-        raise UsageError(f"no tokenizer in '{folder}' (expected tokenizer.json / tokenizer_config.json beside "
-                         f"config.json)")
-    try:
-        from transformers import AutoTokenizer
-        from transformers.utils import logging as hf_logging
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # it reads config.json and warns about model types it does not know
-        try:
-            return AutoTokenizer.from_pretrained(folder)
-        finally:
-            hf_logging.set_verbosity(verbosity)
-    except Exception as e:  # transformers raises many types; one line is enough to act on
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"could not load the tokenizer in '{folder}': {first}") from None
+    from .bench import load_tokenizer  # CheckpointError is a SpecdecError: one line, exit 2
+    return load_tokenizer(folder)
 
 
 def _trim_at_eos(tokens, eos_ids) -> list[int]:

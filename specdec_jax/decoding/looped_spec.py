@@ -67,7 +67,8 @@ from ..errors import InputError
 from ..model import GenerateResult
 from ..models import layers as L
 from ..models import looped
-from .acceptance import accept
+from .acceptance import _leading_true, accept
+from .speculative import _append, _eos_mask
 from .sampling import SamplingConfig, probabilities, select_token
 
 LOOPED_SPEC_METHODS = ("self-spec", "mature-spec", "das-wave", "parallel-sampler")
@@ -221,22 +222,6 @@ class LoopedSpecState:
     win_depth: jax.Array
     win_n: jax.Array
     draft_rounds: jax.Array
-
-
-def _append(buf: jax.Array, start: jax.Array, new: jax.Array) -> jax.Array:
-    """buf [B, N] with new [B, G] written at per-row offsets start [B]."""
-    return jax.vmap(lambda b, s, n: lax.dynamic_update_slice_in_dim(b, n, s, axis=0))(buf, start, new)
-
-
-def _eos_mask(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
-    if not eos_ids:
-        return jnp.zeros(tokens.shape, bool)
-    return jnp.any(tokens[..., None] == jnp.asarray(eos_ids, jnp.int32), axis=-1)
-
-
-def _leading_true(mask: jax.Array) -> jax.Array:
-    """Number of leading True values along the last axis: [B, G] -> [B]."""
-    return jnp.sum(jnp.cumprod(mask.astype(jnp.int32), axis=-1), axis=-1)
 
 
 def _shift_left(a: jax.Array, n: jax.Array) -> jax.Array:
