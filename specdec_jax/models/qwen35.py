@@ -278,9 +278,11 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         if T > 64:
             raise ValueError(f"snapshot rollback verifies at most 64 positions; got T={T}")
         res = gated_delta.fused_recurrent_gated_delta_rule(q, k, v, g, beta, return_all_states=True, **kwargs)
-    elif T <= 1 or (collect and T <= 64):
+    elif T == 1:
         res = gated_delta.fused_recurrent_gated_delta_rule(q, k, v, g, beta, **kwargs)
     else:
+        # Verification and prefill: the chunked form is parallel over T (a step recurrence would be
+        # T dependent launches per layer, which dominated verify steps of small models).
         res = gated_delta.chunk_gated_delta_rule(q, k, v, g, beta, **kwargs)
     o = L.gated_rms_norm(res.o.astype(x.dtype), z, p["norm"], cfg.rms_norm_eps)  # [B, T, HV, V]
     out = L.linear(o.reshape(B, T, HV * V), p["out_proj"])
