@@ -16,7 +16,7 @@ from .errors import InputError
 from .loading import TensorSource, resolve_dtype
 from .model import GenerateResult, Model
 
-QWEN35_METHODS = ("ar", "ngram", "ngram-table", "mtp", "mtp-shortlist")
+QWEN35_METHODS = ("ar", "ngram", "ngram-table", "mtp", "mtp-shortlist", "ngram-tree", "mtp-tree")
 DRAFT_TABLES_FILE = "draft_tables.safetensors"
 LOOPED_METHODS = ("ar",) + LOOPED_SPEC_METHODS
 
@@ -51,12 +51,13 @@ def supported_methods(model: Model) -> tuple[str, ...]:
     has_mtp = bool(model.params.get("mtp"))
     tables = model.params.get("draft") or {}
     ok = {"ar": True, "ngram": True, "ngram-table": "table_keys" in tables, "mtp": has_mtp,
-          "mtp-shortlist": has_mtp and "shortlist" in tables}
+          "mtp-shortlist": has_mtp and "shortlist" in tables, "ngram-tree": True, "mtp-tree": has_mtp}
     return tuple(m for m in QWEN35_METHODS if ok[m])
 
 
 def _method_requirement(method: str) -> str:
     return {"mtp": "the MTP head (mtp.* tensors in the checkpoint)",
+            "mtp-tree": "the MTP head (mtp.* tensors in the checkpoint)",
             "mtp-shortlist": f"the MTP head and a token shortlist ({DRAFT_TABLES_FILE}, "
                              "scripts/build_draft_tables.py)",
             "ngram-table": f"a model n-gram table ({DRAFT_TABLES_FILE}, scripts/build_draft_tables.py)"}.get(method, "")
@@ -142,6 +143,9 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
         from .decoding.looped_spec import generate_looped_spec
         return generate_looped_spec(model, ids, int(max_new_tokens), method, sampling=sampling, seed=seed,
                                     eos_ids=eos_ids, max_len=max_len, **method_options)
+    if method in TREE_METHODS:
+        return _generate_tree_qwen(model, ids, int(max_new_tokens), method, max_len, sampling, seed, eos_ids,
+                                   method_options)
     gamma = int(method_options.get("gamma", DEFAULT_GAMMA)) if method != "ar" else 0
     if gamma < 0:
         raise InputError(f"gamma (draft length) must be >= 0; got {gamma}")
@@ -204,3 +208,38 @@ def _generate_speculative_qwen(model, ids, max_new_tokens, method, gamma, max_le
     return generate_speculative(model.params, model.config, ids, max_new_tokens, drafter=drafter, gamma=gamma,
                                 max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
                                 state_dtype=model.dtype, rollback=rollback)
+
+
+TREE_METHODS = ("ngram-tree", "mtp-tree")
+DEFAULT_TREE = (4, 2, 1)
+
+
+def _generate_tree_qwen(model, ids, max_new_tokens, method, max_len, sampling, seed, eos_ids,
+                        options) -> GenerateResult:
+    """Draft trees (static branching per level), verified with tree attention and tree-WY GDN."""
+    from .decoding.speculative import ROLLBACK_MODES
+    from .decoding.tree_spec import generate_tree, tree_from_branching
+    from .drafters.tree import TreeMtpDrafter, TreeNgramDrafter
+    unknown = set(options) - {"tree", "rollback"}
+    if unknown:
+        raise InputError(f"generate(method={method!r}): unknown options {sorted(unknown)}; accepted: "
+                         f"['rollback', 'tree']")
+    if not sampling.greedy:
+        raise InputError(f"method {method!r} supports greedy decoding only (temperature=0); tree sampling "
+                         f"is not implemented")
+    branching = tuple(int(b) for b in options.get("tree", DEFAULT_TREE))
+    if not branching or min(branching) < 1:
+        raise InputError(f"tree must be a non-empty list of branching factors >= 1 per level; got {branching}")
+    parents, _ = tree_from_branching(branching)
+    if len(parents) > 64:
+        raise InputError(f"tree {branching} has {len(parents)} nodes; at most 64 are supported")
+    rollback = options.get("rollback", "pseudo")
+    if rollback not in ROLLBACK_MODES:
+        raise InputError(f"rollback must be one of {ROLLBACK_MODES}; got {rollback!r}")
+    need = ids.shape[1] + max_new_tokens + len(parents)
+    if max_len is not None and max_len < need:
+        raise InputError(f"prompt ({ids.shape[1]}) + max_new_tokens ({max_new_tokens}) + tree nodes "
+                         f"({len(parents)}) = {need} exceeds max_len={max_len}")
+    drafter = TreeMtpDrafter() if method == "mtp-tree" else TreeNgramDrafter()
+    return generate_tree(model.params, model.config, ids, max_new_tokens, drafter=drafter, parents=parents,
+                         max_len=max_len, eos_ids=eos_ids, state_dtype=model.dtype, rollback=rollback, seed=seed)

@@ -1,0 +1,399 @@
+"""Tree speculative decoding for Qwen3.5 (greedy, exact): one jitted draft-tree -> verify -> accept ->
+commit step inside a `lax.while_loop`, mirroring `speculative.py` (same SpecState, same stats keys).
+
+A static tree of N nodes in topological order (node 0 = the root = the anchor, the last emitted token
+not yet processed; `parents[i] < i`). One forward verifies every node from the committed state:
+
+- full-attention layers attend to the committed cache plus the node's ancestors (ancestor mask);
+  RoPE position of node i = length + depth[i]; node K/V are written (temporarily) at slots
+  length + i;
+- GDN layers run `tree_gated_delta_rule` (Tree-WY: each node sees exactly its root path) and the
+  causal conv reads, at lag l, the pre-conv input of the node's l-th ancestor (or the committed conv
+  state when the path runs out).
+
+Greedy acceptance keeps the deepest root path whose every node equals the target argmax at its
+parent, then emits the target's token after it. Commit: the accepted path's K/V are moved to the
+contiguous slots length..length+a, the conv state is the window at the end of the path, the GDN
+state is rebuilt from pseudo-values (`tree_commit_state`, rollback="pseudo") or picked from per-node
+snapshots (`tree_node_states`, rollback="snapshot", the baseline). length += a + 1.
+
+Tree shapes are static (numpy parents / depth; passed to jit as tuples): one compile per shape.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pallas_kernels.gated_delta import tree_wy
+
+from ..config import FULL_ATTENTION
+from ..model import GenerateResult
+from ..models import layers as L
+from ..models import qwen35
+from .sampling import SamplingConfig
+from .speculative import SpecState, _append, _eos_mask, _spec_prefill
+
+ROLLBACK_MODES = ("pseudo", "snapshot")
+
+
+# ------------------------------------------------------------------------------------ tree shape
+
+def tree_from_branching(branching) -> tuple[np.ndarray, np.ndarray]:
+    """Static tree from a branching list: level d nodes each get branching[d] children.
+
+    (4, 2, 2, 1) -> 1 + 4 + 8 + 16 + 16 nodes; (1,) * g is a chain of g drafts; (k,) a star.
+    Returns (parents int32 [N], depth int32 [N]); node 0 is the root (parent -1), nodes are in
+    breadth-first (hence topological) order, siblings consecutive.
+    """
+    parents, depth = [-1], [0]
+    level = [0]
+    for d, b in enumerate(branching):
+        if int(b) < 1:
+            raise ValueError(f"tree_from_branching: branching factors must be >= 1; got {tuple(branching)}")
+        nxt = []
+        for p in level:
+            for _ in range(int(b)):
+                parents.append(p)
+                depth.append(d + 1)
+                nxt.append(len(parents) - 1)
+        level = nxt
+    return np.asarray(parents, np.int32), np.asarray(depth, np.int32)
+
+
+def tree_depth(parents) -> np.ndarray:
+    """depth [N] from parents [N] (topological order)."""
+    parents = np.asarray(parents)
+    depth = np.zeros(parents.shape[0], np.int32)
+    for i, p in enumerate(parents):
+        depth[i] = 0 if p < 0 else depth[p] + 1
+    return depth
+
+
+def check_tree(parents, depth) -> None:
+    parents, depth = np.asarray(parents), np.asarray(depth)
+    n = parents.shape[0]
+    if n < 1 or parents[0] != -1 or np.any(parents[1:] < 0) or np.any(parents[1:] >= np.arange(1, n)):
+        raise ValueError(f"tree: node 0 must be the only root and parents[i] < i; got {parents.tolist()}")
+    if not np.array_equal(depth, tree_depth(parents)):
+        raise ValueError("tree: depth does not match parents")
+
+
+def path_table(parents) -> np.ndarray:
+    """Host-side: table [N, Dmax + 1]: entry d = the ancestor of node i at depth d (d <= depth[i]);
+    later entries repeat node i (never read as accepted)."""
+    parents = np.asarray(parents)
+    depth = tree_depth(parents)
+    n, dmax = parents.shape[0], int(depth.max())
+    out = np.zeros((n, dmax + 1), np.int32)
+    for i in range(n):
+        j, path = i, []
+        while j >= 0:
+            path.append(j)
+            j = parents[j]
+        path = path[::-1]
+        out[i, :len(path)] = path
+        out[i, len(path):] = i
+    return out
+
+
+def conv_index(parents, width: int) -> np.ndarray:
+    """Host-side: [N, W] indices into [conv_state (W-1) ; node inputs (N)] for the causal conv window
+    of every node: column w reads lag W-1-w along the node's root path (the node itself at w = W-1;
+    ancestors, then the committed conv state when the path runs out)."""
+    parents = np.asarray(parents)
+    n = parents.shape[0]
+    out = np.zeros((n, width), np.int32)
+    for i in range(n):
+        j, lag_state = i, 0
+        for w in range(width - 1, -1, -1):
+            if j >= 0:
+                out[i, w] = (width - 1) + j
+                j = parents[j]
+            else:
+                lag_state += 1
+                out[i, w] = (width - 1) - lag_state
+    return out
+
+
+# ---------------------------------------------------------------------------------- tree forward
+
+def tree_gdn_mixer(p: dict, cfg, x: jax.Array, conv_state: jax.Array, rec_state: jax.Array, parents: np.ndarray,
+                   impl: str, collect):
+    """Gated DeltaNet over the N tree nodes: x [B, N, D] -> out [B, N, D], extras (k, g, v_new, the
+    conv source [B, W-1+N, C] and, for collect="snapshot", every node's state [B, N, HV, K, V])."""
+    B, N, _ = x.shape
+    H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    K, V, W = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
+    C, VD = cfg.conv_dim, cfg.linear_value_dim
+    proj = L.linear(x, p["in_proj"])  # [B, N, C + HV*V + 2*HV]: qkv | z | b | a
+    qkv = proj[..., :C]
+    z = proj[..., C:C + VD].reshape(B, N, HV, V)
+    b = proj[..., C + VD:C + VD + HV]
+    a = proj[..., C + VD + HV:]
+
+    source = jnp.concatenate([conv_state.astype(qkv.dtype), qkv], axis=1)  # [B, W-1+N, C]
+    window = source[:, jnp.asarray(conv_index(parents, W))]  # [B, N, W, C]
+    w = p["conv"].astype(jnp.float32)  # [C, W]
+    conv = sum(window[:, :, i].astype(jnp.float32) * w[:, i] for i in range(W))  # same order as gdn_mixer
+    conv = jax.nn.silu(conv.astype(qkv.dtype))
+
+    key_dim = H * K
+    q = conv[..., :key_dim].reshape(B, N, H, K)
+    k = conv[..., key_dim:2 * key_dim].reshape(B, N, H, K)
+    v = conv[..., 2 * key_dim:].reshape(B, N, HV, V)
+    beta = jax.nn.sigmoid(b)
+    g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(a.astype(jnp.float32)
+                                                                   + p["dt_bias"].astype(jnp.float32))
+    tree_impl = impl if impl in tree_wy.IMPLEMENTATIONS else "auto"
+    if tree_impl == "auto" and N > tree_wy.MAX_PALLAS_NODES:
+        tree_impl = "reference"  # the Pallas kernel covers N <= 64
+    res = tree_wy.tree_gated_delta_rule(q, k, v, g, beta, jnp.asarray(parents), initial_state=rec_state,
+                                        use_qk_l2norm=True, implementation=tree_impl)
+    o = L.gated_rms_norm(res.o.astype(x.dtype), z, p["norm"], cfg.rms_norm_eps)  # [B, N, HV, V]
+    out = L.linear(o.reshape(B, N, HV * V), p["out_proj"])
+    extras = {"k": k, "g": g, "v_new": res.v_new, "conv_source": source}
+    if collect == "snapshot":
+        extras["all_states"] = tree_wy.tree_node_states(rec_state, k, v, g, beta, jnp.asarray(parents),
+                                                        use_qk_l2norm=True)
+    return out, extras
+
+
+def tree_forward(params: dict, cfg, state: qwen35.Qwen35State, node_ids: jax.Array, parents, depth, *,
+                 impl: str = "auto", collect: str = "pseudo"):
+    """Verify a draft tree from the committed `state`.
+
+    node_ids [B, N] (node 0 = the anchor); parents, depth: static numpy [N] (`tree_from_branching`).
+    Returns (logits [B, N, vocab] float32, verified state (attention caches with node i's K/V at
+    slot length + i; conv/recurrent/length unchanged), extras {"gdn": per GDN layer k, g, v_new,
+    conv_source (+ all_states for collect="snapshot"), "hidden": final-normed hidden [B, N, D]}).
+    The cache must have room for length + N slots.
+    """
+    parents, depth = np.asarray(parents, np.int32), np.asarray(depth, np.int32)
+    B, N = node_ids.shape
+    dtype = params["embed"].dtype
+    x = params["embed"][node_ids].astype(dtype)  # [B, N, D]
+    positions = state.length[:, None] + jnp.asarray(depth)[None, :]  # RoPE positions [B, N]
+    keys, values = list(state.keys), list(state.values)
+    mask = None
+    if keys:
+        S = state.max_len
+        anc = jnp.asarray(tree_wy.ancestor_matrix(jnp.asarray(parents)))  # [N, N]
+        slots = jnp.arange(S, dtype=jnp.int32)
+        rel = slots[None, :] - state.length[:, None]  # [B, S]: node index of a tree slot
+        committed = rel < 0  # [B, S]
+        in_tree = (rel >= 0) & (rel < N)
+        tree_vis = jnp.take(anc, jnp.clip(rel, 0, N - 1), axis=1)  # [N, B, S]
+        mask = committed[:, None, :] | (in_tree[:, None, :] & jnp.moveaxis(tree_vis, 0, 1))  # [B, N, S]
+    gdn_extras = []
+    for i, layer_type in enumerate(cfg.layer_types):
+        p = params["layers"][i]
+        slot = cfg.slot(i)
+        h = L.rms_norm(x, p["input_norm"], cfg.rms_norm_eps, zero_centered=True)
+        if layer_type == FULL_ATTENTION:
+            # attention_mixer writes K/V at positions[:, 0] = length (the root has depth 0): slots length + i.
+            h, keys[slot], values[slot] = qwen35.attention_mixer(p["mixer"], cfg, h, keys[slot], values[slot],
+                                                                 positions, mask)
+        else:
+            h, ex = tree_gdn_mixer(p["mixer"], cfg, h, state.conv[slot], state.recurrent[slot], parents, impl,
+                                   collect)
+            gdn_extras.append(ex)
+        x = x + h
+        x = x + qwen35.mlp(p["mlp"], cfg, L.rms_norm(x, p["post_norm"], cfg.rms_norm_eps, zero_centered=True))
+    hidden = L.rms_norm(x, params["final_norm"], cfg.rms_norm_eps, zero_centered=True)
+    logits = lax.dot_general(hidden, qwen35.lm_head_weight(params).astype(dtype), (((2,), (1,)), ((), ())),
+                             preferred_element_type=jnp.float32)
+    verified = state.replace(keys=tuple(keys), values=tuple(values))
+    return logits, verified, {"gdn": gdn_extras, "hidden": hidden}
+
+
+# ------------------------------------------------------------------------------- accept / commit
+
+def greedy_tree_accept(node_ids: jax.Array, logits: jax.Array, parents, depth):
+    """Deepest root path whose every non-root node equals the target argmax at its parent.
+
+    Returns (accepted_node [B], n_accepted [B] = its depth, next_token [B] = the target argmax at it,
+    path [B, Dmax + 1] node indices of the root path (entries past n_accepted repeat the node)).
+    Ties between equally deep valid paths go to the lowest node index (all are exact).
+    """
+    parents, depth = np.asarray(parents), np.asarray(depth)
+    N = parents.shape[0]
+    target = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, N]
+    par = jnp.asarray(np.maximum(parents, 0))
+    ok = (node_ids == target[:, par]) | (jnp.arange(N) == 0)[None, :]  # [B, N]
+    anc = jnp.asarray(tree_wy.ancestor_matrix(jnp.asarray(parents)))  # [N, N]
+    path_ok = jnp.all(ok[:, None, :] | ~anc[None], axis=-1)  # [B, N]
+    score = jnp.where(path_ok, jnp.asarray(depth)[None, :], -1)
+    node = jnp.argmax(score, axis=-1).astype(jnp.int32)  # first deepest
+    n_acc = jnp.asarray(depth)[node]
+    next_token = jnp.take_along_axis(target, node[:, None], axis=1)[:, 0]
+    path = jnp.asarray(path_table(parents))[node]  # [B, Dmax + 1]
+    return node, n_acc, next_token, path
+
+
+def tree_commit(before: qwen35.Qwen35State, verified: qwen35.Qwen35State, extras: dict, parents,
+                accepted_node: jax.Array, path: jax.Array, n_keep: jax.Array) -> qwen35.Qwen35State:
+    """Committed state after keeping the first n_keep [B] nodes of the root path `path` [B, Dmax + 1]
+    ending at accepted_node [B] (n_keep = depth + 1, or 0 for a finished row: state unchanged).
+
+    Attention: the path's K/V (written at length + node) move to length..length+Dmax (slots past the
+    new length are stale and masked). Conv: the window ending at the last kept node. GDN: Tree-WY
+    commit from pseudo-values, or the node snapshot (extras from `tree_forward(collect="snapshot")`).
+    """
+    parents = np.asarray(parents, np.int32)
+    n_keep = n_keep.astype(jnp.int32)
+    keep = n_keep > 0
+    last = jnp.take_along_axis(path, jnp.maximum(n_keep - 1, 0)[:, None], axis=1)[:, 0]  # [B]
+    last = jnp.where(keep, last, -1)
+
+    def compact(cache):
+        # Unconditional: a finished row keeps its length, and every slot >= length is masked anyway.
+        def one(c, start, pth):
+            return lax.dynamic_update_slice_in_dim(c, c[start + pth], start, axis=0)  # moved [Dmax + 1, NKV, hd]
+        return jax.vmap(one)(cache, before.length, path)
+
+    keys = tuple(compact(c) for c in verified.keys)
+    values = tuple(compact(c) for c in verified.values)
+    conv, rec = [], []
+    for c0, s0, ex in zip(before.conv, before.recurrent, extras["gdn"]):
+        W1 = c0.shape[1]
+        idx = jnp.asarray(conv_index(parents, W1 + 1))[jnp.maximum(last, 0), 1:]  # [B, W-1]
+        new_conv = jnp.take_along_axis(ex["conv_source"], idx[:, :, None], axis=1).astype(c0.dtype)
+        conv.append(jnp.where(keep[:, None, None], new_conv, c0))
+        if "all_states" in ex:
+            picked = jnp.take_along_axis(ex["all_states"], jnp.maximum(last, 0)[:, None, None, None, None],
+                                         axis=1)[:, 0]
+            rec.append(jnp.where(keep[:, None, None, None], picked, s0))
+        else:
+            rec.append(tree_wy.tree_commit_state(s0, ex["k"], ex["g"], ex["v_new"], jnp.asarray(parents), last,
+                                                 use_qk_l2norm=True))
+    return qwen35.Qwen35State(keys=keys, values=values, conv=tuple(conv), recurrent=tuple(rec),
+                              length=before.length + n_keep)
+
+
+# ---------------------------------------------------------------------------------------- step
+
+def tree_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, parents: tuple, rollback: str,
+              max_new_tokens: int, eos_ids: tuple[int, ...], impl: str = "auto"):
+    """One greedy tree step. parents: static tuple. Returns (state, drafter_state, emitted [B, Dmax+1], n_emit)."""
+    parents = np.asarray(parents, np.int32)
+    depth = tree_depth(parents)
+    dmax = int(depth.max())
+    active = ~state.done
+    node_ids, drafter_state = drafter.propose_tree(params, cfg, drafter_state, state.history, state.hist_len,
+                                                   parents, depth, key)
+    node_ids = node_ids.astype(jnp.int32).at[:, 0].set(state.anchor)
+    logits, verified, extras = tree_forward(params, cfg, state.model, node_ids, parents, depth, impl=impl,
+                                            collect=rollback)
+    node, n_acc, next_token, path = greedy_tree_accept(node_ids, logits, parents, depth)
+    path_tokens = jnp.take_along_axis(node_ids, path, axis=1)  # [B, Dmax + 1], root first
+    slot = jnp.arange(dmax + 1)[None, :]
+    emitted = jnp.where(slot < n_acc[:, None], jnp.pad(path_tokens[:, 1:], ((0, 0), (0, 1))), next_token[:, None])
+    n_emit = n_acc + 1
+    eos_here = _eos_mask(emitted, eos_ids) & (slot < n_emit[:, None])
+    hit_eos = jnp.any(eos_here, axis=1)
+    n_emit = jnp.where(hit_eos, jnp.argmax(eos_here, axis=1) + 1, n_emit)
+    n_emit = jnp.where(active, n_emit, 0)
+    n_keep = jnp.where(active, jnp.minimum(n_acc + 1, n_emit), 0)
+    model = tree_commit(state.model, verified, extras, parents, node, path, n_keep)
+    new_anchor = jnp.take_along_axis(emitted, jnp.maximum(n_emit - 1, 0)[:, None], axis=1)[:, 0]
+    n_out = state.n_out + n_emit
+    done = state.done | hit_eos | (n_out >= max_new_tokens)
+    state = SpecState(
+        model=model,
+        anchor=jnp.where(active, new_anchor, state.anchor),
+        history=_append(state.history, state.hist_len, emitted),
+        hist_len=state.hist_len + n_emit,
+        out=_append(state.out, state.n_out, emitted),
+        n_out=n_out,
+        done=done,
+        steps=state.steps + 1,
+        accepted=state.accepted.at[jnp.minimum(state.steps, state.accepted.shape[0] - 1)].set(
+            jnp.where(active, n_acc, -1)),
+    )
+    path_hidden = jnp.take_along_axis(extras["hidden"], path[:, :, None], axis=1)  # [B, Dmax + 1, D]
+    # emitted[:, d] is the token after path node d: a chain drafter's update reads the tree's path as a chain.
+    drafter_state = drafter.update(drafter_state, emitted=emitted, n_emitted=n_emit, n_keep=n_keep,
+                                   verified={"hidden": path_hidden}, params=params, cfg=cfg)
+    return state, drafter_state, emitted, n_emit
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "drafter", "parents", "rollback", "eos_ids",
+                                             "impl"),
+                   donate_argnames=("state", "drafter_state"))
+def _tree_loop(params, state, drafter_state, key, *, cfg, max_new_tokens, drafter, parents, rollback, eos_ids,
+               impl):
+    step = functools.partial(tree_step, params, cfg, drafter=drafter, parents=parents, rollback=rollback,
+                             max_new_tokens=max_new_tokens, eos_ids=eos_ids, impl=impl)
+
+    def body(carry):
+        state, drafter_state, key = carry
+        key, sub = jax.random.split(key)
+        state, drafter_state, _, _ = step(state, drafter_state, sub)
+        return state, drafter_state, key
+
+    state, drafter_state, _ = lax.while_loop(lambda c: ~jnp.all(c[0].done), body, (state, drafter_state, key))
+    pad = eos_ids[0] if eos_ids else 0
+    filled = jnp.arange(max_new_tokens)[None, :] < state.n_out[:, None]
+    tokens = jnp.where(filled, state.out[:, :max_new_tokens], pad)
+    return tokens, state, drafter_state
+
+
+def generate_tree(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, drafter, parents, max_len: int | None = None,
+                  eos_ids: tuple[int, ...] = (), state_dtype=jnp.float32, rollback: str = "pseudo",
+                  impl: str = "auto", seed: int = 0, return_state: bool = False) -> GenerateResult:
+    """Greedy tree speculative generation (exact: equals greedy AR). parents: static tree [N].
+
+    max_len defaults to (and must be at least) prompt + max_new_tokens + N: the last verification
+    writes N node slots past the committed length.
+    """
+    if rollback not in ROLLBACK_MODES:
+        raise ValueError(f"rollback must be one of {ROLLBACK_MODES}; got {rollback!r}")
+    parents = np.asarray(parents, np.int32)
+    depth = tree_depth(parents)
+    check_tree(parents, depth)
+    n, dmax = parents.shape[0], int(depth.max())
+    prompt = jnp.asarray(prompt, jnp.int32)
+    need = prompt.shape[1] + max_new_tokens + n
+    max_len = need if max_len is None else max_len
+    if max_len < need:
+        raise ValueError(f"max_len must be >= prompt + max_new_tokens + N = {need}; got {max_len}")
+    key_loop, key_first = jax.random.split(jax.random.PRNGKey(seed))
+    sampling = SamplingConfig()
+    static_p = dict(cfg=cfg, max_len=max_len, sampling=sampling, eos_ids=eos_ids, state_dtype=state_dtype,
+                    gamma=dmax, max_new_tokens=max_new_tokens, drafter=drafter, impl=impl)
+    static_l = dict(cfg=cfg, max_new_tokens=max_new_tokens, drafter=drafter, parents=tuple(parents.tolist()),
+                    rollback=rollback, eos_ids=eos_ids, impl=impl)
+    t0 = time.perf_counter()
+    prefill_c = _spec_prefill.lower(params, prompt, key_first, **static_p).compile()
+    shapes = jax.eval_shape(functools.partial(_spec_prefill, **static_p), params, prompt, key_first)
+    loop_c = _tree_loop.lower(params, shapes[0], shapes[1], key_loop, **static_l).compile()
+    compile_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    state, dstate = jax.block_until_ready(prefill_c(params, prompt, key_first))
+    t1 = time.perf_counter()
+    tokens, state, dstate = jax.block_until_ready(loop_c(params, state, dstate, key_loop))
+    t2 = time.perf_counter()
+    tokens = np.asarray(tokens)
+    steps = int(state.steps)
+    accepted = np.asarray(state.accepted)[:steps]
+    valid = accepted >= 0
+    n_new = int(np.minimum(np.asarray(state.n_out), max_new_tokens).sum())
+    stats = {
+        "method": "tree-" + drafter.name, "tree_nodes": n, "tree_depth": dmax, "rollback": rollback,
+        "new_tokens": n_new, "seconds": t2 - t0, "prefill_seconds": t1 - t0, "decode_seconds": t2 - t1,
+        "compile_seconds": compile_s, "tokens_per_second": n_new / max(t2 - t0, 1e-9),
+        "verify_steps": steps,
+        "mean_accepted": float(accepted[valid].mean()) if valid.any() else 0.0,
+        "tokens_per_step": float((accepted[valid] + 1).mean()) if valid.any() else 0.0,
+        "accepted_counts": accepted.T.tolist(),
+    }
+    if return_state:
+        stats["state"] = state
+    return GenerateResult(tokens=tokens, stats=stats)
