@@ -145,7 +145,7 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
 @functools.partial(jax.jit, static_argnames=("use_qk_l2norm", "interpret", "block_v"))
 def _commit(initial_state, k, g, v_new, n_accepted, *, use_qk_l2norm, interpret, block_v):
     b, t, _, k_dim = k.shape
-    hv, v_dim = v_new.shape[2], v_new.shape[3]
+    v_dim = v_new.shape[3]
     kp, vp, tp = next_pow2(k_dim), next_pow2(v_dim), next_pow2(t)
     s0 = pad_axis(pad_axis(initial_state.astype(F32), 2, kp), 3, vp)
     k = pad_axis(pad_axis(k, 3, kp), 1, tp)

@@ -64,6 +64,44 @@ def _eos_mask(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
     return jnp.any(tokens[..., None] == jnp.asarray(eos_ids, jnp.int32), axis=-1)
 
 
+def emit_accepted(drafts: jax.Array, n_acc: jax.Array, next_token: jax.Array, active: jax.Array,
+                  eos_ids: tuple[int, ...]):
+    """What a step emits after acceptance (chain or tree path).
+
+    drafts [B, G] (along the accepted path); returns emitted [B, G + 1] (accepted drafts, then the
+    target's token; later slots repeat it and are never read), n_emit [B] (cut after the first EOS;
+    0 for finished rows), n_keep [B] (positions to commit: anchor + accepted drafts), hit_eos [B].
+    """
+    slot = jnp.arange(drafts.shape[1] + 1)[None, :]
+    emitted = jnp.where(slot < n_acc[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), next_token[:, None])
+    n_emit = n_acc + 1
+    eos_here = _eos_mask(emitted, eos_ids) & (slot < n_emit[:, None])
+    hit_eos = jnp.any(eos_here, axis=1)
+    n_emit = jnp.where(hit_eos, jnp.argmax(eos_here, axis=1) + 1, n_emit)
+    n_emit = jnp.where(active, n_emit, 0)
+    # A finished sequence keeps nothing: its state stays put.
+    n_keep = jnp.where(active, jnp.minimum(n_acc + 1, n_emit), 0)
+    return emitted, n_emit, n_keep, hit_eos
+
+
+def advance(state: SpecState, model, emitted, n_emit, n_acc, hit_eos, active, max_new_tokens: int) -> SpecState:
+    """The next SpecState: committed model state, new anchor, history/output appended, stats."""
+    new_anchor = jnp.take_along_axis(emitted, jnp.maximum(n_emit - 1, 0)[:, None], axis=1)[:, 0]
+    n_out = state.n_out + n_emit
+    return SpecState(
+        model=model,
+        anchor=jnp.where(active, new_anchor, state.anchor),
+        history=_append(state.history, state.hist_len, emitted),
+        hist_len=state.hist_len + n_emit,
+        out=_append(state.out, state.n_out, emitted),
+        n_out=n_out,
+        done=state.done | hit_eos | (n_out >= max_new_tokens),
+        steps=state.steps + 1,
+        accepted=state.accepted.at[jnp.minimum(state.steps, state.accepted.shape[0] - 1)].set(
+            jnp.where(active, n_acc, -1)),
+    )
+
+
 def spec_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gamma: int,
               sampling: SamplingConfig, rollback: str, max_new_tokens: int, eos_ids: tuple[int, ...],
               impl: str = "auto"):
@@ -79,34 +117,9 @@ def spec_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gam
     verify_ids = jnp.concatenate([state.anchor[:, None], drafts], axis=1)  # [B, gamma + 1]
     logits, verified, extras = qwen35.forward(params, cfg, state.model, verify_ids, impl=impl, collect=rollback)
     n_acc, next_token = accept(drafts, draft_probs, logits, k_accept, sampling)
-    # emitted = accepted drafts, then the target's token; later slots repeat it (never read).
-    slot = jnp.arange(gamma + 1)[None, :]
-    emitted = jnp.where(slot < n_acc[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), next_token[:, None])
-    n_emit = n_acc + 1
-    # Stop at the first EOS among the emitted tokens.
-    eos_here = _eos_mask(emitted, eos_ids) & (slot < n_emit[:, None])
-    first_eos = jnp.argmax(eos_here, axis=1)
-    hit_eos = jnp.any(eos_here, axis=1)
-    n_emit = jnp.where(hit_eos, first_eos + 1, n_emit)
-    n_emit = jnp.where(active, n_emit, 0)
-    # Keep anchor + accepted drafts; a finished sequence keeps nothing (its state stays put).
-    n_keep = jnp.where(active, jnp.minimum(n_acc + 1, n_emit), 0)
+    emitted, n_emit, n_keep, hit_eos = emit_accepted(drafts, n_acc, next_token, active, eos_ids)
     model = qwen35.commit(state.model, verified, extras, n_keep, impl=impl)
-    new_anchor = jnp.take_along_axis(emitted, jnp.maximum(n_emit - 1, 0)[:, None], axis=1)[:, 0]
-    n_out = state.n_out + n_emit
-    done = state.done | hit_eos | (n_out >= max_new_tokens)
-    state = SpecState(
-        model=model,
-        anchor=jnp.where(active, new_anchor, state.anchor),
-        history=_append(state.history, state.hist_len, emitted),
-        hist_len=state.hist_len + n_emit,
-        out=_append(state.out, state.n_out, emitted),
-        n_out=n_out,
-        done=done,
-        steps=state.steps + 1,
-        accepted=state.accepted.at[jnp.minimum(state.steps, state.accepted.shape[0] - 1)].set(
-            jnp.where(active, n_acc, -1)),
-    )
+    state = advance(state, model, emitted, n_emit, n_acc, hit_eos, active, max_new_tokens)
     drafter_state = drafter.update(drafter_state, emitted=emitted, n_emitted=n_emit, n_keep=n_keep, verified=extras,
                                    params=params, cfg=cfg)
     return state, drafter_state, emitted, n_emit

@@ -37,7 +37,7 @@ from ..model import GenerateResult
 from ..models import layers as L
 from ..models import qwen35
 from .sampling import SamplingConfig
-from .speculative import SpecState, _append, _eos_mask, _spec_prefill
+from .speculative import SpecState, _spec_prefill, advance, emit_accepted
 
 ROLLBACK_MODES = ("pseudo", "snapshot")
 
@@ -283,7 +283,6 @@ def tree_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, par
     """One greedy tree step. parents: static tuple. Returns (state, drafter_state, emitted [B, Dmax+1], n_emit)."""
     parents = np.asarray(parents, np.int32)
     depth = tree_depth(parents)
-    dmax = int(depth.max())
     active = ~state.done
     node_ids, drafter_state = drafter.propose_tree(params, cfg, drafter_state, state.history, state.hist_len,
                                                    parents, depth, key)
@@ -292,30 +291,9 @@ def tree_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, par
                                             collect=rollback)
     node, n_acc, next_token, path = greedy_tree_accept(node_ids, logits, parents, depth)
     path_tokens = jnp.take_along_axis(node_ids, path, axis=1)  # [B, Dmax + 1], root first
-    slot = jnp.arange(dmax + 1)[None, :]
-    emitted = jnp.where(slot < n_acc[:, None], jnp.pad(path_tokens[:, 1:], ((0, 0), (0, 1))), next_token[:, None])
-    n_emit = n_acc + 1
-    eos_here = _eos_mask(emitted, eos_ids) & (slot < n_emit[:, None])
-    hit_eos = jnp.any(eos_here, axis=1)
-    n_emit = jnp.where(hit_eos, jnp.argmax(eos_here, axis=1) + 1, n_emit)
-    n_emit = jnp.where(active, n_emit, 0)
-    n_keep = jnp.where(active, jnp.minimum(n_acc + 1, n_emit), 0)
+    emitted, n_emit, n_keep, hit_eos = emit_accepted(path_tokens[:, 1:], n_acc, next_token, active, eos_ids)
     model = tree_commit(state.model, verified, extras, parents, node, path, n_keep)
-    new_anchor = jnp.take_along_axis(emitted, jnp.maximum(n_emit - 1, 0)[:, None], axis=1)[:, 0]
-    n_out = state.n_out + n_emit
-    done = state.done | hit_eos | (n_out >= max_new_tokens)
-    state = SpecState(
-        model=model,
-        anchor=jnp.where(active, new_anchor, state.anchor),
-        history=_append(state.history, state.hist_len, emitted),
-        hist_len=state.hist_len + n_emit,
-        out=_append(state.out, state.n_out, emitted),
-        n_out=n_out,
-        done=done,
-        steps=state.steps + 1,
-        accepted=state.accepted.at[jnp.minimum(state.steps, state.accepted.shape[0] - 1)].set(
-            jnp.where(active, n_acc, -1)),
-    )
+    state = advance(state, model, emitted, n_emit, n_acc, hit_eos, active, max_new_tokens)
     path_hidden = jnp.take_along_axis(extras["hidden"], path[:, :, None], axis=1)  # [B, Dmax + 1, D]
     # emitted[:, d] is the token after path node d: a chain drafter's update reads the tree's path as a chain.
     drafter_state = drafter.update(drafter_state, emitted=emitted, n_emitted=n_emit, n_keep=n_keep,

@@ -144,7 +144,6 @@ class TreeMtpDrafter:
         nodes = jnp.zeros((B, N), jnp.int32)
         # Per node being expanded: its head logits [B, V'], output hidden [B, 1, D] and head caches.
         top = self._top(params, state["logits"], kmax)  # root's children
-        level = [0]
         tops = {0: top}  # node -> top-k ids [B, kmax]
         hid = {0: state["hidden"]}
         cache = {0: (state["k"], state["v"])}
