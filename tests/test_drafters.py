@@ -43,7 +43,6 @@ def test_greedy_equals_ar(mtp_model, method, gamma, rollback):
     np.testing.assert_array_equal(res.tokens, ar)
 
 
-@pytest.mark.skipif(not os.path.isdir(TINY), reason="shipped checkpoint missing")
 @pytest.mark.parametrize("gamma", [2, 8])
 def test_mtp_on_trained_checkpoint_is_exact_and_accepts(gamma):
     model = sj.load(TINY, dtype="float32")
@@ -92,7 +91,6 @@ def test_methods_need_their_weights(tmp_path):
         sj.generate(model, np.ones((1, 3), np.int32), 4, method="ngram-table")
 
 
-@pytest.mark.skipif(not os.path.isdir(TINY), reason="shipped checkpoint missing")
 def test_shipped_checkpoint_matches_transformers():
     """The shipped tiny Qwen3.5 loads in transformers too, and both give the same greedy tokens."""
     import torch

@@ -243,7 +243,6 @@ def test_mtp_tree_drafter_equals_ar(mtp_model, branching, rollback):
 TINY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints", "tiny-qwen35-code")
 
 
-@pytest.mark.skipif(not os.path.isdir(TINY), reason="shipped checkpoint missing")
 def test_mtp_tree_on_trained_checkpoint_is_exact_and_beats_chain():
     """Chain MTP (gamma 3..6) accepts ~0.9 drafts per step here; a (4, 2, 1) MTP top-k tree ~1.9."""
     model = sj.load(TINY, dtype="float32")
