@@ -68,7 +68,7 @@ from ..model import GenerateResult
 from ..models import layers as L
 from ..models import looped
 from .acceptance import _leading_true, accept
-from .speculative import _append, _eos_mask
+from .speculative import _append, _eos_mask, emit_accepted
 from .sampling import SamplingConfig, probabilities, select_token
 
 LOOPED_SPEC_METHODS = ("self-spec", "mature-spec", "das-wave", "parallel-sampler")
@@ -469,16 +469,8 @@ def spec_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPlan,
     verify_ids = jnp.concatenate([state.anchor[:, None], drafts], axis=1)  # [B, G + 1]
     logits, verified, _ = looped.forward(params, cfg, cache, verify_ids, num_steps=R)
     n_acc, next_token = accept(drafts, q, logits, k_accept, sampling)
-    # emitted = accepted drafts, then the target's token; later slots repeat it (never read).
-    col = jnp.arange(G + 1)[None, :]
-    emitted = jnp.where(col < n_acc[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), next_token[:, None])
-    n_emit = n_acc + 1
-    eos_here = _eos_mask(emitted, eos_ids) & (col < n_emit[:, None])
-    hit_eos = jnp.any(eos_here, axis=1)
-    n_emit = jnp.where(hit_eos, jnp.argmax(eos_here, axis=1) + 1, n_emit)
-    n_emit = jnp.where(active, n_emit, 0)
     # Keep anchor + accepted drafts (the verifier wrote every slot for them); a finished row keeps nothing.
-    n_keep = jnp.where(active, jnp.minimum(n_acc + 1, n_emit), 0)
+    emitted, n_emit, n_keep, hit_eos = emit_accepted(drafts, n_acc, next_token, active, eos_ids)
     new_anchor = jnp.take_along_axis(emitted, jnp.maximum(n_emit - 1, 0)[:, None], axis=1)[:, 0]
     n_out = state.n_out + n_emit
     state = state.replace(
