@@ -40,6 +40,23 @@ def chained_time(fn, x0, chain: int, repeats: int = 5) -> float:
     return median_time(lambda: looped(x0), repeats) / chain
 
 
+def chain_seconds(fn, args: tuple, feed: int, chain: int, repeats: int) -> float:
+    """Seconds per call of fn(*args), measured in one jitted fori_loop of `chain` calls: args[feed]
+    gets a (numerically nil) dependence on one element of the previous call's first output, so XLA
+    can neither hoist, merge nor reorder the calls, and no output is read in full. The arrays are
+    jit arguments, not closed-over constants (which XLA could fold at compile time)."""
+    def run(arrays):
+        def body(_, eps):
+            a = list(arrays)
+            a[feed] = a[feed] + (eps * 0.0).astype(a[feed].dtype)
+            first = jax.tree.leaves(fn(*a))[0]
+            return first.reshape(-1)[0].astype(jnp.float32)
+        return jax.lax.fori_loop(0, chain, body, jnp.zeros((), jnp.float32))
+
+    looped = jax.jit(run)
+    return median_time(lambda: looped(tuple(args)), repeats) / chain
+
+
 def write_results(out_dir: str, stem: str, result: dict, markdown: str) -> None:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, stem + ".json"), "w") as f:

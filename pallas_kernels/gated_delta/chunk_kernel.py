@@ -184,6 +184,110 @@ def _output_kernel(q_ref, k_ref, gam_ref, *refs, scale, l2norm, prec, state_dtyp
     o_ref[...] = (o * row_scale[:, None]).astype(o_ref.dtype)
 
 
+def _specs(b, hv, group, tp, kp, bv):
+    """BlockSpecs shared by the kernels (grid axis 0 = batch * value head)."""
+    head = lambda i: (i // hv, i % hv)
+    key_head = lambda i: (i % hv) // group  # value head j reads key head j // group (never materialised)
+    return dict(
+        head=head, key_head=key_head,
+        gate_chunk=pl.BlockSpec((None, None, CHUNK), lambda i, c: (*head(i), c)),
+        key_full=pl.BlockSpec((None, tp, None, kp), lambda i, j: (i // hv, 0, key_head(i), 0)),
+        w_full=pl.BlockSpec((None, None, tp, kp), lambda i, j: (*head(i), 0, 0)),
+        u_full=pl.BlockSpec((None, None, tp, bv), lambda i, j: (*head(i), 0, j)),
+        gate_full=pl.BlockSpec((None, None, tp), lambda i, j: (*head(i), 0)),
+        state=pl.BlockSpec((None, None, kp, bv), lambda i, j: (*head(i), 0, j)),
+        val_full=pl.BlockSpec((None, tp, None, bv), lambda i, j: (i // hv, 0, i % hv, j)),
+    )
+
+
+def wy_call(k, v, gam, beta, *, hv, l2norm, wu_dtype, prec, merge_prec, interpret, num_warps=4):
+    """Stage 1: per chunk W, U [B, HV, Tp, K|V] (wu_dtype) and, with l2norm, 1/|k_t| [B, HV, Tp] fp32."""
+    b, tp, h, kp = k.shape
+    vp = v.shape[3]
+    sp = _specs(b, hv, hv // h, tp, kp, vp)
+    head, key_head, gate_chunk = sp["head"], sp["key_head"], sp["gate_chunk"]
+    out_specs = [pl.BlockSpec((None, None, CHUNK, kp), lambda i, c: (*head(i), c, 0)),
+                 pl.BlockSpec((None, None, CHUNK, vp), lambda i, c: (*head(i), c, 0))]
+    # W and U per head contiguous in T; stored in the input precision (16-bit halves their traffic)
+    out_shape = [jax.ShapeDtypeStruct((b, hv, tp, kp), wu_dtype), jax.ShapeDtypeStruct((b, hv, tp, vp), wu_dtype)]
+    if l2norm:
+        out_specs.append(gate_chunk)
+        out_shape.append(jax.ShapeDtypeStruct((b, hv, tp), F32))
+    outs = pl.pallas_call(
+        functools.partial(_wy_kernel, l2norm=l2norm, prec=prec, merge_prec=merge_prec),
+        grid=(b * hv, tp // CHUNK),
+        in_specs=[
+            pl.BlockSpec((None, CHUNK, None, kp), lambda i, c: (i // hv, c, key_head(i), 0)),
+            pl.BlockSpec((None, CHUNK, None, vp), lambda i, c: (i // hv, c, i % hv, 0)),
+            gate_chunk,
+            gate_chunk,
+        ],
+        out_specs=out_specs,
+        out_shape=out_shape,
+        compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+        name="gdn_chunk_wy",
+    )(k, v, gam, beta)
+    return outs[0], outs[1], (outs[2] if l2norm else None)
+
+
+def state_pass_call(k, w, u, gam, r_k, s0, *, vnew_dtype, state_dtype, prec, block_v, interpret, num_warps=4,
+                    num_stages=2):
+    """Stage 2 (sequential over chunks): states entering every chunk [B, HV, NC, K, V] (state_dtype),
+    V_new [B, Tp, HV, V] (vnew_dtype), final state [B, HV, K, V] fp32."""
+    b, tp, h, kp = k.shape
+    hv, vp = w.shape[1], u.shape[3]
+    nc = tp // CHUNK
+    bv = min(block_v, vp)
+    sp = _specs(b, hv, hv // h, tp, kp, bv)
+    head = sp["head"]
+    l2norm, has_s0 = r_k is not None, s0 is not None
+    in_specs = [sp["key_full"], sp["w_full"], sp["u_full"], sp["gate_full"]]
+    args = [k, w, u, gam]
+    if l2norm:
+        in_specs.append(sp["gate_full"])
+        args.append(r_k)
+    if has_s0:
+        in_specs.append(sp["state"])
+        args.append(s0)
+    return pl.pallas_call(
+        functools.partial(_state_pass_kernel, n_chunks=nc, has_s0=has_s0, l2norm=l2norm, prec=prec,
+                          state_dtype=state_dtype),
+        grid=(b * hv, vp // bv),
+        in_specs=in_specs,
+        out_specs=[pl.BlockSpec((None, None, nc, kp, bv), lambda i, j: (*head(i), 0, 0, j)), sp["val_full"],
+                   sp["state"]],
+        out_shape=[jax.ShapeDtypeStruct((b, hv, nc, kp, vp), state_dtype),  # state entering each chunk
+                   jax.ShapeDtypeStruct((b, tp, hv, vp), vnew_dtype), jax.ShapeDtypeStruct((b, hv, kp, vp), F32)],
+        compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="gdn_chunk_state_pass",
+    )(*args)
+
+
+def output_call(q, k, gam, r_k, h_states, v_new, *, out_dtype, scale, state_dtype, prec, interpret, num_warps=4):
+    """Stage 3 (parallel over chunks): o [B, Tp, HV, V] (out_dtype)."""
+    b, tp, h, kp = q.shape
+    hv, vp = v_new.shape[2], v_new.shape[3]
+    sp = _specs(b, hv, hv // h, tp, kp, vp)
+    head, key_head, gate_chunk = sp["head"], sp["key_head"], sp["gate_chunk"]
+    l2norm = r_k is not None
+    key_chunk = pl.BlockSpec((None, CHUNK, None, kp), lambda i, c: (i // hv, c, key_head(i), 0))
+    val_chunk = pl.BlockSpec((None, CHUNK, None, vp), lambda i, c: (i // hv, c, i % hv, 0))
+    in_specs = [key_chunk, key_chunk, gate_chunk] + ([gate_chunk] if l2norm else []) + [
+        pl.BlockSpec((None, None, None, kp, vp), lambda i, c: (*head(i), c, 0, 0)), val_chunk]
+    return pl.pallas_call(
+        functools.partial(_output_kernel, scale=scale, l2norm=l2norm, prec=prec, state_dtype=state_dtype),
+        grid=(b * hv, tp // CHUNK),
+        in_specs=in_specs,
+        out_specs=val_chunk,
+        out_shape=jax.ShapeDtypeStruct((b, tp, hv, vp), out_dtype),
+        compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+        name="gdn_chunk_output",
+    )(q, k, gam, *([r_k] if l2norm else []), h_states, v_new)
+
+
 def chunk_fwd(q, k, v, gam, beta, s0, *, scale, l2norm, want_vnew, wu_dtype, state_dtype, prec, merge_prec,
               block_v, interpret, split_output=True, wy_warps=4, state_warps=4, state_stages=2, out_warps=4):
     """Run the kernels on padded inputs.
@@ -198,98 +302,31 @@ def chunk_fwd(q, k, v, gam, beta, s0, *, scale, l2norm, want_vnew, wu_dtype, sta
     """
     b, tp, h, kp = q.shape
     hv, vp = v.shape[2], v.shape[3]
-    group = hv // h
-    nc = tp // CHUNK
-    bv = min(block_v, vp)
-    nv = vp // bv
-    head = lambda i: (i // hv, i % hv)  # grid axis 0 -> (batch, value head)
-    key_head = lambda i: (i % hv) // group  # value head j reads key head j // group (never materialised)
-    gate_chunk_spec = pl.BlockSpec((None, None, CHUNK), lambda i, c: (*head(i), c))
-
-    wy_out_specs = [pl.BlockSpec((None, None, CHUNK, kp), lambda i, c: (*head(i), c, 0)),
-                    pl.BlockSpec((None, None, CHUNK, vp), lambda i, c: (*head(i), c, 0))]
-    # W and U per head contiguous in T; stored in the input precision (16-bit halves their traffic)
-    wy_out_shape = [jax.ShapeDtypeStruct((b, hv, tp, kp), wu_dtype), jax.ShapeDtypeStruct((b, hv, tp, vp), wu_dtype)]
-    if l2norm:
-        wy_out_specs.append(gate_chunk_spec)
-        wy_out_shape.append(jax.ShapeDtypeStruct((b, hv, tp), F32))  # 1 / |k_t|
-    wy_outs = pl.pallas_call(
-        functools.partial(_wy_kernel, l2norm=l2norm, prec=prec, merge_prec=merge_prec),
-        grid=(b * hv, nc),
-        in_specs=[
-            pl.BlockSpec((None, CHUNK, None, kp), lambda i, c: (i // hv, c, key_head(i), 0)),
-            pl.BlockSpec((None, CHUNK, None, vp), lambda i, c: (i // hv, c, i % hv, 0)),
-            gate_chunk_spec,
-            gate_chunk_spec,
-        ],
-        out_specs=wy_out_specs,
-        out_shape=wy_out_shape,
-        compiler_params=plt.CompilerParams(num_warps=wy_warps, num_stages=1),
-        interpret=interpret,
-        name="gdn_chunk_wy",
-    )(k, v, gam, beta)
-    w, u = wy_outs[0], wy_outs[1]
-    r_k = wy_outs[2] if l2norm else None
-
+    w, u, r_k = wy_call(k, v, gam, beta, hv=hv, l2norm=l2norm, wu_dtype=wu_dtype, prec=prec, merge_prec=merge_prec,
+                        interpret=interpret, num_warps=wy_warps)
     has_s0 = s0 is not None
-    key_full = pl.BlockSpec((None, tp, None, kp), lambda i, j: (i // hv, 0, key_head(i), 0))
-    w_full = pl.BlockSpec((None, None, tp, kp), lambda i, j: (*head(i), 0, 0))
-    u_full = pl.BlockSpec((None, None, tp, bv), lambda i, j: (*head(i), 0, j))
-    gate_full = pl.BlockSpec((None, None, tp), lambda i, j: (*head(i), 0))
-    state_spec = pl.BlockSpec((None, None, kp, bv), lambda i, j: (*head(i), 0, j))
-    val_full = pl.BlockSpec((None, tp, None, bv), lambda i, j: (i // hv, 0, i % hv, j))
-    state_shape = jax.ShapeDtypeStruct((b, hv, kp, vp), F32)
-    params = plt.CompilerParams(num_warps=state_warps, num_stages=state_stages)
-
     if not split_output:
-        in_specs = [key_full, key_full, w_full, u_full, gate_full] + ([state_spec] if has_s0 else [])
-        out_specs = [val_full, state_spec] + ([val_full] if want_vnew else [])
-        out_shape = [jax.ShapeDtypeStruct((b, tp, hv, vp), v.dtype), state_shape]
+        bv = min(block_v, vp)
+        sp = _specs(b, hv, hv // h, tp, kp, bv)
+        in_specs = [sp["key_full"], sp["key_full"], sp["w_full"], sp["u_full"], sp["gate_full"]] + (
+            [sp["state"]] if has_s0 else [])
+        out_specs = [sp["val_full"], sp["state"]] + ([sp["val_full"]] if want_vnew else [])
+        out_shape = [jax.ShapeDtypeStruct((b, tp, hv, vp), v.dtype), jax.ShapeDtypeStruct((b, hv, kp, vp), F32)]
         if want_vnew:
             out_shape.append(jax.ShapeDtypeStruct((b, tp, hv, vp), F32))
         outs = pl.pallas_call(
-            functools.partial(_state_kernel, n_chunks=nc, scale=scale, has_s0=has_s0, want_vnew=want_vnew,
+            functools.partial(_state_kernel, n_chunks=tp // CHUNK, scale=scale, has_s0=has_s0, want_vnew=want_vnew,
                               l2norm=l2norm, prec=prec, state_dtype=state_dtype),
-            grid=(b * hv, nv), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-            compiler_params=params, interpret=interpret, name="gdn_chunk_state_fused",
+            grid=(b * hv, vp // bv), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+            compiler_params=plt.CompilerParams(num_warps=state_warps, num_stages=state_stages),
+            interpret=interpret, name="gdn_chunk_state_fused",
         )(q, k, w, u, gam, *([s0] if has_s0 else []))
         return outs[0], outs[1], (outs[2] if want_vnew else None)
 
     # V_new is an output anyway when asked for (fp32); otherwise it only feeds the output kernel.
-    vnew_dtype = F32 if want_vnew else wu_dtype
-    in_specs = [key_full, w_full, u_full, gate_full]
-    args = [k, w, u, gam]
-    if l2norm:
-        in_specs.append(gate_full)
-        args.append(r_k)
-    if has_s0:
-        in_specs.append(state_spec)
-        args.append(s0)
-    h_states, v_new, final = pl.pallas_call(
-        functools.partial(_state_pass_kernel, n_chunks=nc, has_s0=has_s0, l2norm=l2norm, prec=prec,
-                          state_dtype=state_dtype),
-        grid=(b * hv, nv),
-        in_specs=in_specs,
-        out_specs=[pl.BlockSpec((None, None, nc, kp, bv), lambda i, j: (*head(i), 0, 0, j)), val_full, state_spec],
-        out_shape=[jax.ShapeDtypeStruct((b, hv, nc, kp, vp), state_dtype),  # state entering each chunk
-                   jax.ShapeDtypeStruct((b, tp, hv, vp), vnew_dtype), state_shape],
-        compiler_params=params,
-        interpret=interpret,
-        name="gdn_chunk_state_pass",
-    )(*args)
-
-    key_chunk = pl.BlockSpec((None, CHUNK, None, kp), lambda i, c: (i // hv, c, key_head(i), 0))
-    val_chunk = pl.BlockSpec((None, CHUNK, None, vp), lambda i, c: (i // hv, c, i % hv, 0))
-    in_specs = [key_chunk, key_chunk, gate_chunk_spec] + ([gate_chunk_spec] if l2norm else []) + [
-        pl.BlockSpec((None, None, None, kp, vp), lambda i, c: (*head(i), c, 0, 0)), val_chunk]
-    o = pl.pallas_call(
-        functools.partial(_output_kernel, scale=scale, l2norm=l2norm, prec=prec, state_dtype=state_dtype),
-        grid=(b * hv, nc),
-        in_specs=in_specs,
-        out_specs=val_chunk,
-        out_shape=jax.ShapeDtypeStruct((b, tp, hv, vp), v.dtype),
-        compiler_params=plt.CompilerParams(num_warps=out_warps, num_stages=1),
-        interpret=interpret,
-        name="gdn_chunk_output",
-    )(q, k, gam, *([r_k] if l2norm else []), h_states, v_new)
+    h_states, v_new, final = state_pass_call(k, w, u, gam, r_k, s0, vnew_dtype=F32 if want_vnew else wu_dtype,
+                                             state_dtype=state_dtype, prec=prec, block_v=block_v,
+                                             interpret=interpret, num_warps=state_warps, num_stages=state_stages)
+    o = output_call(q, k, gam, r_k, h_states, v_new, out_dtype=v.dtype, scale=scale, state_dtype=state_dtype,
+                    prec=prec, interpret=interpret, num_warps=out_warps)
     return o, final, (v_new if want_vnew else None)

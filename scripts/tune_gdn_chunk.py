@@ -1,0 +1,106 @@
+"""Where the chunk kernel's time goes, and which launch settings are fastest (GPU).
+
+At the Qwen3.5-9B GDN shape (B=1, H=16, HV=32, K=V=128, bf16 q/k/v, fp32 state, q/k L2-normalised
+in the kernel), T = --t (8192): times each of the three stages alone (WY, sequential state pass,
+parallel output) on the real intermediate tensors, then the whole `chunk_gated_delta_rule` for a
+small grid of (block_v, warps, state pipeline stages). Every time is the median over --repeats of
+a jitted chain of --chain dependent calls (one element of each output feeds the next call's input,
+so XLA can neither reorder nor fold them), divided by the chain length. Random inputs, never zeros.
+Writes gdn_chunk_tuning.json / .md to --out.
+
+    python scripts/tune_gdn_chunk.py --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from pallas_kernels.gated_delta import chunk_kernel, pallas_ops  # noqa: E402
+from pallas_kernels.gated_delta._kernel_utils import F32, dot_precisions  # noqa: E402
+from scripts.bench_common import chain_seconds, result_header, write_results  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--t", type=int, default=8192)
+    ap.add_argument("--chain", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke run, interpret mode)")
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args()
+    interpret = jax.default_backend() != "gpu"
+    b, h, hv, kd, vd, t = (1, 1, 2, 32, 32, 128) if args.small else (1, 16, 32, 128, 128, args.t)
+    dt = jnp.bfloat16
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((b, t, h, kd)), dt)
+    k = jnp.asarray(rng.standard_normal((b, t, h, kd)), dt)
+    v = jnp.asarray(rng.standard_normal((b, t, hv, vd)), dt)
+    g = jnp.asarray(-np.log1p(np.exp(rng.standard_normal((b, t, hv)))) * 0.5, F32)
+    beta = jnp.asarray(1 / (1 + np.exp(-rng.standard_normal((b, t, hv)))), F32)
+    s0 = jnp.asarray(0.1 * rng.standard_normal((b, hv, kd, vd)), F32)
+    prec, merge_prec = dot_precisions(True, interpret)
+    gam = jnp.cumsum(jnp.moveaxis(g, 1, 2).reshape(b, hv, t // 64, 64), axis=-1).reshape(b, hv, t)
+    beta_t = jnp.moveaxis(beta, 1, 2)
+    header = result_header("gdn_chunk_tuning")
+    rows = []
+
+    def record(stage, setting, sec):
+        rows.append(dict(stage=stage, setting=setting, ms=sec * 1e3))
+        print(f"{stage:12s} {setting:40s} {sec * 1e3:8.4f} ms", flush=True)
+
+    # ---- stages alone
+    wy = functools.partial(chunk_kernel.wy_call, hv=hv, l2norm=True, wu_dtype=dt, prec=prec, merge_prec=merge_prec,
+                           interpret=interpret)
+    w, u, r_k = jax.jit(wy)(k, v, gam, beta_t)
+    for nw in (4, 8):
+        record("wy", f"warps={nw}", chain_seconds(functools.partial(wy, num_warps=nw), (k, v, gam, beta_t), 3,
+                                                  args.chain, args.repeats))
+    for bv in (32, 64):
+        for nw in (4, 8):
+            for st in (1, 2, 3):
+                fn = functools.partial(chunk_kernel.state_pass_call, vnew_dtype=dt, state_dtype=dt, prec=prec,
+                                       block_v=bv, interpret=interpret, num_warps=nw, num_stages=st)
+                try:
+                    record("state_pass", f"bv={bv},warps={nw},stages={st}",
+                           chain_seconds(fn, (k, w, u, gam, r_k, s0), 5, args.chain, args.repeats))
+                except Exception as e:  # noqa: BLE001 - a setting the compiler rejects is reported, not fatal
+                    print(f"state_pass bv={bv} warps={nw} stages={st} failed: {type(e).__name__}: {str(e)[:300]}")
+    hs, vn, _ = jax.jit(functools.partial(chunk_kernel.state_pass_call, vnew_dtype=dt, state_dtype=dt, prec=prec,
+                                          block_v=32, interpret=interpret))(k, w, u, gam, r_k, s0)
+    for nw in (4, 8):
+        fn = functools.partial(chunk_kernel.output_call, out_dtype=dt, scale=kd ** -0.5, state_dtype=dt, prec=prec,
+                               interpret=interpret, num_warps=nw)
+        record("output", f"warps={nw}", chain_seconds(fn, (q, k, gam, r_k, hs, vn), 2, args.chain, args.repeats))
+
+    # ---- whole op (includes the XLA glue: padding, cumulative gates, transposes)
+    for bv, warps, st in ((32, (4, 4, 4), 2), (32, (4, 4, 8), 2), (32, (8, 4, 4), 2), (64, (4, 8, 4), 2),
+                          (32, (4, 4, 4), 3), (64, (4, 4, 4), 1)):
+        fn = functools.partial(pallas_ops.chunk_gated_delta_rule, use_qk_l2norm=True, block_v=bv, num_warps=warps,
+                               state_stages=st, interpret=interpret)
+        try:
+            record("whole", f"bv={bv},warps={warps},stages={st}",
+                   chain_seconds(lambda *a, fn=fn: fn(*a[:5], initial_state=a[5]).final_state,
+                                 (q, k, v, g, beta, s0), 5, args.chain, args.repeats))
+        except Exception as e:  # noqa: BLE001
+            print(f"whole bv={bv} warps={warps} stages={st} failed: {type(e).__name__}: {str(e)[:300]}")
+
+    md = [f"# Chunk kernel stages and launch settings ({header['device']})", "",
+          f"jax {header['jax']} · commit {header['git_commit']} · {header['date']}", "", f"`{header['command']}`", "",
+          f"B={b}, T={t}, H={h}, HV={hv}, K=V={kd}, bf16 q/k/v, fp32 state; median of {args.repeats} chains of "
+          f"{args.chain} dependent calls.", "", "| stage | setting | ms |", "|---|---|---|"]
+    md += [f"| {r['stage']} | {r['setting']} | {r['ms']:.4f} |" for r in rows]
+    write_results(args.out, "gdn_chunk_tuning", {**header, "shape": dict(B=b, T=t, H=h, HV=hv, K=kd, V=vd),
+                                                 "rows": rows}, "\n".join(md) + "\n")
+
+
+if __name__ == "__main__":
+    main()
