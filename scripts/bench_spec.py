@@ -68,34 +68,47 @@ def load_prompts(spec: str, tokenizer, limit: int) -> list[list[int]]:
 
 
 def step_costs(model, gammas, prompt_len: int, repeats: int):
-    """Median time of one verification forward (gamma + 1 tokens, collect) vs one AR step, plus commit."""
+    """Median time of one verification forward (gamma + 1 tokens, collect) vs one AR step, plus commit.
+
+    Every variant is lowered first and compiled on a thread pool (XLA compiles release the GIL):
+    a 9B forward takes tens of seconds to compile, and there are two per (gamma, rollback).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
     from specdec_jax.models import qwen35
     cfg, params = model.config, model.params
-    rows = []
     max_len = prompt_len + max(gammas) + 2
     base = qwen35.init_state(cfg, 1, max_len, model.dtype)
     base = base.replace(length=jnp.full((1,), prompt_len, jnp.int32),
                         recurrent=tuple(jax.random.normal(jax.random.PRNGKey(i), r.shape, jnp.float32) * 0.1
                                         for i, r in enumerate(base.recurrent)))
-    ar = jax.jit(lambda s, t: qwen35.forward(params, cfg, s, t, logits_for="last")[0])
     tok1 = jnp.ones((1, 1), jnp.int32)
-    t_ar = median_time(lambda: ar(base, tok1), repeats)
-    for rollback in ("pseudo", "snapshot"):
-        for g in gammas:
-            if rollback == "snapshot" and g + 1 > 64:
-                continue
-            toks = jnp.ones((1, g + 1), jnp.int32)
-            verify = jax.jit(lambda s, t: qwen35.forward(params, cfg, s, t, collect=rollback))
-            commit = jax.jit(lambda s, v, e, n: qwen35.commit(s, v, e, n))
-            logits, vstate, extras = verify(base, toks)
-            n_keep = jnp.full((1,), (g + 2) // 2, jnp.int32)
-            t_v = median_time(lambda: verify(base, toks), repeats)
-            t_c = median_time(lambda: commit(base, vstate, extras, n_keep), repeats)
-            rollback_bytes = sum(x.size * x.dtype.itemsize for ex in extras["gdn"]
-                                 for name, x in ex.items() if name in ("k", "g", "v_new", "all_states"))
-            rows.append({"rollback": rollback, "gamma": g, "verify_ms": t_v * 1e3, "ar_step_ms": t_ar * 1e3,
-                         "verify_over_ar": t_v / t_ar, "commit_ms": t_c * 1e3,
-                         "rollback_state_bytes": int(rollback_bytes)})
+    ar = jax.jit(lambda p, s, t: qwen35.forward(p, cfg, s, t, logits_for="last")[0])
+    commit = jax.jit(lambda s, v, e, n: qwen35.commit(s, v, e, n))
+    variants = [(rb, g) for rb in ("pseudo", "snapshot") for g in gammas if not (rb == "snapshot" and g + 1 > 64)]
+    lowered = {"ar": ar.lower(params, base, tok1)}
+    verify_fns = {}
+    for rb, g in variants:
+        verify_fns[rb, g] = jax.jit(lambda p, s, t, rb=rb: qwen35.forward(p, cfg, s, t, collect=rb))
+        lowered[rb, g] = verify_fns[rb, g].lower(params, base, jnp.ones((1, g + 1), jnp.int32))
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        compiled = dict(zip(lowered, pool.map(lambda lo: lo.compile(), lowered.values())))
+    print(f"compiled {len(compiled)} forwards", flush=True)
+    t_ar = median_time(lambda: compiled["ar"](params, base, tok1), repeats)
+    rows = []
+    for rb, g in variants:
+        toks = jnp.ones((1, g + 1), jnp.int32)
+        verify = compiled[rb, g]
+        logits, vstate, extras = verify(params, base, toks)
+        n_keep = jnp.full((1,), (g + 2) // 2, jnp.int32)
+        t_v = median_time(lambda: verify(params, base, toks), repeats)
+        t_c = median_time(lambda: commit(base, vstate, extras, n_keep), repeats)
+        rollback_bytes = sum(x.size * x.dtype.itemsize for ex in extras["gdn"]
+                             for name, x in ex.items() if name in ("k", "g", "v_new", "all_states"))
+        rows.append({"rollback": rb, "gamma": g, "verify_ms": t_v * 1e3, "ar_step_ms": t_ar * 1e3,
+                     "verify_over_ar": t_v / t_ar, "commit_ms": t_c * 1e3, "rollback_state_bytes": int(rollback_bytes)})
+        print(json.dumps(rows[-1]), flush=True)
+        del logits, vstate, extras
     return rows
 
 

@@ -1,13 +1,15 @@
 """Where the looped model's core-block time goes at the Huginn-0125 shape (GPU).
 
 Times, at batch 1 and one new token (decode), on random bf16 weights:
-  - every matrix of an adapter + core application as a lone matrix-vector product, in three
-    layouts: the stored [out, in] (contracting the contiguous axis), transposed [in, out], and
-    [out, in] with `in` zero-padded to a multiple of 256 (n_embd 5280 is not a multiple of 128);
-    achieved bandwidth = weight bytes / time;
+  - every matrix of an adapter + core application as a lone matrix-vector product, three ways:
+    the matrix product on the stored [out, in] weight, the same with `in` zero-padded to a multiple
+    of 256 (n_embd 5280 is not a multiple of 128), and a broadcast-multiply + float32 row
+    reduction (layers.linear's "reduce" form); achieved bandwidth = weight bytes / time;
   - the attention of one core layer over a --prompt-len token prefix, one whole block, and one
     whole core application (adapter + 4 blocks), as the model runs them;
-and writes the optimised HLO of one core application to --out (core_step_hlo.txt) for reading.
+and writes the optimised HLO of one core application to --out (core_step_hlo<tag>.txt) for reading.
+The model's own ops follow SPECDEC_MATVEC (layers.matvec_mode); run under XLA_FLAGS to compare
+XLA's GEMM back-ends.
 Times: median over --repeats of a jitted chain of --chain dependent calls, per call.
 
     python scripts/profile_looped_core.py --out "$OUT"
@@ -17,7 +19,6 @@ Times: median over --repeats of a jitted chain of --chain dependent calls, per c
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 
@@ -40,6 +41,7 @@ def main():
     ap.add_argument("--chain", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--bandwidth-tbs", type=float, default=4.3)
+    ap.add_argument("--tag", default="", help="suffix of the result files")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
     cfg = bench_config(args.tiny)
@@ -59,22 +61,24 @@ def main():
     lp = core["core_block"][0]
     mats = {"adapter": core["adapter"], "attn.Wqkv": lp["attn"]["Wqkv"], "attn.proj": lp["attn"]["proj"],
             "mlp.fc": lp["mlp"]["fc"], "mlp.proj": lp["mlp"]["proj"]}
+    def dot(x, w):  # the matrix product, whatever SPECDEC_MATVEC says
+        return lax.dot_general(x, w, (((2,), (1,)), ((), ())), preferred_element_type=jnp.float32).astype(x.dtype)
+
+    def reduce(x, w):  # broadcast-multiply + float32 row reduction
+        return jnp.sum(x[0].astype(jnp.float32) * w.astype(jnp.float32), axis=-1)[None].astype(x.dtype)
+
     for name, w in mats.items():
         n_out, n_in = w.shape
         x = jax.random.normal(key, (1, 1, n_in), jnp.float32).astype(w.dtype)
         nbytes = w.size * w.dtype.itemsize
-        record(f"{name} [{n_out},{n_in}] stored [out,in]", chain_seconds(L.linear, (x, w), 0, args.chain,
-                                                                         args.repeats), nbytes)
-        wt = jnp.asarray(w.T)
-        mm_t = lambda x, wt: jnp.einsum("bti,io->bto", x, wt, preferred_element_type=jnp.float32).astype(x.dtype)
-        record(f"{name} transposed [in,out]", chain_seconds(mm_t, (x, wt), 0, args.chain, args.repeats), nbytes)
-        del wt
+        record(f"{name} [{n_out},{n_in}] dot", chain_seconds(dot, (x, w), 0, args.chain, args.repeats), nbytes)
+        record(f"{name} [{n_out},{n_in}] reduce", chain_seconds(reduce, (x, w), 0, args.chain, args.repeats), nbytes)
         pad = -n_in % 256
         if pad:
             wp = jnp.pad(w, ((0, 0), (0, pad)))
             xp = jnp.pad(x, ((0, 0), (0, 0), (0, pad)))
-            record(f"{name} in padded to {n_in + pad}", chain_seconds(L.linear, (xp, wp), 0, args.chain,
-                                                                      args.repeats), nbytes)
+            record(f"{name} dot, in padded to {n_in + pad}", chain_seconds(dot, (xp, wp), 0, args.chain,
+                                                                           args.repeats), nbytes)
             del wp
 
     S = args.prompt_len
@@ -114,16 +118,18 @@ def main():
 
     os.makedirs(args.out, exist_ok=True)
     hlo = jax.jit(core_step).lower(x, core, cache, e).compile().as_text()
-    with open(os.path.join(args.out, "core_step_hlo.txt"), "w") as f:
+    with open(os.path.join(args.out, f"core_step_hlo{args.tag}.txt"), "w") as f:
         f.write(hlo)
     header = result_header("profile_looped_core")
     md = [f"# Huginn-0125 core application, op by op ({header['device']})", "",
           f"jax {header['jax']} · commit {header['git_commit']} · {header['date']}", "", f"`{header['command']}`", "",
-          f"batch 1, one token, bf16 random weights, prefix {S} tokens; roofline at {args.bandwidth_tbs} TB/s.", "",
+          f"batch 1, one token, bf16 random weights, prefix {S} tokens; roofline at {args.bandwidth_tbs} TB/s; "
+          f"SPECDEC_MATVEC={os.environ.get('SPECDEC_MATVEC', 'auto')} (the model's own ops below the matrices), "
+          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}.", "",
           "| op | ms | bytes | TB/s | fraction of roofline |", "|---|---|---|---|---|"]
     md += [f"| {r['op']} | {r['ms']:.4f} | {r['bytes'] / 1e6:.1f} MB | {r['TBps']:.2f} | "
            f"{r['roofline_fraction']:.3f} |" for r in rows]
-    write_results(args.out, "profile_looped_core", {**header, "rows": rows}, "\n".join(md) + "\n")
+    write_results(args.out, "profile_looped_core" + args.tag, {**header, "rows": rows}, "\n".join(md) + "\n")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Reductions (norms, softmax) run in float32; matmuls accumulate in float32.
 from __future__ import annotations
 
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -14,8 +15,30 @@ import numpy as np
 from jax import lax
 
 
+MATVEC_MODES = ("auto", "dot", "reduce")
+
+
+def matvec_mode() -> str:
+    """How a single-row product (batch 1 decode) is computed; SPECDEC_MATVEC overrides.
+
+    "dot": the matrix product (XLA picks a GEMM kernel, tiled for at least 8 rows);
+    "reduce": broadcast-multiply and a float32 row reduction, which XLA emits as one
+    bandwidth-bound reduction kernel reading the weight once; "auto": reduce on GPU, dot elsewhere.
+    Measurements: benchmarks/results/profile_looped_core*.md.
+    """
+    mode = os.environ.get("SPECDEC_MATVEC", "auto")
+    if mode not in MATVEC_MODES:
+        raise ValueError(f"SPECDEC_MATVEC must be one of {MATVEC_MODES}; got {mode!r}")
+    if mode == "auto":
+        return "reduce" if jax.default_backend() == "gpu" else "dot"
+    return mode
+
+
 def linear(x: jax.Array, w: jax.Array) -> jax.Array:
     """x [..., in] @ w[out, in]^T -> [..., out] in x.dtype, float32 accumulation."""
+    if math.prod(x.shape[:-1]) == 1 and matvec_mode() == "reduce":
+        y = jnp.sum(x.reshape(1, -1).astype(jnp.float32) * w.astype(jnp.float32), axis=-1)  # [out]
+        return y.reshape(*x.shape[:-1], w.shape[0]).astype(x.dtype)
     y = lax.dot_general(x, w.astype(x.dtype), (((x.ndim - 1,), (1,)), ((), ())),
                         preferred_element_type=jnp.float32)
     return y.astype(x.dtype)
