@@ -289,7 +289,7 @@ def output_call(q, k, gam, r_k, h_states, v_new, *, out_dtype, scale, state_dtyp
 
 
 def chunk_fwd(q, k, v, gam, beta, s0, *, scale, l2norm, want_vnew, wu_dtype, state_dtype, prec, merge_prec,
-              block_v, interpret, split_output=True, wy_warps=4, state_warps=4, state_stages=2, out_warps=4):
+              block_v, interpret, split_output=True, wy_warps=4, state_warps=4, state_stages=3, out_warps=4):
     """Run the kernels on padded inputs.
 
     q, k [B, Tp, H, Kp]; v [B, Tp, HV, Vp] (Tp multiple of 64, Kp/Vp powers of two);

@@ -75,7 +75,7 @@ def _chunk(q, k, v, g, beta, initial_state, *, scale, output_final_state, return
 def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=True,
                            return_pseudo_values=False, use_qk_l2norm=False, interpret=False, block_v=32,
                            state_dot="bf16", split_output=True, num_warps=(4, 4, 4),
-                           state_stages=2) -> GatedDeltaOutput:
+                           state_stages=3) -> GatedDeltaOutput:
     """Chunked gated delta rule for any T (prefill / verification), Pallas kernels.
 
     q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV]; initial_state [B, HV, K, V] fp32 or None.
@@ -85,7 +85,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, 
     products with the fp32 state) or "bf16" (state rounded to bf16 for the products, as fla does);
     both only matter for 16-bit inputs. `split_output`: O from a separate kernel parallel over chunks
     (True) or inside the sequential chunk loop (False); see chunk_kernel.chunk_fwd. `num_warps`:
-    warps of the (WY, state, output) kernels; `state_stages`: pipeline stages of the state kernel.
+    warps of the (WY, state, output) kernels; `state_stages`: pipeline stages of the state kernel
+    (3 measured fastest at T = 8192: benchmarks/results/gdn_chunk_tuning.md).
     """
     return _chunk(q, k, v, g, beta, initial_state, scale=_scale(scale, q.shape[-1]),
                   output_final_state=output_final_state, return_pseudo_values=return_pseudo_values,

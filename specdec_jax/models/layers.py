@@ -23,20 +23,29 @@ def matvec_mode() -> str:
 
     "dot": the matrix product (XLA picks a GEMM kernel, tiled for at least 8 rows);
     "reduce": broadcast-multiply and a float32 row reduction, which XLA emits as one
-    bandwidth-bound reduction kernel reading the weight once; "auto": reduce on GPU, dot elsewhere.
-    Measurements: benchmarks/results/profile_looped_core*.md.
+    bandwidth-bound reduction kernel reading the weight once; "auto": on GPU, reduce when the
+    contraction length is not a multiple of 128 (where XLA's GEMM tiling measured 14-69% of the
+    bandwidth roofline against 55-89% for the reduction), else dot (which measured faster for
+    aligned lengths such as 17920); dot elsewhere. Measurements: benchmarks/results/profile_looped_core*.md.
     """
     mode = os.environ.get("SPECDEC_MATVEC", "auto")
     if mode not in MATVEC_MODES:
         raise ValueError(f"SPECDEC_MATVEC must be one of {MATVEC_MODES}; got {mode!r}")
-    if mode == "auto":
-        return "reduce" if jax.default_backend() == "gpu" else "dot"
     return mode
+
+
+def _use_reduce(rows: int, in_dim: int) -> bool:
+    if rows != 1:
+        return False
+    mode = matvec_mode()
+    if mode == "auto":
+        return jax.default_backend() == "gpu" and in_dim % 128 != 0
+    return mode == "reduce"
 
 
 def linear(x: jax.Array, w: jax.Array) -> jax.Array:
     """x [..., in] @ w[out, in]^T -> [..., out] in x.dtype, float32 accumulation."""
-    if math.prod(x.shape[:-1]) == 1 and matvec_mode() == "reduce":
+    if _use_reduce(math.prod(x.shape[:-1]), x.shape[-1]):
         y = jnp.sum(x.reshape(1, -1).astype(jnp.float32) * w.astype(jnp.float32), axis=-1)  # [out]
         return y.reshape(*x.shape[:-1], w.shape[0]).astype(x.dtype)
     y = lax.dot_general(x, w.astype(x.dtype), (((x.ndim - 1,), (1,)), ((), ())),
