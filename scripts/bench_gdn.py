@@ -322,6 +322,9 @@ def bench(log, args, save=lambda rows: None):
     # Longest first: the numbers the targets are about come in even if a run is cut short.
     t_list = [8192, 64, 16, 4, 1, 1024] if not (args.quick or args.small) else [128, 64, 4]
     shapes = [(h, t) for t in t_list[:1]] + ([] if args.small else [(32, 8192)]) + [(h, t) for t in t_list[1:]]
+    if args.sizes:
+        wanted = [int(s) for s in args.sizes.split(",")]
+        shapes = [(h, t) for t in wanted]
     for hh, t in shapes:
         x_np = make_inputs(b, t, hh, hv, kd, vd, seed=t)
         x = to_jax(x_np, jnp.bfloat16)
@@ -485,6 +488,7 @@ def main(argv=None):
     parser.add_argument("--skip-check", action="store_true")
     parser.add_argument("--skip-ceilings", action="store_true", help="no copy / matmul ceiling measurement")
     parser.add_argument("--check-fp32", action="store_true", help="also check fp32 inputs (slow IEEE kernels)")
+    parser.add_argument("--sizes", default=None, help="comma-separated T values to time (default: all)")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--block-v", type=int, default=32, help="chunk state kernel block (default run)")
     parser.add_argument("--state-dot", default="bf16", help="chunk state kernel product dtype (default run)")

@@ -216,7 +216,8 @@ DEFAULT_TREE = (4, 2, 1)
 
 def _generate_tree_qwen(model, ids, max_new_tokens, method, max_len, sampling, seed, eos_ids,
                         options) -> GenerateResult:
-    """Draft trees (static branching per level), verified with tree attention and tree-WY GDN."""
+    """Draft trees (static branching per level), verified with tree attention and tree-WY GDN; greedy or
+    exact sampling (multi-draft recursive rejection sampling over the tree)."""
     from .decoding.speculative import ROLLBACK_MODES
     from .decoding.tree_spec import generate_tree, tree_from_branching
     from .drafters.tree import TreeMtpDrafter, TreeNgramDrafter
@@ -224,9 +225,6 @@ def _generate_tree_qwen(model, ids, max_new_tokens, method, max_len, sampling, s
     if unknown:
         raise InputError(f"generate(method={method!r}): unknown options {sorted(unknown)}; accepted: "
                          f"['rollback', 'tree']")
-    if not sampling.greedy:
-        raise InputError(f"method {method!r} supports greedy decoding only (temperature=0); tree sampling "
-                         f"is not implemented")
     branching = tuple(int(b) for b in options.get("tree", DEFAULT_TREE))
     if not branching or min(branching) < 1:
         raise InputError(f"tree must be a non-empty list of branching factors >= 1 per level; got {branching}")
@@ -242,4 +240,5 @@ def _generate_tree_qwen(model, ids, max_new_tokens, method, max_len, sampling, s
                          f"({len(parents)}) = {need} exceeds max_len={max_len}")
     drafter = TreeMtpDrafter() if method == "mtp-tree" else TreeNgramDrafter()
     return generate_tree(model.params, model.config, ids, max_new_tokens, drafter=drafter, parents=parents,
-                         max_len=max_len, eos_ids=eos_ids, state_dtype=model.dtype, rollback=rollback, seed=seed)
+                         max_len=max_len, eos_ids=eos_ids, state_dtype=model.dtype, rollback=rollback, seed=seed,
+                         sampling=sampling)

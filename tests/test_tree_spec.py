@@ -1,5 +1,6 @@
 """Tree speculative decoding on Qwen3.5: tree forward == per-path forward, greedy tree spec == AR,
-committed state == AR state, Tree-WY and snapshot rollback agree, n-gram and MTP tree drafters."""
+committed state == AR state, Tree-WY and snapshot rollback agree, n-gram and MTP tree drafters,
+exact tree sampling (the acceptance rule against enumerated probabilities, end to end against AR)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import pytest
 
 import specdec_jax as sj
 from specdec_jax.decoding import tree_spec as ts
+from specdec_jax.decoding.sampling import SamplingConfig
 from specdec_jax.drafters.tree import TreeMtpDrafter, TreeNgramDrafter, candidate_ids, ngram_candidates, \
     sibling_rank
 from specdec_jax.models import qwen35
 from tests import qwen_helpers as H
+from tests.test_speculative import _chi2_pvalue
 
 
 _forward = jax.jit(qwen35.forward, static_argnames=("cfg",))
@@ -254,18 +257,205 @@ def test_mtp_tree_on_trained_checkpoint_is_exact_and_beats_chain():
     assert res.stats["mean_accepted"] > 1.3
 
 
-def test_tree_methods_through_the_public_api(tmp_path):
-    """generate(method="mtp-tree" | "ngram-tree", tree=...) is exact, and sampling is refused clearly."""
-    from specdec_jax.errors import InputError
+@pytest.fixture(scope="module")
+def api_model(tmp_path_factory):
     ref = H.build_reference(H.tiny_text_config(ratio=2, vocab=41), seed=13)
-    H.save_reference(ref, str(tmp_path), mtp_layers=1, seed=13)
-    model = sj.load(tmp_path, dtype="float32")
+    folder = str(tmp_path_factory.mktemp("tree_api"))
+    H.save_reference(ref, folder, mtp_layers=1, seed=13)
+    return sj.load(folder, dtype="float32")
+
+
+def test_tree_methods_through_the_public_api(api_model):
+    """generate(method="mtp-tree" | "ngram-tree", tree=...) is exact; oversized trees are refused clearly."""
+    from specdec_jax.errors import InputError
+    model = api_model
     ids = np.random.default_rng(0).integers(0, model.vocab_size, size=(2, 7))
     ar = sj.generate(model, ids, 16, eos_token_id=False).tokens
     for method, tree in (("mtp-tree", (2, 2)), ("ngram-tree", (3, 1))):
         out = sj.generate(model, ids, 16, method=method, tree=tree, eos_token_id=False)
         np.testing.assert_array_equal(out.tokens, ar)
-    with pytest.raises(InputError, match="greedy decoding only"):
-        sj.generate(model, ids, 4, method="mtp-tree", temperature=1.0)
     with pytest.raises(InputError, match="at most 64"):
         sj.generate(model, ids, 4, method="ngram-tree", tree=(8, 8))
+
+
+# -------------------------------------------------------------------------------- tree sampling
+
+def _chi2_gof_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Chi-square goodness of fit of counts [K] to exact probabilities [K]; 0 if a probability-0
+    category was observed."""
+    n = counts.sum()
+    if np.any(counts[probs <= 0] > 0):
+        return 0.0
+    keep = probs > 0
+    expected = n * probs[keep]
+    stat = float(np.sum((counts[keep] - expected) ** 2 / expected))
+    return float(jax.scipy.special.gammaincc((int(keep.sum()) - 1) / 2, stat / 2))
+
+
+def _exact_emissions(node_ids, probs, parents) -> dict:
+    """Enumerated distribution of what one tree step emits when sampling the target alone: draw from
+    p at the current node; a token equal to one of its children's (the first such child) moves there
+    and continues, any other token (or any token at a leaf) ends the step. {token tuple: probability}."""
+    kids = ts.children_table(parents)
+    out: dict = {}
+
+    def walk(node, prefix, mass):
+        for t, pt in enumerate(probs[node]):
+            if pt <= 0:
+                continue
+            child = next((c for c in kids[node] if c >= 0 and node_ids[c] == t), None)
+            if child is None:
+                out[prefix + (t,)] = out.get(prefix + (t,), 0.0) + mass * pt
+            else:
+                walk(child, prefix + (t,), mass * pt)
+
+    walk(0, (), 1.0)
+    return out
+
+
+def _emitted(node_ids, node, n_acc, next_token, path) -> list:
+    """Per sample: the accepted path's tokens then next_token (what the step emits)."""
+    toks = node_ids[path[:, 1:]]  # [S, Dmax]
+    return [tuple(toks[s, :n_acc[s]].tolist()) + (int(next_token[s]),) for s in range(node.shape[0])]
+
+
+def _fit_pvalue(samples: list, exact: dict, prefix_len: int) -> float:
+    """Goodness of fit of the samples' first prefix_len tokens to the exact distribution, both truncated."""
+    cut = lambda seq: seq[:prefix_len]
+    probs: dict = {}
+    for seq, pr in exact.items():
+        probs[cut(seq)] = probs.get(cut(seq), 0.0) + pr
+    cats = sorted(set(probs) | {cut(s) for s in samples})
+    index = {c: i for i, c in enumerate(cats)}
+    counts = np.bincount([index[cut(s)] for s in samples], minlength=len(cats))
+    return _chi2_gof_pvalue(counts, np.asarray([probs.get(c, 0.0) for c in cats]))
+
+
+# A hand-made tree over V = 5: root children 2, 2 (duplicate), 4; node 1 (token 2) has children 1, 3,
+# node 3 (token 4) one child 0. Row 0: p at node 1 is top-k-like (token 1, its first child's, has p = 0).
+# Row 1: other tokens (a duplicate at depth 2 too) and a root p that is zero on a child token.
+_PARENTS = np.asarray([-1, 0, 0, 0, 1, 1, 3], np.int32)
+_NODES = np.asarray([[0, 2, 2, 4, 1, 3, 0],
+                     [1, 0, 3, 1, 2, 2, 4]], np.int32)
+_P = np.asarray([
+    [[0.10, 0.30, 0.25, 0.05, 0.30], [0.40, 0.00, 0.30, 0.30, 0.00], [0.20, 0.20, 0.20, 0.20, 0.20],
+     [0.50, 0.10, 0.10, 0.10, 0.20], [0.05, 0.05, 0.05, 0.05, 0.80], [0.30, 0.30, 0.20, 0.10, 0.10],
+     [0.00, 0.00, 1.00, 0.00, 0.00]],
+    [[0.35, 0.25, 0.00, 0.30, 0.10], [0.10, 0.20, 0.60, 0.05, 0.05], [0.25, 0.25, 0.25, 0.25, 0.00],
+     [0.20, 0.20, 0.20, 0.20, 0.20], [0.60, 0.10, 0.10, 0.10, 0.10], [0.00, 0.50, 0.00, 0.50, 0.00],
+     [0.10, 0.20, 0.30, 0.40, 0.00]],
+], np.float32)
+
+
+def _tree_samples(rule, n: int, seed: int = 0):
+    """rule(node_ids [B, N], p [B, N, V], key) -> acceptance tuple; vmapped over n keys."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), n)
+    out = jax.jit(jax.vmap(lambda k: rule(jnp.asarray(_NODES), jnp.asarray(_P), k)))(keys)
+    return [np.asarray(o) for o in out]  # each [n, B, ...]
+
+
+def test_sampling_tree_accept_exact_distribution():
+    """Emitted tokens of one step follow the target: first token ~ p[root]; (t1, t2) ~ p[root](t1)
+    p[child(t1)](t2) when t1 is a child's token (else t1 alone); the whole emission as enumerated.
+    Wrong rules (children always accepted; next token from p ignoring the rejections) fail."""
+    depth = ts.tree_depth(_PARENTS)
+    n = 40_000
+    rule = lambda nodes, p, k: ts.sampling_tree_accept(nodes, p, _PARENTS, depth, k)
+    node, n_acc, nxt, path = _tree_samples(rule, n)
+    np.testing.assert_array_equal(n_acc, depth[node])
+    np.testing.assert_array_equal(path, ts.path_table(_PARENTS)[node])
+    assert not np.any(node[:, 0] == 2) and not np.any(node[:, 1] == 5)  # duplicate siblings: never accepted
+    for row in range(_NODES.shape[0]):
+        exact = _exact_emissions(_NODES[row], _P[row], _PARENTS)
+        assert abs(sum(exact.values()) - 1) < 1e-6
+        # Sanity of the enumeration itself: the first token's marginal is p[root].
+        first = np.zeros(5)
+        for seq, pr in exact.items():
+            first[seq[0]] += pr
+        np.testing.assert_allclose(first, _P[row, 0], atol=1e-6)
+        samples = _emitted(_NODES[row], node[:, row], n_acc[:, row], nxt[:, row], path[:, row])
+        assert max(len(s) for s in samples) == 3  # depth-2 acceptances happened
+        for prefix_len in (1, 2, 3):
+            assert _fit_pvalue(samples, exact, prefix_len) > 1e-3, (row, prefix_len)
+
+    # Negative controls on the same test.
+    def always_accept(nodes, p, k):  # first child at every level, next token from p there
+        first_child = ts.children_table(_PARENTS)[:, 0]
+        walk = [0]
+        while first_child[walk[-1]] >= 0:
+            walk.append(int(first_child[walk[-1]]))
+        leaf = jnp.full((nodes.shape[0],), walk[-1], jnp.int32)
+        tok = jax.random.categorical(k, jnp.log(p[:, walk[-1]]), axis=-1).astype(jnp.int32)
+        return leaf, jnp.asarray(depth)[leaf], tok, jnp.asarray(ts.path_table(_PARENTS))[leaf]
+
+    def no_residual(nodes, p, k):  # right acceptances, but next token from p at the node
+        k1, k2 = jax.random.split(k)
+        node, n_acc, _, path = ts.sampling_tree_accept(nodes, p, _PARENTS, depth, k1)
+        p_node = jnp.take_along_axis(p, node[:, None, None], axis=1)[:, 0]
+        return node, n_acc, jax.random.categorical(k2, jnp.log(p_node), axis=-1).astype(jnp.int32), path
+
+    for wrong in (always_accept, no_residual):
+        node, n_acc, nxt, path = _tree_samples(wrong, n, seed=1)
+        samples = _emitted(_NODES[0], node[:, 0], n_acc[:, 0], nxt[:, 0], path[:, 0])
+        assert _fit_pvalue(samples, _exact_emissions(_NODES[0], _P[0], _PARENTS), 3) < 1e-6, wrong.__name__
+
+
+def test_sampling_tree_accept_point_masses():
+    """Point-mass targets: a child whose token has p = 1 is always accepted, one with p = 0 never is
+    (the next sibling then is, from the residual), and the leaf's one-hot p gives the next token."""
+    parents = np.asarray([-1, 0, 0, 1, 2], np.int32)
+    depth = ts.tree_depth(parents)
+    nodes = jnp.asarray([[0, 3, 1, 2, 0], [0, 1, 3, 0, 2]], jnp.int32)
+    p = jnp.zeros((2, 5, 4)).at[:, 0, 1].set(1.0).at[:, 1:, 2].set(1.0)  # root: token 1; others: token 2
+    keys = jax.random.split(jax.random.PRNGKey(0), 256)
+    rule = jax.jit(jax.vmap(lambda k: ts.sampling_tree_accept(nodes, p, parents, depth, k)))
+    node, n_acc, nxt, _ = (np.asarray(x) for x in rule(keys))
+    # Row 0: token 3 rejected, token 1 (node 2) accepted, then node 4 (token 0) rejected: next = 2.
+    # Row 1: node 1 (token 1) accepted, node 3 (token 0) rejected: next = 2.
+    np.testing.assert_array_equal(node, np.broadcast_to([2, 1], node.shape))
+    np.testing.assert_array_equal(n_acc, np.ones_like(n_acc))
+    np.testing.assert_array_equal(nxt, np.full_like(nxt, 2))
+
+
+@pytest.fixture(scope="module")
+def small_vocab_mtp_model(tmp_path_factory):
+    ref = H.build_reference(H.tiny_text_config(ratio=1, vocab=6, layers=2,
+                                               layer_types=["linear_attention", "full_attention"]), seed=5)
+    folder = str(tmp_path_factory.mktemp("tree_v6"))
+    H.save_reference(ref, folder, mtp_layers=1, seed=7)
+    return sj.load(folder, dtype="float32")
+
+
+@pytest.mark.parametrize("drafter", [TreeNgramDrafter(), TreeMtpDrafter()], ids=["ngram", "mtp"])
+def test_tree_sampling_preserves_distribution(small_vocab_mtp_model, drafter):
+    """First 3 tokens of 20,000 rows (one batch, ragged acceptance): tree sampling == AR sampling."""
+    model = small_vocab_mtp_model
+    V, n = model.vocab_size, 20_000
+    ids = np.tile(np.asarray([[1, 2, 3, 1, 2]]), (n, 1))
+    sampling = SamplingConfig(temperature=0.9, top_k=5)
+    ar = sj.generate(model, ids, 3, temperature=0.9, top_k=5, seed=1, eos_token_id=False).tokens
+    parents, _ = ts.tree_from_branching((2, 2))
+    tree = ts.generate_tree(model.params, model.config, ids, 3, drafter=drafter, parents=parents, sampling=sampling,
+                            seed=2)
+    assert tree.stats["mean_accepted"] > 0.2  # acceptances and rejections both happened
+    code = lambda t: t[:, 0] * V * V + t[:, 1] * V + t[:, 2]
+    a = np.bincount(code(ar), minlength=V ** 3)
+    b = np.bincount(code(tree.tokens), minlength=V ** 3)
+    assert _chi2_pvalue(a, b) > 1e-3
+    # A sampler that ignores the target fails the same test.
+    wrong = np.asarray(jax.random.randint(jax.random.PRNGKey(0), (n, 3), 0, V))
+    assert _chi2_pvalue(a, np.bincount(code(wrong), minlength=V ** 3)) < 1e-6
+
+
+def test_tree_sampling_through_the_public_api(api_model):
+    """generate(method="mtp-tree" | "ngram-tree", temperature>0) runs and is reproducible per seed."""
+    model = api_model
+    ids = np.random.default_rng(0).integers(0, model.vocab_size, size=(2, 7))
+    for method in ("mtp-tree", "ngram-tree"):
+        run = lambda seed: sj.generate(model, ids, 12, method=method, temperature=0.8, top_k=8, seed=seed,
+                                       tree=(2, 2), eos_token_id=False)
+        a, b = run(3), run(3)
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        assert a.tokens.shape == (2, 12) and a.tokens.min() >= 0 and a.tokens.max() < model.vocab_size
+        assert a.stats["method"] == "tree-" + ("mtp" if method == "mtp-tree" else "ngram")
+    assert not np.array_equal(a.tokens, run(4).tokens)  # the seed matters

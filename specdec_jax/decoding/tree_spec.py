@@ -1,5 +1,6 @@
-"""Tree speculative decoding for Qwen3.5 (greedy, exact): one jitted draft-tree -> verify -> accept ->
-commit step inside a `lax.while_loop`, mirroring `speculative.py` (same SpecState, same stats keys).
+"""Tree speculative decoding for Qwen3.5 (greedy or sampling, exact): one jitted draft-tree -> verify ->
+accept -> commit step inside a `lax.while_loop`, mirroring `speculative.py` (same SpecState, same stats
+keys).
 
 A static tree of N nodes in topological order (node 0 = the root = the anchor, the last emitted token
 not yet processed; `parents[i] < i`). One forward verifies every node from the committed state:
@@ -12,10 +13,12 @@ not yet processed; `parents[i] < i`). One forward verifies every node from the c
   state when the path runs out).
 
 Greedy acceptance keeps the deepest root path whose every node equals the target argmax at its
-parent, then emits the target's token after it. Commit: the accepted path's K/V are moved to the
-contiguous slots length..length+a, the conv state is the window at the end of the path, the GDN
-state is rebuilt from pseudo-values (`tree_commit_state`, rollback="pseudo") or picked from per-node
-snapshots (`tree_node_states`, rollback="snapshot", the baseline). length += a + 1.
+parent, then emits the target's token after it. Sampling acceptance (`sampling_tree_accept`) is
+multi-draft recursive rejection sampling over the tree (SpecInfer-style, deterministic drafts): the
+emitted tokens are distributed exactly as sampling the target alone. Commit: the accepted path's K/V
+are moved to the contiguous slots length..length+a, the conv state is the window at the end of the
+path, the GDN state is rebuilt from pseudo-values (`tree_commit_state`, rollback="pseudo") or picked
+from per-node snapshots (`tree_node_states`, rollback="snapshot", the baseline). length += a + 1.
 
 Tree shapes are static (numpy parents / depth; passed to jit as tuples): one compile per shape.
 """
@@ -36,7 +39,7 @@ from ..config import FULL_ATTENTION
 from ..model import GenerateResult
 from ..models import layers as L
 from ..models import qwen35
-from .sampling import SamplingConfig
+from .sampling import SamplingConfig, probabilities
 from .speculative import SpecState, _spec_prefill, advance, emit_accepted
 
 ROLLBACK_MODES = ("pseudo", "snapshot")
@@ -236,6 +239,81 @@ def greedy_tree_accept(node_ids: jax.Array, logits: jax.Array, parents, depth):
     return node, n_acc, next_token, path
 
 
+def children_table(parents) -> np.ndarray:
+    """Host-side: table [N, Kmax] of each node's children in sibling order, padded with -1
+    (Kmax = the largest branching factor, at least 1)."""
+    parents = np.asarray(parents)
+    n = parents.shape[0]
+    kids = [[] for _ in range(n)]
+    for i in range(1, n):
+        kids[int(parents[i])].append(i)
+    out = np.full((n, max(1, max(len(k) for k in kids))), -1, np.int32)
+    for i, k in enumerate(kids):
+        out[i, :len(k)] = k
+    return out
+
+
+def sampling_tree_accept(node_ids: jax.Array, target_probs: jax.Array, parents, depth, key: jax.Array):
+    """Exact tree acceptance for sampling: multi-draft recursive rejection sampling (SpecInfer-style)
+    for deterministic draft children (each child is a point-mass draft).
+
+    node_ids [B, N] (node 0 = the anchor); target_probs p [B, N, V]: node i's row is the (warped)
+    target distribution of the token after node i (`sampling.probabilities`); parents, depth: static
+    numpy [N]; key: a PRNG key.
+
+    Start at the root with residual r = p[root]. Visit the current node's children in sibling order:
+    child c with token t is accepted with probability r(t) / sum(r) (= min(1, r(t) / q(t)) with q the
+    point mass at t); on acceptance move to c and set r = p[c]; on rejection set r(t) = 0 (the residual
+    max(0, r - q), renormalised). When no child is accepted (or at a leaf) emit next_token ~ r. A token
+    rejected once has r = 0, so duplicate siblings stay exact. If the residual mass is 0 (probability-0
+    event, e.g. rounding) next_token falls back to p at the node: never NaN.
+
+    Returns (accepted_node [B], n_accepted [B] = its depth, next_token [B], path [B, Dmax + 1]) as
+    `greedy_tree_accept` does.
+    """
+    parents, depth = np.asarray(parents), np.asarray(depth)
+    B, N = node_ids.shape
+    V = target_probs.shape[-1]
+    dmax = int(depth.max())
+    kids = children_table(parents)  # [N, Kmax]
+    k_accept, k_emit = jax.random.split(key)
+    u = jax.random.uniform(k_accept, (B, max(dmax, 1), kids.shape[1]), jnp.float32)
+    probs = target_probs.astype(jnp.float32)
+    vocab = jnp.arange(V, dtype=jnp.int32)[None, :]
+
+    def probs_at(node):  # [B] -> [B, V]
+        return jnp.take_along_axis(probs, node[:, None, None], axis=1)[:, 0]
+
+    node = jnp.zeros((B,), jnp.int32)
+    r = probs[:, 0]  # residual, kept unnormalised: acceptance compares against its mass
+    searching = jnp.ones((B,), bool)  # still at a node whose children may be tried
+    for d in range(dmax):
+        # Only nodes at depth d can be current here: try as many children as the widest of them has.
+        at_d = np.flatnonzero(depth == d)
+        width = int((kids[at_d] >= 0).sum(axis=1).max()) if at_d.size else 0
+        moved = jnp.zeros((B,), bool)
+        for j in range(width):
+            child = jnp.asarray(kids[:, j])[node]  # [B], -1 = no such child
+            tried = searching & ~moved & (child >= 0)
+            c = jnp.maximum(child, 0)
+            tok = jnp.take_along_axis(node_ids, c[:, None], axis=1)[:, 0].astype(jnp.int32)
+            r_tok = jnp.take_along_axis(r, tok[:, None], axis=1)[:, 0]
+            mass = jnp.sum(r, axis=-1)
+            # u < r(t) / mass without dividing; mass 0 or r(t) = 0 rejects.
+            acc = tried & (u[:, d, j] * mass < r_tok)
+            rej = tried & ~acc
+            r = jnp.where(acc[:, None], probs_at(c), jnp.where(rej[:, None] & (vocab == tok[:, None]), 0.0, r))
+            node = jnp.where(acc, c, node)
+            moved = moved | acc
+        searching = searching & moved
+    mass = jnp.sum(r, axis=-1, keepdims=True)
+    r = jnp.where(mass > 0, r, probs_at(node))
+    next_token = jax.random.categorical(k_emit, jnp.log(r), axis=-1).astype(jnp.int32)
+    n_acc = jnp.asarray(depth)[node]
+    path = jnp.asarray(path_table(parents))[node]  # [B, Dmax + 1]
+    return node, n_acc, next_token, path
+
+
 def tree_commit(before: qwen35.Qwen35State, verified: qwen35.Qwen35State, extras: dict, parents,
                 accepted_node: jax.Array, path: jax.Array, n_keep: jax.Array) -> qwen35.Qwen35State:
     """Committed state after keeping the first n_keep [B] nodes of the root path `path` [B, Dmax + 1]
@@ -278,18 +356,29 @@ def tree_commit(before: qwen35.Qwen35State, verified: qwen35.Qwen35State, extras
 
 # ---------------------------------------------------------------------------------------- step
 
+def tree_accept(node_ids: jax.Array, logits: jax.Array, parents, depth, key: jax.Array, sampling: SamplingConfig):
+    """Dispatch on the sampling config: `greedy_tree_accept` on the logits, else `sampling_tree_accept`
+    on the warped target distributions (the same transform AR sampling applies)."""
+    if sampling.greedy:
+        return greedy_tree_accept(node_ids, logits, parents, depth)
+    return sampling_tree_accept(node_ids, probabilities(logits, sampling), parents, depth, key)
+
+
 def tree_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, parents: tuple, rollback: str,
-              max_new_tokens: int, eos_ids: tuple[int, ...], impl: str = "auto"):
-    """One greedy tree step. parents: static tuple. Returns (state, drafter_state, emitted [B, Dmax+1], n_emit)."""
+              max_new_tokens: int, eos_ids: tuple[int, ...], impl: str = "auto",
+              sampling: SamplingConfig = SamplingConfig()):
+    """One tree step (greedy, or exact sampling per `sampling`). parents: static tuple.
+    Returns (state, drafter_state, emitted [B, Dmax+1], n_emit)."""
     parents = np.asarray(parents, np.int32)
     depth = tree_depth(parents)
     active = ~state.done
+    k_draft, k_accept = jax.random.split(key)
     node_ids, drafter_state = drafter.propose_tree(params, cfg, drafter_state, state.history, state.hist_len,
-                                                   parents, depth, key)
+                                                   parents, depth, k_draft)
     node_ids = node_ids.astype(jnp.int32).at[:, 0].set(state.anchor)
     logits, verified, extras = tree_forward(params, cfg, state.model, node_ids, parents, depth, impl=impl,
                                             collect=rollback)
-    node, n_acc, next_token, path = greedy_tree_accept(node_ids, logits, parents, depth)
+    node, n_acc, next_token, path = tree_accept(node_ids, logits, parents, depth, k_accept, sampling)
     path_tokens = jnp.take_along_axis(node_ids, path, axis=1)  # [B, Dmax + 1], root first
     emitted, n_emit, n_keep, hit_eos = emit_accepted(path_tokens[:, 1:], n_acc, next_token, active, eos_ids)
     model = tree_commit(state.model, verified, extras, parents, node, path, n_keep)
@@ -302,12 +391,12 @@ def tree_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, par
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "drafter", "parents", "rollback", "eos_ids",
-                                             "impl"),
+                                             "impl", "sampling"),
                    donate_argnames=("state", "drafter_state"))
 def _tree_loop(params, state, drafter_state, key, *, cfg, max_new_tokens, drafter, parents, rollback, eos_ids,
-               impl):
+               impl, sampling=SamplingConfig()):
     step = functools.partial(tree_step, params, cfg, drafter=drafter, parents=parents, rollback=rollback,
-                             max_new_tokens=max_new_tokens, eos_ids=eos_ids, impl=impl)
+                             max_new_tokens=max_new_tokens, eos_ids=eos_ids, impl=impl, sampling=sampling)
 
     def body(carry):
         state, drafter_state, key = carry
@@ -324,8 +413,11 @@ def _tree_loop(params, state, drafter_state, key, *, cfg, max_new_tokens, drafte
 
 def generate_tree(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, drafter, parents, max_len: int | None = None,
                   eos_ids: tuple[int, ...] = (), state_dtype=jnp.float32, rollback: str = "pseudo",
-                  impl: str = "auto", seed: int = 0, return_state: bool = False) -> GenerateResult:
-    """Greedy tree speculative generation (exact: equals greedy AR). parents: static tree [N].
+                  impl: str = "auto", seed: int = 0, return_state: bool = False,
+                  sampling: SamplingConfig = SamplingConfig()) -> GenerateResult:
+    """Tree speculative generation. parents: static tree [N]. Exact: greedy (the default `sampling`)
+    equals greedy AR; with temperature > 0 the tokens are distributed as AR sampling with the same
+    temperature / top-k / top-p (the first token is sampled from the prefill with AR's key for it).
 
     max_len defaults to (and must be at least) prompt + max_new_tokens + N: the last verification
     writes N node slots past the committed length.
@@ -342,11 +434,10 @@ def generate_tree(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, draft
     if max_len < need:
         raise ValueError(f"max_len must be >= prompt + max_new_tokens + N = {need}; got {max_len}")
     key_loop, key_first = jax.random.split(jax.random.PRNGKey(seed))
-    sampling = SamplingConfig()
     static_p = dict(cfg=cfg, max_len=max_len, sampling=sampling, eos_ids=eos_ids, state_dtype=state_dtype,
                     gamma=dmax, max_new_tokens=max_new_tokens, drafter=drafter, impl=impl)
     static_l = dict(cfg=cfg, max_new_tokens=max_new_tokens, drafter=drafter, parents=tuple(parents.tolist()),
-                    rollback=rollback, eos_ids=eos_ids, impl=impl)
+                    rollback=rollback, eos_ids=eos_ids, impl=impl, sampling=sampling)
     t0 = time.perf_counter()
     prefill_c = _spec_prefill.lower(params, prompt, key_first, **static_p).compile()
     shapes = jax.eval_shape(functools.partial(_spec_prefill, **static_p), params, prompt, key_first)
