@@ -335,9 +335,11 @@ def bench(log, args, save=lambda rows: None):
 
         def add_jax(name, step, kind, extra_bytes=0):
             try:
+                t0 = time.perf_counter()
                 fn = jax_chain(step, n_chain)
                 jax.block_until_ready(fn(x["s0"], x))  # compile + warm-up
                 jax.block_until_ready(fn(x["s0"], x))
+                log(f"[T={t} H={hh}] {name}: compiled and warmed up in {time.perf_counter() - t0:.1f} s")
                 timers[name] = lambda fn=fn: time_jax(fn, n_chain, x["s0"], x)
                 meta[name] = (kind, extra_bytes)
             except Exception as e:  # noqa: BLE001 - report and keep measuring the rest
@@ -400,8 +402,10 @@ def bench(log, args, save=lambda rows: None):
 
             def add_torch(name, step, kind, extra_bytes=0):
                 try:
+                    t0 = time.perf_counter()
                     timers[name] = TorchGraph(torch, step, xt["s0"], n_chain)
                     meta[name] = (kind, extra_bytes)
+                    log(f"[T={t} H={hh}] {name}: captured in {time.perf_counter() - t0:.1f} s")
                 except Exception as e:  # noqa: BLE001 - fall back to eager chains timed with events
                     log(f"[T={t} H={hh}] {name} graph capture failed ({type(e).__name__}: {str(e)[:300]}); eager")
                     try:
