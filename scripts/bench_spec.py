@@ -119,10 +119,16 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="with --random-9b: a tiny shape (CPU smoke run)")
     ap.add_argument("--prompts", default="heldout", help="'heldout' or a .json list / text file of prompts")
     ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--prompt-len", type=int, default=64,
+                    help="prompts cut to their last N tokens, shorter ones dropped (one compile per method); 0 keeps them")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--gammas", default="1,2,4,8,16")
     ap.add_argument("--e2e-gamma", type=int, default=8)
+    ap.add_argument("--e2e-methods", default="ngram,ngram-table,mtp,mtp-shortlist",
+                    help="comma list (n-gram runs with both rollback modes, the others with pseudo-values)")
     ap.add_argument("--skip-e2e", action="store_true")
+    ap.add_argument("--skip-steps", action="store_true", help="no step-cost table (end to end only)")
+    ap.add_argument("--tag", default="", help="suffix of the result files")
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
@@ -134,47 +140,76 @@ def main():
         model, name = random_9b_model(args.tiny), ("qwen35_tiny_random" if args.tiny else "qwen35_9b_random")
     else:
         model, name = sj.load(args.model, dtype="bfloat16"), os.path.basename(os.path.normpath(args.model))
-    result = {**header, "model": name, "steps": step_costs(model, gammas, 256, args.repeats)}
+    result = {**header, "model": name, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+              "steps": [] if args.skip_steps else step_costs(model, gammas, 256, args.repeats)}
+
+    def save():
+        write_results(args.out, f"spec_{name}{args.tag}", result, markdown(result, name, header, args))
 
     if not args.skip_e2e:
         from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(args.model)
-        prompts = load_prompts(args.prompts, tok, args.num_prompts)
-        rows = []
-        for ids in prompts:
-            ids = np.asarray([ids])
-            ar = sj.generate(model, ids, args.max_new_tokens, eos_token_id=False)
-            row = {"prompt_tokens": ids.shape[1], "ar_tps": ar.stats["decode_tokens_per_second"]}
-            for rollback in ("pseudo", "snapshot"):
-                sp = sj.generate(model, ids, args.max_new_tokens, method="ngram", gamma=args.e2e_gamma,
-                                 rollback=rollback, eos_token_id=False)
-                # Same formula as AR's decode tok/s: tokens after the first (which comes from the prefill).
-                row[rollback] = {"tps": (sp.stats["new_tokens"] - 1) / sp.stats["decode_seconds"],
-                                 "mean_accepted": sp.stats["mean_accepted"], "verify_steps": sp.stats["verify_steps"],
-                                 "equal_to_ar": bool((sp.tokens == ar.tokens).all())}
-                row[rollback]["speedup"] = row[rollback]["tps"] / row["ar_tps"]
-            rows.append(row)
-        result["e2e"] = rows
-        result["e2e_summary"] = {rb: {"median_speedup": float(np.median([r[rb]["speedup"] for r in rows])),
-                                      "mean_accepted": float(np.mean([r[rb]["mean_accepted"] for r in rows])),
-                                      "all_equal_to_ar": all(r[rb]["equal_to_ar"] for r in rows)}
-                                 for rb in ("pseudo", "snapshot")}
+        prompts = load_prompts(args.prompts, tok, 10 ** 4 if args.prompt_len else args.num_prompts)
+        if args.prompt_len:
+            prompts = [p[-args.prompt_len:] for p in prompts if len(p) >= args.prompt_len]
+        prompts = [np.asarray([p]) for p in prompts[:args.num_prompts]]
+        available = set(sj.supported_methods(model))
+        configs = [(m, rb) for m in args.e2e_methods.split(",") if m in available
+                   for rb in (("pseudo", "snapshot") if m == "ngram" else ("pseudo",))]
+        result["e2e_skipped_methods"] = [m for m in args.e2e_methods.split(",") if m not in available]
 
+        def run(ids, method, rollback):
+            if method == "ar":
+                return sj.generate(model, ids, args.max_new_tokens, eos_token_id=False)
+            return sj.generate(model, ids, args.max_new_tokens, method=method, gamma=args.e2e_gamma,
+                               rollback=rollback, eos_token_id=False)
+
+        if prompts:  # warm-up: compile and GPU autotuning happen here, outside the timed runs
+            for method, rollback in [("ar", None)] + configs:
+                run(prompts[0], method, rollback)
+        result["e2e"] = []
+        for ids in prompts:
+            ar = run(ids, "ar", None)
+            row = {"prompt_tokens": ids.shape[1], "ar_tps": ar.stats["decode_tokens_per_second"]}
+            for method, rollback in configs:
+                sp = run(ids, method, rollback)
+                # Same formula as AR's decode tok/s: tokens after the first (which comes from the prefill).
+                tps = (sp.stats["new_tokens"] - 1) / sp.stats["decode_seconds"]
+                row[f"{method}/{rollback}"] = {"tps": tps, "speedup": tps / row["ar_tps"],
+                                               "mean_accepted": sp.stats["mean_accepted"],
+                                               "verify_steps": sp.stats["verify_steps"],
+                                               "equal_to_ar": bool((sp.tokens == ar.tokens).all())}
+            result["e2e"].append(row)
+            print(json.dumps(row), flush=True)
+            rows = result["e2e"]
+            result["e2e_summary"] = {
+                f"{m}/{rb}": {"median_speedup": float(np.median([r[f"{m}/{rb}"]["speedup"] for r in rows])),
+                              "mean_accepted": float(np.mean([r[f"{m}/{rb}"]["mean_accepted"] for r in rows])),
+                              "all_equal_to_ar": all(r[f"{m}/{rb}"]["equal_to_ar"] for r in rows)}
+                for m, rb in configs}
+            save()
+    save()
+
+
+def markdown(result, name, header, args) -> str:
     md = [f"# Speculative decoding step costs and speedups ({name})", "",
           f"{header['device']} · jax {header['jax']} · commit {header['git_commit']}", "", f"`{header['command']}`",
-          "", "| rollback | gamma | verify ms | AR step ms | verify / AR | commit ms | rollback state |",
+          "", f"XLA_FLAGS={result['xla_flags']!r}", "", "| rollback | gamma | verify ms | AR step ms | verify / AR | commit ms | rollback state |",
           "|---|---|---|---|---|---|---|"]
     for r in result["steps"]:
         md.append(f"| {r['rollback']} | {r['gamma']} | {r['verify_ms']:.3f} | {r['ar_step_ms']:.3f} | "
                   f"{r['verify_over_ar']:.2f}× | {r['commit_ms']:.3f} | {r['rollback_state_bytes'] / 2**20:.2f} MiB |")
     if "e2e_summary" in result:
-        md += ["", f"End to end, greedy, n-gram drafts gamma={args.e2e_gamma}, {len(result['e2e'])} prompts, "
-                   f"{args.max_new_tokens} new tokens (decode tok/s, paired with AR):", "",
-               "| rollback | median speedup over AR | mean accepted drafts / step | outputs equal to AR |",
+        md += ["", f"End to end, greedy, gamma={args.e2e_gamma}, {len(result['e2e'])} prompts of "
+                   f"{args.prompt_len or 'their own'} tokens, {args.max_new_tokens} new tokens (decode tok/s, each "
+                   f"prompt paired with AR; compile and autotuning in a warm-up run before):", "",
+               "| method / rollback | median speedup over AR | mean accepted drafts / step | outputs equal to AR |",
                "|---|---|---|---|"]
-        for rb, s in result["e2e_summary"].items():
-            md.append(f"| {rb} | {s['median_speedup']:.2f}× | {s['mean_accepted']:.2f} | {s['all_equal_to_ar']} |")
-    write_results(args.out, f"spec_{name}", result, "\n".join(md) + "\n")
+        for key, s in result["e2e_summary"].items():
+            md.append(f"| {key} | {s['median_speedup']:.2f}× | {s['mean_accepted']:.2f} | {s['all_equal_to_ar']} |")
+        if result.get("e2e_skipped_methods"):
+            md += ["", f"Not run (the checkpoint lacks what they need): {', '.join(result['e2e_skipped_methods'])}."]
+    return "\n".join(md) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU measurements still owed by open issues, in parts that each fit one 10-minute device command.
+#
+#   bash scripts/gpu_suite.sh PART OUT_DIR        PART in: gdn, qwen, looped, looped-grid, graphs
+#
+# Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
+# Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
+# under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
+# BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
+set -u
+part=${1:?part: gdn | qwen | looped | looped-grid | graphs}
+out=${2:?output folder}
+dir="$out/$part"
+mkdir -p "$dir"
+export PYTHONUNBUFFERED=1
+step() {  # step SECONDS NAME command...: run with a time limit, log to NAME.log
+    local limit=$1 name=$2
+    shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" >"$dir/$name.log" 2>&1
+    echo "$name: rc=$? after $((SECONDS - t0)) s (limit $limit)" | tee -a "$dir/suite.log"
+}
+case "$part" in
+gdn)  # issue 4: T <= 64 recurrent verify + commit vs fla with snapshots, then T = 1024; issue 8: 9B tree steps
+    step 330 gdn_small python scripts/bench_gdn.py --out "$dir" --tag h200_smallT --sizes 64,16,4,1,1024 \
+        --repeats 10 --skip-ceilings
+    step 220 tree9b python scripts/bench_tree.py --random-9b --skip-e2e --nodes 8,16,32,64 --shapes bushy,chain \
+        --repeats 10 --out "$dir"
+    ;;
+qwen)  # issue 5: tiny checkpoint end to end (n-gram both rollbacks, table, MTP, shortlist); issue 8: trees e2e
+    step 260 spec_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code \
+        --prompts build/corpus/prompts.json --num-prompts 8 --max-new-tokens 128 --gammas 1,4,8,16 --repeats 20 \
+        --out "$dir"
+    step 260 tree_tiny python scripts/bench_tree.py --model checkpoints/tiny-qwen35-code \
+        --prompts build/corpus/prompts.json --num-prompts 8 --max-new-tokens 128 --nodes 8,64 --shapes bushy \
+        --trees "2,2,2,1;4,2,1" --time-budget-s 200 --out "$dir"
+    ;;
+graphs)  # lead: whole while loops as CUDA graphs (XLA command buffers with WHILE/CONDITIONAL), A/B on the tiny model
+    step 200 spec_tiny_plain python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
+        --prompts build/corpus/prompts.json --num-prompts 6 --e2e-methods ngram,mtp --tag _plain --out "$dir"
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE" \
+        step 200 spec_tiny_graphs python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
+        --prompts build/corpus/prompts.json --num-prompts 6 --e2e-methods ngram,mtp --tag _graphs --out "$dir"
+    ;;
+looped)  # issue 6: Huginn-0125 per-round costs, then the das-wave / component grid on the trained checkpoint
+    step 200 looped_costs python scripts/bench_looped_spec.py --costs --skip-e2e --time-budget-s 170 --out "$dir"
+    step 330 looped_e2e python scripts/bench_looped_spec.py --grid full --methods das-wave,component \
+        --num-prompts 8 --time-budget-s 290 --out "$dir"
+    ;;
+looped-grid)  # issue 6: sequential self-spec / mature-spec grid
+    step 560 looped_seq python scripts/bench_looped_spec.py --grid full --methods self-spec,mature-spec \
+        --num-prompts 8 --time-budget-s 520 --out "$dir"
+    ;;
+*)
+    echo "unknown part $part" >&2
+    exit 2
+    ;;
+esac
+tar czf "$out/$part.tgz" -C "$out" "$part"
+cat "$dir/suite.log"
