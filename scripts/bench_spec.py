@@ -108,7 +108,6 @@ def step_costs(model, gammas, prompt_len: int, repeats: int):
         rows.append({"rollback": rb, "gamma": g, "verify_ms": t_v * 1e3, "ar_step_ms": t_ar * 1e3,
                      "verify_over_ar": t_v / t_ar, "commit_ms": t_c * 1e3, "rollback_state_bytes": int(rollback_bytes)})
         print(json.dumps(rows[-1]), flush=True)
-        del logits, vstate, extras
     return rows
 
 

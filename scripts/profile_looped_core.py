@@ -30,7 +30,6 @@ from jax import lax  # noqa: E402
 
 from scripts.bench_common import chain_seconds, result_header, write_results  # noqa: E402
 from scripts.bench_looped import bench_config, tree_bytes  # noqa: E402
-from specdec_jax.models import layers as L  # noqa: E402
 from specdec_jax.models import looped  # noqa: E402
 
 
