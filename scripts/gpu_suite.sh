@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The GPU measurements still owed by open issues, in parts that each fit one 10-minute device command.
 #
-#   bash scripts/gpu_suite.sh PART OUT_DIR        PART in: gdn, qwen, looped, looped-grid, graphs
+#   bash scripts/gpu_suite.sh PART OUT_DIR        PART in: gdn, qwen, ab, looped, looped-grid
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: gdn | qwen | looped | looped-grid | graphs}
+part=${1:?part: gdn | qwen | ab | looped | looped-grid}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -35,12 +35,16 @@ qwen)  # issue 5: tiny checkpoint end to end (n-gram both rollbacks, table, MTP,
         --prompts build/corpus/prompts.json --num-prompts 8 --max-new-tokens 128 --nodes 8,64 --shapes bushy \
         --trees "2,2,2,1;4,2,1" --time-budget-s 200 --out "$dir"
     ;;
-graphs)  # lead: whole while loops as CUDA graphs (XLA command buffers with WHILE/CONDITIONAL), A/B on the tiny model
-    step 200 spec_tiny_plain python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
-        --prompts build/corpus/prompts.json --num-prompts 6 --e2e-methods ngram,mtp --tag _plain --out "$dir"
+ab)  # leads for the launch-bound tiny model, each paired with AR in its own run (n-gram, MTP; no step table):
+    # the plain defaults; verification + commit through the Pallas recurrent / commit kernels (one launch per
+    # layer each); whole while loops as CUDA graphs (XLA command buffers with WHILE / CONDITIONAL)
+    args=(--model checkpoints/tiny-qwen35-code --skip-steps --prompts build/corpus/prompts.json --num-prompts 6
+          --e2e-methods ngram,mtp --out "$dir")
+    step 170 spec_tiny_plain python scripts/bench_spec.py "${args[@]}" --tag _plain
+    SPECDEC_GDN_IMPLEMENTATION=recurrent=pallas,commit=pallas \
+        step 170 spec_tiny_pallas_small_t python scripts/bench_spec.py "${args[@]}" --tag _pallas_small_t
     XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE" \
-        step 200 spec_tiny_graphs python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
-        --prompts build/corpus/prompts.json --num-prompts 6 --e2e-methods ngram,mtp --tag _graphs --out "$dir"
+        step 170 spec_tiny_graphs python scripts/bench_spec.py "${args[@]}" --tag _graphs
     ;;
 looped)  # issue 6: Huginn-0125 per-round costs, then the das-wave / component grid on the trained checkpoint
     step 200 looped_costs python scripts/bench_looped_spec.py --costs --skip-e2e --time-budget-s 170 --out "$dir"

@@ -213,3 +213,56 @@ def test_bad_shapes_raise():
     x = make_inputs(1, 4, 2, 3, 16, 16)  # HV=3 is not a multiple of H=2
     with pytest.raises(ValueError, match="multiple"):
         gd.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], implementation="pallas", interpret=True)
+
+
+def test_default_implementation_rule_and_env_override(monkeypatch):
+    """Measured ops only: on GPU the chunk op is Pallas, recurrent and commit stay on XLA; the env var
+    overrides every op or a listed few, and a bad value is one clear error."""
+    monkeypatch.delenv(gd.ENV_VAR, raising=False)
+    on_gpu = jax.default_backend() == "gpu" and gd.pallas_available()
+    assert gd.default_implementation("chunk") == ("pallas" if on_gpu else "reference")
+    assert gd.default_implementation("recurrent") == "reference"
+    assert gd.default_implementation("commit") == "reference"
+    monkeypatch.setenv(gd.ENV_VAR, "naive")
+    assert {gd.default_implementation(op) for op in gd.OPS} == {"naive"}
+    monkeypatch.setenv(gd.ENV_VAR, "recurrent=pallas, commit=pallas")
+    assert gd.resolve("auto", "recurrent") == "pallas" and gd.resolve(None, "commit") == "pallas"
+    assert gd.resolve("auto", "chunk") == ("pallas" if on_gpu else "reference")  # not listed: measured default
+    assert gd.resolve("reference", "recurrent") == "reference"  # an explicit choice wins
+    for bad, msg in (("recurrent=fast", "implementation must be one of"), ("verify=pallas", "unknown op")):
+        monkeypatch.setenv(gd.ENV_VAR, bad)
+        with pytest.raises(ValueError, match=msg):
+            gd.default_implementation("recurrent")
+
+
+def test_verification_routes_through_the_recurrent_kernel_when_enabled(monkeypatch):
+    """With the recurrent op on Pallas, a short verification (1 < T <= 64) runs the fused recurrent
+    kernel (one launch per layer) and gives the chunk path's outputs and pseudo-values."""
+    from specdec_jax.models import qwen35
+    calls = []
+    real = gd.fused_recurrent_gated_delta_rule
+    monkeypatch.setattr(gd, "fused_recurrent_gated_delta_rule", lambda *a, **k: calls.append(1) or real(*a, **k))
+    cfg = qwen35.Qwen35Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_key_head_dim=16,
+                              linear_value_head_dim=16, linear_num_key_heads=1, linear_num_value_heads=2,
+                              linear_conv_kernel_dim=4, layer_types=("linear_attention",))
+    rng = np.random.default_rng(0)
+    D, C = cfg.hidden_size, cfg.conv_dim
+    HV, V = cfg.linear_num_value_heads, cfg.linear_value_head_dim
+    p = {"in_proj": jnp.asarray(rng.standard_normal((C + HV * V + 2 * HV, D)) * 0.2, jnp.float32),
+         "conv": jnp.asarray(rng.standard_normal((C, 4)) * 0.3, jnp.float32),
+         "A_log": jnp.asarray(rng.standard_normal(HV) * 0.1, jnp.float32),
+         "dt_bias": jnp.asarray(rng.standard_normal(HV) * 0.1, jnp.float32),
+         "norm": jnp.ones((V,), jnp.float32),
+         "out_proj": jnp.asarray(rng.standard_normal((D, HV * V)) * 0.2, jnp.float32)}
+    x = jnp.asarray(rng.standard_normal((1, 9, D)), jnp.float32)
+    conv0 = jnp.asarray(rng.standard_normal((1, 3, C)) * 0.1, jnp.float32)
+    s0 = jnp.asarray(rng.standard_normal((1, HV, 16, 16)) * 0.1, jnp.float32)
+    monkeypatch.delenv(gd.ENV_VAR, raising=False)
+    want = qwen35.gdn_mixer(p, cfg, x, conv0, s0, "auto", "pseudo")
+    assert not calls  # the chunk path
+    monkeypatch.setenv(gd.ENV_VAR, "recurrent=pallas")
+    got = qwen35.gdn_mixer(p, cfg, x, conv0, s0, "auto", "pseudo")
+    assert calls  # the recurrent kernel (interpret mode here)
+    for a, b in ((got[0], want[0]), (got[2], want[2]), (got[3]["v_new"], want[3]["v_new"])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)

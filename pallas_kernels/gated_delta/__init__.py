@@ -8,7 +8,8 @@
 `default_implementation(op)` picks, on GPU, the implementation measured fastest for that op
 (benchmarks/results/gdn_h200*.md): the Pallas chunk kernel (5.6x the XLA path at T=8192); the XLA
 step recurrence and commit for small T until the Pallas ones are measured. Elsewhere: reference.
-The environment variable SPECDEC_GDN_IMPLEMENTATION overrides it for every op.
+The environment variable SPECDEC_GDN_IMPLEMENTATION overrides it: one implementation for every op
+("reference"), or per op ("recurrent=pallas,commit=pallas"; ops: chunk, recurrent, commit, tree).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from . import reference
 from .reference import GatedDeltaOutput, check_gated_delta_inputs, l2_normalize
 
 IMPLEMENTATIONS = ("reference", "naive", "pallas")
+OPS = ("chunk", "recurrent", "commit", "tree")
+ENV_VAR = "SPECDEC_GDN_IMPLEMENTATION"
 
 
 @functools.cache
@@ -41,9 +44,30 @@ def pallas_available() -> bool:
 _PALLAS_BY_DEFAULT = frozenset({"chunk"})
 
 
+def env_override(op: str) -> str | None:
+    """The implementation SPECDEC_GDN_IMPLEMENTATION asks for `op`, or None (unset / op not listed)."""
+    raw = os.environ.get(ENV_VAR, "").strip()
+    if not raw:
+        return None
+    if "=" not in raw:
+        choice = {op: raw}
+    else:
+        choice = {}
+        for item in raw.split(","):
+            name, _, impl = item.partition("=")
+            name, impl = name.strip(), impl.strip()
+            if name not in OPS:
+                raise ValueError(f"{ENV_VAR}={raw!r}: unknown op {name!r}; expected one of {OPS}")
+            choice[name] = impl
+    for impl in choice.values():
+        if impl not in IMPLEMENTATIONS:
+            raise ValueError(f"{ENV_VAR}={raw!r}: implementation must be one of {IMPLEMENTATIONS}; got {impl!r}")
+    return choice.get(op)
+
+
 def default_implementation(op: str = "chunk") -> str:
     """SPECDEC_GDN_IMPLEMENTATION overrides; else pallas on GPU for measured ops, else reference."""
-    forced = os.environ.get("SPECDEC_GDN_IMPLEMENTATION")
+    forced = env_override(op)
     if forced:
         return forced
     on_gpu = jax.default_backend() == "gpu" and pallas_available()
@@ -53,6 +77,11 @@ def default_implementation(op: str = "chunk") -> str:
 def _interpret(flag: bool) -> bool:
     """Pallas kernels compile for the GPU only; elsewhere they run in interpret mode."""
     return bool(flag) or jax.default_backend() != "gpu"
+
+
+def resolve(implementation: str | None, op: str = "chunk") -> str:
+    """The implementation that `implementation` ("auto" / None / a name) means for `op`."""
+    return _resolve(implementation, op)
 
 
 def _resolve(implementation: str | None, op: str = "chunk") -> str:
@@ -116,4 +145,5 @@ def commit_state(initial_state, k, g, v_new, n_accepted, *, use_qk_l2norm=False,
 
 
 __all__ = ["GatedDeltaOutput", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "commit_state",
-           "check_gated_delta_inputs", "l2_normalize", "default_implementation", "pallas_available"]
+           "check_gated_delta_inputs", "l2_normalize", "default_implementation", "env_override", "resolve",
+           "pallas_available"]

@@ -31,7 +31,6 @@ Implementations (one signature, `tree_gated_delta_rule(..., implementation=)`):
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -327,8 +326,9 @@ def _pallas_module():
 
 
 def default_implementation() -> str:
-    """SPECDEC_GDN_IMPLEMENTATION overrides; else pallas on GPU (when importable), else reference."""
-    forced = os.environ.get("SPECDEC_GDN_IMPLEMENTATION")
+    """SPECDEC_GDN_IMPLEMENTATION overrides (op "tree"); else pallas on GPU (when importable), else reference."""
+    from . import env_override
+    forced = env_override("tree")
     if forced:
         return forced
     return "pallas" if jax.default_backend() == "gpu" and _pallas_module() is not None else "reference"

@@ -278,7 +278,8 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         if T > 64:
             raise ValueError(f"snapshot rollback verifies at most 64 positions; got T={T}")
         res = gated_delta.fused_recurrent_gated_delta_rule(q, k, v, g, beta, return_all_states=True, **kwargs)
-    elif T == 1:
+    elif T == 1 or (T <= 64 and gated_delta.resolve(impl, "recurrent") == "pallas"):
+        # Decode, and verification when the recurrent op runs as its Pallas kernel (one launch per layer).
         res = gated_delta.fused_recurrent_gated_delta_rule(q, k, v, g, beta, **kwargs)
     else:
         # Verification and prefill: the chunked form is parallel over T (a step recurrence would be
