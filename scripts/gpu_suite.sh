@@ -35,16 +35,17 @@ qwen)  # issue 5: tiny checkpoint end to end (n-gram both rollbacks, table, MTP,
         --prompts build/corpus/prompts.json --num-prompts 8 --max-new-tokens 128 --nodes 8,64 --shapes bushy \
         --trees "2,2,2,1;4,2,1" --time-budget-s 200 --out "$dir"
     ;;
-ab)  # leads for the launch-bound tiny model, each paired with AR in its own run (n-gram, MTP; no step table):
+ab)  # the tiny model's speculative step piece by piece, then leads for it, each paired with AR in its own run:
     # the plain defaults; verification + commit through the Pallas recurrent / commit kernels (one launch per
     # layer each); whole while loops as CUDA graphs (XLA command buffers with WHILE / CONDITIONAL)
     args=(--model checkpoints/tiny-qwen35-code --skip-steps --prompts build/corpus/prompts.json --num-prompts 6
           --e2e-methods ngram,mtp --out "$dir")
-    step 170 spec_tiny_plain python scripts/bench_spec.py "${args[@]}" --tag _plain
+    step 80 spec_step_pieces python scripts/profile_spec_step.py --model checkpoints/tiny-qwen35-code --out "$dir"
+    step 150 spec_tiny_plain python scripts/bench_spec.py "${args[@]}" --tag _plain
     SPECDEC_GDN_IMPLEMENTATION=recurrent=pallas,commit=pallas \
-        step 170 spec_tiny_pallas_small_t python scripts/bench_spec.py "${args[@]}" --tag _pallas_small_t
+        step 150 spec_tiny_pallas_small_t python scripts/bench_spec.py "${args[@]}" --tag _pallas_small_t
     XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE" \
-        step 170 spec_tiny_graphs python scripts/bench_spec.py "${args[@]}" --tag _graphs
+        step 150 spec_tiny_graphs python scripts/bench_spec.py "${args[@]}" --tag _graphs
     ;;
 looped)  # issue 6: Huginn-0125 per-round costs, then the das-wave / component grid on the trained checkpoint
     step 200 looped_costs python scripts/bench_looped_spec.py --costs --skip-e2e --time-budget-s 170 --out "$dir"
