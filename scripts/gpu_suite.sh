@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The GPU measurements still owed by open issues, in parts that each fit one 10-minute device command.
 #
-#   bash scripts/gpu_suite.sh PART OUT_DIR        PART in: gdn, qwen, ab, looped, looped-grid
+#   bash scripts/gpu_suite.sh PART OUT_DIR        PART in: gdn, qwen, ab, tune, looped, looped-grid
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: gdn | qwen | ab | looped | looped-grid}
+part=${1:?part: gdn | qwen | ab | tune | looped | looped-grid}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -46,6 +46,9 @@ ab)  # the tiny model's speculative step piece by piece, then leads for it, each
         step 150 spec_tiny_pallas_small_t python scripts/bench_spec.py "${args[@]}" --tag _pallas_small_t
     XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE" \
         step 150 spec_tiny_graphs python scripts/bench_spec.py "${args[@]}" --tag _graphs
+    ;;
+tune)  # issue 4: the chunk op's stages and launch settings, the products-only triangular inverse (wy_solver=merge)
+    step 300 tune_chunk python scripts/tune_gdn_chunk.py --out "$dir"
     ;;
 looped)  # issue 6: Huginn-0125 per-round costs, then the das-wave / component grid on the trained checkpoint
     step 200 looped_costs python scripts/bench_looped_spec.py --costs --skip-e2e --time-budget-s 170 --out "$dir"

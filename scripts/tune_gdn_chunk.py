@@ -61,9 +61,14 @@ def main():
     wy = functools.partial(chunk_kernel.wy_call, hv=hv, l2norm=True, wu_dtype=dt, prec=prec, merge_prec=merge_prec,
                            interpret=interpret)
     w, u, r_k = jax.jit(wy)(k, v, gam, beta_t)
-    for nw in (4, 8):
-        record("wy", f"warps={nw}", chain_seconds(functools.partial(wy, num_warps=nw), (k, v, gam, beta_t), 3,
-                                                  args.chain, args.repeats))
+    for solver in ("substitution", "merge"):
+        for nw in (4, 8):
+            try:
+                record("wy", f"solver={solver},warps={nw}", chain_seconds(
+                    functools.partial(wy, num_warps=nw, solver=solver), (k, v, gam, beta_t), 3, args.chain,
+                    args.repeats))
+            except Exception as e:  # noqa: BLE001 - a setting the compiler rejects is reported, not fatal
+                print(f"wy solver={solver} warps={nw} failed: {type(e).__name__}: {str(e)[:300]}")
     for bv in (32, 64):
         for nw in (4, 8):
             for st in (1, 2, 3):
@@ -82,24 +87,40 @@ def main():
         record("output", f"warps={nw}", chain_seconds(fn, (q, k, gam, r_k, hs, vn), 2, args.chain, args.repeats))
 
     # ---- whole op (includes the XLA glue: padding, cumulative gates, transposes)
-    for bv, warps, st in ((32, (4, 4, 4), 2), (32, (4, 4, 8), 2), (32, (8, 4, 4), 2), (64, (4, 8, 4), 2),
-                          (32, (4, 4, 4), 3), (64, (4, 4, 4), 1)):
+    for bv, warps, st, solver in ((32, (4, 4, 4), 3, "substitution"), (32, (4, 4, 4), 3, "merge"),
+                                  (32, (8, 4, 4), 3, "merge"), (32, (4, 4, 4), 2, "substitution"),
+                                  (64, (4, 4, 4), 3, "substitution")):
         fn = functools.partial(pallas_ops.chunk_gated_delta_rule, use_qk_l2norm=True, block_v=bv, num_warps=warps,
-                               state_stages=st, interpret=interpret)
+                               state_stages=st, wy_solver=solver, interpret=interpret)
         try:
-            record("whole", f"bv={bv},warps={warps},stages={st}",
+            record("whole", f"bv={bv},warps={warps},stages={st},{solver}",
                    chain_seconds(lambda *a, fn=fn: fn(*a[:5], initial_state=a[5]).final_state,
                                  (q, k, v, g, beta, s0), 5, args.chain, args.repeats))
         except Exception as e:  # noqa: BLE001
-            print(f"whole bv={bv} warps={warps} stages={st} failed: {type(e).__name__}: {str(e)[:300]}")
+            print(f"whole bv={bv} warps={warps} stages={st} {solver} failed: {type(e).__name__}: {str(e)[:300]}")
+
+    # ---- accuracy of the two solvers on these inputs (bf16 kernels vs the fp32 jnp reference)
+    from pallas_kernels.gated_delta import reference
+    f32 = lambda a: a.astype(F32)
+    ref = reference.chunk_gated_delta_rule_reference(f32(q), f32(k), f32(v), g, beta, initial_state=s0,
+                                                     use_qk_l2norm=True, scale=kd ** -0.5)
+    errors = {}
+    for solver in ("substitution", "merge"):
+        out = pallas_ops.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=s0, use_qk_l2norm=True,
+                                                wy_solver=solver, interpret=interpret)
+        rel = lambda a, b: float(jnp.linalg.norm(f32(a) - f32(b)) / jnp.linalg.norm(f32(b)))
+        errors[solver] = {"o": rel(out.o, ref.o), "state": rel(out.final_state, ref.final_state)}
+        print(f"accuracy {solver}: {errors[solver]}", flush=True)
 
     md = [f"# Chunk kernel stages and launch settings ({header['device']})", "",
           f"jax {header['jax']} · commit {header['git_commit']} · {header['date']}", "", f"`{header['command']}`", "",
           f"B={b}, T={t}, H={h}, HV={hv}, K=V={kd}, bf16 q/k/v, fp32 state; median of {args.repeats} chains of "
           f"{args.chain} dependent calls.", "", "| stage | setting | ms |", "|---|---|---|"]
     md += [f"| {r['stage']} | {r['setting']} | {r['ms']:.4f} |" for r in rows]
+    md += ["", "Relative error vs the fp32 jnp reference on the same inputs:", "", "| solver | o | state |", "|---|---|---|"]
+    md += [f"| {sv} | {e['o']:.1e} | {e['state']:.1e} |" for sv, e in errors.items()]
     write_results(args.out, "gdn_chunk_tuning", {**header, "shape": dict(B=b, T=t, H=h, HV=hv, K=kd, V=vd),
-                                                 "rows": rows}, "\n".join(md) + "\n")
+                                                 "rows": rows, "accuracy": errors}, "\n".join(md) + "\n")
 
 
 if __name__ == "__main__":

@@ -162,6 +162,36 @@ def test_chunk_fused_state_kernel_variant(dtype):
         _check(name, getattr(got, name), getattr(want, name), TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
+def test_chunk_merge_solver_variant(dtype):
+    """wy_solver="merge" (the triangular inverse from products only) computes the same function."""
+    x = make_inputs(1, 130, 2, 4, 64, 64, dtype, seed=12, normalize_k=False)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    want = reference.naive_recurrent_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True,
+                                                      use_qk_l2norm=True)
+    got = pallas_ops.chunk_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True,
+                                            use_qk_l2norm=True, wy_solver="merge", interpret=True)
+    for name in ("o", "final_state", "v_new"):
+        _check(name, getattr(got, name), getattr(want, name), TOL[dtype])
+
+
+@pytest.mark.parametrize("solver", ["substitution", "merge"])
+@pytest.mark.parametrize("similarity", [0.0, 0.9, 1.0])
+def test_unit_lower_inverse(solver, similarity):
+    """(I + A)^{-1} of the chunk's A, from unrelated to identical keys (where products of A grow)."""
+    from pallas_kernels.gated_delta import chunk_kernel
+    rng = np.random.default_rng(3)
+    k = similarity * rng.standard_normal(128) + (1 - similarity) * rng.standard_normal((64, 128))
+    k /= np.linalg.norm(k, axis=1, keepdims=True)
+    gam = np.cumsum(-0.05 * np.ones(64))
+    a = np.tril(0.9 * (k @ k.T) * np.exp(gam[:, None] - gam[None, :]), -1)
+    want = np.linalg.inv(np.eye(64) + a)
+    got = chunk_kernel.unit_lower_inverse(jnp.asarray(a, jnp.float32), jax.lax.Precision.HIGHEST, solver)
+    np.testing.assert_allclose(np.asarray(got), want, atol=2e-5 * np.abs(want).max())
+    with pytest.raises(ValueError, match="solver"):
+        chunk_kernel.unit_lower_inverse(jnp.asarray(a, jnp.float32), jax.lax.Precision.HIGHEST, "lu")
+
+
 COMMIT_CASES = [(1, 1, 1, 2, 64, 64, False), (2, 7, 1, 3, 64, 64, True), (1, 64, 2, 2, 128, 128, True),
                 (1, 20, 1, 2, 48, 40, False)]
 

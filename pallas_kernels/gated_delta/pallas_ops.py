@@ -40,9 +40,9 @@ def _pad_kv(q, k, v, initial_state, kp: int, vp: int):
 
 @functools.partial(jax.jit, static_argnames=("scale", "output_final_state", "return_pseudo_values",
                                              "use_qk_l2norm", "interpret", "block_v", "state_dot",
-                                             "split_output", "num_warps", "state_stages"))
+                                             "split_output", "num_warps", "state_stages", "wy_solver"))
 def _chunk(q, k, v, g, beta, initial_state, *, scale, output_final_state, return_pseudo_values, use_qk_l2norm,
-           interpret, block_v, state_dot, split_output, num_warps, state_stages):
+           interpret, block_v, state_dot, split_output, num_warps, state_stages, wy_solver):
     b, t, _, hv, k_dim, v_dim = check_gated_delta_inputs(q, k, v, g, beta, initial_state)
     low = is_low_precision(k.dtype)
     prec, merge_prec = dot_precisions(low, interpret)
@@ -63,7 +63,7 @@ def _chunk(q, k, v, g, beta, initial_state, *, scale, output_final_state, return
         q, k, v, gam, beta_t, s0, scale=scale, l2norm=use_qk_l2norm, want_vnew=return_pseudo_values,
         wu_dtype=k.dtype if low else F32, state_dtype=state_dtype, prec=prec, merge_prec=merge_prec,
         block_v=block_v, interpret=interpret, split_output=split_output, wy_warps=num_warps[0],
-        state_warps=num_warps[1], out_warps=num_warps[2], state_stages=state_stages)
+        state_warps=num_warps[1], out_warps=num_warps[2], state_stages=state_stages, wy_solver=wy_solver)
     return GatedDeltaOutput(
         o=o[:, :t, :, :v_dim],
         final_state=final[:, :, :k_dim, :v_dim] if output_final_state else None,
@@ -75,7 +75,7 @@ def _chunk(q, k, v, g, beta, initial_state, *, scale, output_final_state, return
 def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=True,
                            return_pseudo_values=False, use_qk_l2norm=False, interpret=False, block_v=32,
                            state_dot="bf16", split_output=True, num_warps=(4, 4, 4),
-                           state_stages=3) -> GatedDeltaOutput:
+                           state_stages=3, wy_solver="substitution") -> GatedDeltaOutput:
     """Chunked gated delta rule for any T (prefill / verification), Pallas kernels.
 
     q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV]; initial_state [B, HV, K, V] fp32 or None.
@@ -86,13 +86,15 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, 
     both only matter for 16-bit inputs. `split_output`: O from a separate kernel parallel over chunks
     (True) or inside the sequential chunk loop (False); see chunk_kernel.chunk_fwd. `num_warps`:
     warps of the (WY, state, output) kernels; `state_stages`: pipeline stages of the state kernel
-    (3 measured fastest at T = 8192: benchmarks/results/gdn_chunk_tuning.md).
+    (3 measured fastest at T = 8192: benchmarks/results/gdn_chunk_tuning.md). `wy_solver`: how the
+    64x64 triangular inverse is formed, "substitution" (measured) or "merge" (products only, to be
+    measured; chunk_kernel.unit_lower_inverse).
     """
     return _chunk(q, k, v, g, beta, initial_state, scale=_scale(scale, q.shape[-1]),
                   output_final_state=output_final_state, return_pseudo_values=return_pseudo_values,
                   use_qk_l2norm=use_qk_l2norm, interpret=interpret, block_v=block_v, state_dot=state_dot,
                   split_output=split_output, num_warps=tuple(int(w) for w in num_warps),
-                  state_stages=int(state_stages))
+                  state_stages=int(state_stages), wy_solver=str(wy_solver))
 
 
 def _use_mosaic(backend, k_dim, v_dim, hv, block_v, return_all_states) -> bool:
