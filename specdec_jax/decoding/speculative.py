@@ -193,10 +193,18 @@ def generate_speculative(params, cfg, prompt: np.ndarray, max_new_tokens: int, *
                     gamma=gamma, max_new_tokens=max_new_tokens, drafter=drafter, impl=impl)
     static_l = dict(cfg=cfg, sampling=sampling, eos_ids=eos_ids, gamma=gamma, max_new_tokens=max_new_tokens,
                     drafter=drafter, rollback=rollback, impl=impl)
+    return run_spec_loop(params, prompt, key_first, key_loop, static_p, _spec_loop, static_l, max_new_tokens,
+                         {"method": drafter.name, "gamma": gamma, "rollback": rollback}, return_state)
+
+
+def run_spec_loop(params, prompt, key_first, key_loop, static_p: dict, loop, static_l: dict, max_new_tokens: int,
+                  info: dict, return_state: bool) -> GenerateResult:
+    """Compile the prefill and a speculative loop (chain `_spec_loop` or tree `_tree_loop`), run them
+    timed (compile reported apart), and collect the shared statistics (`info` first)."""
     t0 = time.perf_counter()
     prefill_c = _spec_prefill.lower(params, prompt, key_first, **static_p).compile()
     shapes = jax.eval_shape(functools.partial(_spec_prefill, **static_p), params, prompt, key_first)
-    loop_c = _spec_loop.lower(params, shapes[0], shapes[1], key_loop, **static_l).compile()
+    loop_c = loop.lower(params, shapes[0], shapes[1], key_loop, **static_l).compile()
     compile_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -210,7 +218,7 @@ def generate_speculative(params, cfg, prompt: np.ndarray, max_new_tokens: int, *
     valid = accepted >= 0
     n_new = int(np.minimum(np.asarray(state.n_out), max_new_tokens).sum())
     stats = {
-        "method": drafter.name, "gamma": gamma, "rollback": rollback, "new_tokens": n_new,
+        **info, "new_tokens": n_new,
         "seconds": t2 - t0, "prefill_seconds": t1 - t0, "decode_seconds": t2 - t1, "compile_seconds": compile_s,
         "tokens_per_second": n_new / max(t2 - t0, 1e-9),
         "verify_steps": steps,

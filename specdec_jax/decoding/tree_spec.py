@@ -26,7 +26,6 @@ Tree shapes are static (numpy parents / depth; passed to jit as tuples): one com
 from __future__ import annotations
 
 import functools
-import time
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +39,7 @@ from ..model import GenerateResult
 from ..models import layers as L
 from ..models import qwen35
 from .sampling import SamplingConfig, probabilities
-from .speculative import SpecState, _spec_prefill, advance, emit_accepted
+from .speculative import SpecState, advance, emit_accepted, run_spec_loop
 
 ROLLBACK_MODES = ("pseudo", "snapshot")
 
@@ -133,12 +132,7 @@ def tree_gdn_mixer(p: dict, cfg, x: jax.Array, conv_state: jax.Array, rec_state:
     B, N, _ = x.shape
     H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     K, V, W = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
-    C, VD = cfg.conv_dim, cfg.linear_value_dim
-    proj = L.linear(x, p["in_proj"])  # [B, N, C + HV*V + 2*HV]: qkv | z | b | a
-    qkv = proj[..., :C]
-    z = proj[..., C:C + VD].reshape(B, N, HV, V)
-    b = proj[..., C + VD:C + VD + HV]
-    a = proj[..., C + VD + HV:]
+    qkv, z, b, a = qwen35.gdn_projections(p, cfg, x)
 
     source = jnp.concatenate([conv_state.astype(qkv.dtype), qkv], axis=1)  # [B, W-1+N, C]
     window = source[:, jnp.asarray(conv_index(parents, W))]  # [B, N, W, C]
@@ -150,9 +144,7 @@ def tree_gdn_mixer(p: dict, cfg, x: jax.Array, conv_state: jax.Array, rec_state:
     q = conv[..., :key_dim].reshape(B, N, H, K)
     k = conv[..., key_dim:2 * key_dim].reshape(B, N, H, K)
     v = conv[..., 2 * key_dim:].reshape(B, N, HV, V)
-    beta = jax.nn.sigmoid(b)
-    g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(a.astype(jnp.float32)
-                                                                   + p["dt_bias"].astype(jnp.float32))
+    beta, g = qwen35.gdn_gates(p, b, a)
     tree_impl = impl if impl in tree_wy.IMPLEMENTATIONS else "auto"
     if tree_impl == "auto" and N > tree_wy.MAX_PALLAS_NODES:
         tree_impl = "reference"  # the Pallas kernel covers N <= 64
@@ -438,31 +430,6 @@ def generate_tree(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, draft
                     gamma=dmax, max_new_tokens=max_new_tokens, drafter=drafter, impl=impl)
     static_l = dict(cfg=cfg, max_new_tokens=max_new_tokens, drafter=drafter, parents=tuple(parents.tolist()),
                     rollback=rollback, eos_ids=eos_ids, impl=impl, sampling=sampling)
-    t0 = time.perf_counter()
-    prefill_c = _spec_prefill.lower(params, prompt, key_first, **static_p).compile()
-    shapes = jax.eval_shape(functools.partial(_spec_prefill, **static_p), params, prompt, key_first)
-    loop_c = _tree_loop.lower(params, shapes[0], shapes[1], key_loop, **static_l).compile()
-    compile_s = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    state, dstate = jax.block_until_ready(prefill_c(params, prompt, key_first))
-    t1 = time.perf_counter()
-    tokens, state, dstate = jax.block_until_ready(loop_c(params, state, dstate, key_loop))
-    t2 = time.perf_counter()
-    tokens = np.asarray(tokens)
-    steps = int(state.steps)
-    accepted = np.asarray(state.accepted)[:steps]
-    valid = accepted >= 0
-    n_new = int(np.minimum(np.asarray(state.n_out), max_new_tokens).sum())
-    stats = {
-        "method": "tree-" + drafter.name, "tree_nodes": n, "tree_depth": dmax, "rollback": rollback,
-        "new_tokens": n_new, "seconds": t2 - t0, "prefill_seconds": t1 - t0, "decode_seconds": t2 - t1,
-        "compile_seconds": compile_s, "tokens_per_second": n_new / max(t2 - t0, 1e-9),
-        "verify_steps": steps,
-        "mean_accepted": float(accepted[valid].mean()) if valid.any() else 0.0,
-        "tokens_per_step": float((accepted[valid] + 1).mean()) if valid.any() else 0.0,
-        "accepted_counts": accepted.T.tolist(),
-    }
-    if return_state:
-        stats["state"] = state
-    return GenerateResult(tokens=tokens, stats=stats)
+    info = {"method": "tree-" + drafter.name, "tree_nodes": n, "tree_depth": dmax, "rollback": rollback}
+    return run_spec_loop(params, prompt, key_first, key_loop, static_p, _tree_loop, static_l, max_new_tokens, info,
+                         return_state)

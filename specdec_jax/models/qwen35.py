@@ -245,18 +245,30 @@ def lm_head_weight(params: dict) -> jax.Array:
     return params["lm_head"] if params.get("lm_head") is not None else params["embed"]
 
 
+def gdn_projections(p: dict, cfg: Qwen35Config, x: jax.Array):
+    """The fused input projection split: x [B, T, D] -> qkv [B, T, conv_dim] (pre-conv), z [B, T, HV, V],
+    b, a [B, T, HV]."""
+    B, T, _ = x.shape
+    HV, V = cfg.linear_num_value_heads, cfg.linear_value_head_dim
+    C, VD = cfg.conv_dim, cfg.linear_value_dim
+    proj = L.linear(x, p["in_proj"])  # [B, T, C + HV*V + 2*HV]: qkv | z | b | a
+    return proj[..., :C], proj[..., C:C + VD].reshape(B, T, HV, V), proj[..., C + VD:C + VD + HV], proj[..., C + VD + HV:]
+
+
+def gdn_gates(p: dict, b: jax.Array, a: jax.Array):
+    """beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias) (float32), both [B, T, HV]."""
+    g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(a.astype(jnp.float32)
+                                                                   + p["dt_bias"].astype(jnp.float32))
+    return jax.nn.sigmoid(b), g
+
+
 def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, rec_state: jax.Array,
               impl: str, collect):
     """Gated DeltaNet token mixer. x [B, T, D] -> out [B, T, D], new conv/recurrent state, extras."""
     B, T, _ = x.shape
     H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     K, V, W = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
-    C, VD = cfg.conv_dim, cfg.linear_value_dim
-    proj = L.linear(x, p["in_proj"])  # [B, T, C + HV*V + 2*HV]: qkv | z | b | a
-    qkv = proj[..., :C]
-    z = proj[..., C:C + VD].reshape(B, T, HV, V)
-    b = proj[..., C + VD:C + VD + HV]  # [B, T, HV]
-    a = proj[..., C + VD + HV:]  # [B, T, HV]
+    qkv, z, b, a = gdn_projections(p, cfg, x)
 
     window = jnp.concatenate([conv_state.astype(qkv.dtype), qkv], axis=1)  # [B, W-1+T, C]
     w = p["conv"].astype(jnp.float32)  # [C, W]
@@ -268,8 +280,7 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
     q = conv[..., :key_dim].reshape(B, T, H, K)
     k = conv[..., key_dim:2 * key_dim].reshape(B, T, H, K)
     v = conv[..., 2 * key_dim:].reshape(B, T, HV, V)
-    beta = jax.nn.sigmoid(b)
-    g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(a.astype(jnp.float32) + p["dt_bias"].astype(jnp.float32))
+    beta, g = gdn_gates(p, b, a)
 
     snapshots = collect == "snapshot"
     kwargs = dict(initial_state=rec_state, output_final_state=True, return_pseudo_values=bool(collect),
