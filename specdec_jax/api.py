@@ -15,6 +15,7 @@ from .decoding.sampling import SamplingConfig
 from .errors import InputError
 from .loading import TensorSource, resolve_dtype
 from .model import GenerateResult, Model
+from .options import float_option, int_option
 
 QWEN35_METHODS = ("ar", "ngram", "ngram-table", "mtp", "mtp-shortlist", "ngram-tree", "mtp-tree")
 DRAFT_TABLES_FILE = "draft_tables.safetensors"
@@ -129,15 +130,16 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
         need = _method_requirement(method) if model.family == "qwen3_5" and method in QWEN35_METHODS else ""
         raise InputError(f"method {method!r} is not supported for this {model.family} model"
                          + (f": it needs {need}" if need else "") + f"; supported: {', '.join(methods)}")
-    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be a positive integer; got {max_new_tokens!r}")
-    sampling = SamplingConfig(float(temperature), int(top_k), float(top_p))
-    if eos_token_id is None:
-        eos_ids = tuple(model.config.eos_token_id)
-    elif eos_token_id is False:
-        eos_ids = ()
-    else:
-        eos_ids = tuple(np.atleast_1d(np.asarray(eos_token_id, np.int64)).tolist())
+    args = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+            "seed": seed}
+    max_new_tokens = int_option(args, "max_new_tokens", None, 1)
+    sampling = SamplingConfig(float_option(args, "temperature", None, 0.0, float("inf")),
+                              int_option(args, "top_k", None, 0, None, " (0 = off)"),
+                              float_option(args, "top_p", None, 0.0, 1.0))
+    seed = int_option(args, "seed", None, 0)
+    if max_len is not None:
+        max_len = int_option({"max_len": max_len}, "max_len", None, 1)
+    eos_ids = _eos_ids(eos_token_id, model)
     if model.family == "looped" and method != "ar":
         # Looped self-speculation sizes its own cache (its default gamma depends on the method).
         from .decoding.looped_spec import generate_looped_spec
@@ -146,9 +148,7 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
     if method in TREE_METHODS:
         return _generate_tree_qwen(model, ids, int(max_new_tokens), method, max_len, sampling, seed, eos_ids,
                                    method_options)
-    gamma = int(method_options.get("gamma", DEFAULT_GAMMA)) if method != "ar" else 0
-    if gamma < 0:
-        raise InputError(f"gamma (draft length) must be >= 0; got {gamma}")
+    gamma = int_option(method_options, "gamma", DEFAULT_GAMMA, 0, None, " (the draft length)") if method != "ar" else 0
     needed = ids.shape[1] + int(max_new_tokens) + gamma
     if max_len is None:
         max_len = needed
@@ -168,6 +168,20 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
     return generate_autoregressive(qwen_ops(), model.params, model.config, ids, int(max_new_tokens),
                                    max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
                                    state_dtype=model.dtype)
+
+
+def _eos_ids(eos_token_id, model: Model) -> tuple[int, ...]:
+    """None: the config's EOS ids; False or (): never stop early; an id or a list of ids in the vocabulary."""
+    if eos_token_id is None:
+        return tuple(model.config.eos_token_id)
+    if eos_token_id is False:
+        return ()
+    ids = np.atleast_1d(np.asarray(eos_token_id, dtype=object)).ravel().tolist()
+    for i in ids:
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) or not 0 <= i < model.vocab_size:
+            raise InputError(f"eos_token_id must be None, False, or token ids in [0, {model.vocab_size}); "
+                             f"got {eos_token_id!r}")
+    return tuple(int(i) for i in ids)
 
 
 DEFAULT_GAMMA = 4
@@ -190,8 +204,8 @@ def _generate_speculative_qwen(model, ids, max_new_tokens, method, gamma, max_le
         raise InputError(f"rollback must be one of {ROLLBACK_MODES}; got {rollback!r}")
     if rollback == "snapshot" and gamma + 1 > 64:
         raise InputError(f"snapshot rollback verifies at most 64 positions; gamma={gamma} needs {gamma + 1}")
-    max_n, min_n = int(options.get("max_n", 3)), int(options.get("min_n", 1))
-    if not 1 <= min_n <= max_n:
+    max_n, min_n = int_option(options, "max_n", 3, 1), int_option(options, "min_n", 1, 1)
+    if not min_n <= max_n:
         raise InputError(f"n-gram sizes need 1 <= min_n <= max_n; got min_n={min_n}, max_n={max_n}")
     if method == "ngram":
         drafter = NgramDrafter(max_n=max_n, min_n=min_n)
@@ -201,9 +215,7 @@ def _generate_speculative_qwen(model, ids, max_new_tokens, method, gamma, max_le
         drafter = MtpDrafter()
     else:
         available = int(model.params["draft"]["shortlist"].shape[0])
-        size = int(options.get("shortlist_size", available))
-        if not 1 <= size <= available:
-            raise InputError(f"shortlist_size must be in 1..{available} (the stored shortlist); got {size}")
+        size = int_option(options, "shortlist_size", available, 1, available, " (the stored shortlist)")
         drafter = MtpDrafter(shortlist_size=size)
     return generate_speculative(model.params, model.config, ids, max_new_tokens, drafter=drafter, gamma=gamma,
                                 max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
@@ -225,9 +237,12 @@ def _generate_tree_qwen(model, ids, max_new_tokens, method, max_len, sampling, s
     if unknown:
         raise InputError(f"generate(method={method!r}): unknown options {sorted(unknown)}; accepted: "
                          f"['rollback', 'tree']")
-    branching = tuple(int(b) for b in options.get("tree", DEFAULT_TREE))
-    if not branching or min(branching) < 1:
-        raise InputError(f"tree must be a non-empty list of branching factors >= 1 per level; got {branching}")
+    tree = options.get("tree", DEFAULT_TREE)
+    if (isinstance(tree, (str, bytes)) or not hasattr(tree, "__len__") or not len(tree)
+            or not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b >= 1 for b in tree)):
+        raise InputError(f"tree must be a non-empty list of branching factors (integers >= 1), one per level; "
+                         f"got {tree!r}")
+    branching = tuple(int(b) for b in tree)
     parents, _ = tree_from_branching(branching)
     if len(parents) > 64:
         raise InputError(f"tree {branching} has {len(parents)} nodes; at most 64 are supported")

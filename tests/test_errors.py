@@ -117,3 +117,30 @@ def test_bad_generation_options(model):
         sj.generate(model, ids, 4, temperature=-1.0)
     with pytest.raises(InputError, match="top_p"):
         sj.generate(model, ids, 4, temperature=1.0, top_p=0.0)
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    ({"max_new_tokens": 2.5}, "max_new_tokens must be an integer; got 2.5"),
+    ({"max_new_tokens": True}, "max_new_tokens must be an integer"),
+    ({"temperature": "hot"}, "temperature must be a number; got 'hot'"),
+    ({"temperature": float("nan")}, "temperature must be in"),
+    ({"top_k": 1.5}, "top_k must be an integer"),
+    ({"top_k": -3}, r"top_k must be >= 0 \(0 = off\); got -3"),
+    ({"top_p": 1.5}, r"top_p must be in \[0.0, 1.0\]; got 1.5"),
+    ({"seed": -1}, "seed must be >= 0"),
+    ({"max_len": "long"}, "max_len must be an integer"),
+    ({"eos_token_id": 500}, r"eos_token_id must be .* token ids in \[0, 97\); got 500"),
+    ({"eos_token_id": "</s>"}, "eos_token_id must be"),
+    ({"method": "ngram", "gamma": 2.0}, "gamma must be an integer; got 2.0"),
+    ({"method": "ngram", "gamma": -1}, r"gamma must be >= 0 \(the draft length\); got -1"),
+    ({"method": "ngram", "max_n": "3"}, "max_n must be an integer"),
+    ({"method": "ngram", "min_n": 4, "max_n": 3}, "min_n <= max_n"),
+    ({"method": "ngram-tree", "tree": 4}, "tree must be a non-empty list of branching factors"),
+    ({"method": "ngram-tree", "tree": (2, 0)}, "tree must be a non-empty list"),
+    ({"method": "ngram-tree", "tree": (2, 1.5)}, "tree must be a non-empty list"),
+])
+def test_typed_generation_options(model, kwargs, pattern):
+    """Wrongly typed or out-of-range options get one InputError naming the option, not a TypeError deep inside."""
+    kwargs = {"max_new_tokens": 4, **kwargs}
+    with pytest.raises(InputError, match=pattern):
+        sj.generate(model, np.ones((1, 3), np.int32), **kwargs)

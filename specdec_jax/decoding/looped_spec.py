@@ -64,6 +64,7 @@ from flax import struct
 from jax import lax
 
 from ..errors import InputError
+from ..options import float_option, int_option
 from ..model import GenerateResult
 from ..models import layers as L
 from ..models import looped
@@ -120,25 +121,6 @@ class LoopedSpecPlan:
         return out
 
 
-def _int_option(options: dict, name: str, default: int, lo: int, hi: int | None = None, why: str = "") -> int:
-    value = options.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InputError(f"{name} must be an integer; got {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise InputError(f"{name} must be {bound}{why}; got {value}")
-    return int(value)
-
-
-def _float_option(options: dict, name: str, default: float, lo: float, hi: float, why: str = "") -> float:
-    value = options.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise InputError(f"{name} must be a number; got {value!r}")
-    if not lo <= float(value) <= hi:
-        raise InputError(f"{name} must be in [{lo}, {hi}]{why}; got {value}")
-    return float(value)
-
-
 def _read_option(options: dict, name: str, default: str) -> str:
     value = options.get(name, default)
     if value not in READ_MODES:
@@ -164,17 +146,17 @@ def make_plan(method: str, num_steps: int, **options) -> LoopedSpecPlan:
     unknown = sorted(set(options) - set(_OPTIONS[method]))
     if unknown:
         raise InputError(f"method {method!r}: unknown options {unknown}; accepted: {list(_OPTIONS[method])}")
-    gamma = _int_option(options, "gamma", _DEFAULT_GAMMA[method], 1)
+    gamma = int_option(options, "gamma", _DEFAULT_GAMMA[method], 1)
     if method in ("self-spec", "mature-spec"):
-        d = _int_option(options, "draft_steps", max(1, R // 8), 1, R, f" (the draft depth cannot exceed num_steps={R})")
+        d = int_option(options, "draft_steps", max(1, R // 8), 1, R, f" (the draft depth cannot exceed num_steps={R})")
         deep = "deep" if method == "mature-spec" else "aligned"
         return LoopedSpecPlan(method, R, gamma, draft_steps=d, read_k=_read_option(options, "read_k", deep),
                               read_v=_read_option(options, "read_v", deep))
     if method == "das-wave":
-        k = _int_option(options, "k", 2, 1)
-        window_init = _int_option(options, "window_init", min(2, gamma), 1, gamma, f" (at most gamma={gamma})")
+        k = int_option(options, "k", 2, 1)
+        window_init = int_option(options, "window_init", min(2, gamma), 1, gamma, f" (at most gamma={gamma})")
         need = gamma - window_init + 1
-        rounds = 0 if options.get("rounds") == "fill" else _int_option(
+        rounds = 0 if options.get("rounds") == "fill" else int_option(
             options, "rounds", need, need, None, f" (or 'fill'; gamma - window_init + 1 = {need}: the window must "
                                                  f"be full when verified)")
         carry = options.get("carry", True)
@@ -183,9 +165,9 @@ def make_plan(method: str, num_steps: int, **options) -> LoopedSpecPlan:
         return LoopedSpecPlan(method, R, gamma, read_k=_read_option(options, "read_k", "deep"),
                               read_v=_read_option(options, "read_v", "deep"), k=k, carry=bool(carry),
                               window_init=window_init, rounds=rounds)
-    inner = _int_option(options, "inner_steps", 4, 1)
-    eps = _float_option(options, "epsilon", 0.03, 0.0, float("inf"))
-    ema = _float_option(options, "ema", 0.1, 0.0, 1.0, " (0 = no smoothing)")
+    inner = int_option(options, "inner_steps", 4, 1)
+    eps = float_option(options, "epsilon", 0.03, 0.0, float("inf"))
+    ema = float_option(options, "ema", 0.1, 0.0, 1.0, " (0 = no smoothing)")
     if ema >= 1.0:
         raise InputError(f"ema must be < 1 (1 would freeze the first embedding); got {ema}")
     return LoopedSpecPlan(method, R, gamma, inner_steps=inner, epsilon=eps, ema=ema, read_k="deep", read_v="deep",

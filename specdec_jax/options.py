@@ -1,0 +1,28 @@
+"""Typed option checks shared by the public calls: one InputError naming the option, the bound and the value."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import InputError
+
+
+def int_option(options: dict, name: str, default, lo: int, hi: int | None = None, why: str = "") -> int:
+    """options[name] (or `default`) as an int in [lo, hi]; bools, floats and strings are refused."""
+    value = options.get(name, default)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise InputError(f"{name} must be an integer; got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise InputError(f"{name} must be {bound}{why}; got {value}")
+    return int(value)
+
+
+def float_option(options: dict, name: str, default, lo: float, hi: float, why: str = "") -> float:
+    """options[name] (or `default`) as a finite-or-bounded float in [lo, hi]; NaN, bools and strings are refused."""
+    value = options.get(name, default)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InputError(f"{name} must be a number; got {value!r}")
+    if not lo <= float(value) <= hi:  # also false for NaN
+        raise InputError(f"{name} must be in [{lo}, {hi}]{why}; got {value}")
+    return float(value)
