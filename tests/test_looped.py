@@ -382,6 +382,35 @@ def test_config_parsing(models):
     assert "lm_head" not in models["huginn_tiny"].params and "lm_head" in models["raven_llama_tiny"].params
 
 
+@pytest.mark.parametrize("name, config_edit", [
+    # Huginn's official code hard-codes embed_scale = sqrt(n_embd) and ignores initial_state_mode.
+    ("huginn_tiny", {"init_values": {"std": 0.05, "embed_scale": 1.0}, "initial_state_mode": "embed-init"}),
+    # The Llama retrofit's official code ignores initial_state_mode too (only OLMo-2's reads it).
+    ("raven_llama_tiny", {"initial_state_mode": "skip-adapter"}),
+])
+def test_config_fields_the_official_code_ignores_are_ignored(tmp_path, refs, name, config_edit):
+    config = json.loads((FIXTURES / name / "config.json").read_text())
+    init_std = config_edit.get("init_values", {}).get("std")
+    for key, value in config_edit.items():
+        config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+    tensors = load_file(str(FIXTURES / name / "model.safetensors"))
+    model = looped.load_looped(write_checkpoint(tmp_path / name, config, tensors), "float32")
+    assert model.config.initial_state_mode == "random"
+    if init_std is not None:  # read (it scales the random initial state), unlike the embedding scale
+        assert model.config.init_std == init_std and model.config.embed_scale == pytest.approx(math.sqrt(128))
+    for r in (1, 4):
+        logits = looped.forward_logits(model, refs[name]["input_ids"], r)
+        assert rel(logits, refs[name][f"logits_r{r}"]) < 1e-4
+
+
+def test_missing_config_fields_take_ravenconfig_defaults():
+    config = json.loads((FIXTURES / "huginn_tiny" / "config.json").read_text())
+    for key in ("qk_bias", "tie_embeddings", "tie_word_embeddings"):
+        config.pop(key, None)
+    cfg = looped.looped_config_from_dict(config)
+    assert cfg.qk_bias and cfg.tie_embeddings  # RavenConfig(qk_bias=True, tie_embeddings=True)
+
+
 def test_public_api_dispatches_to_looped(refs):
     import specdec_jax
     model = specdec_jax.load(FIXTURES / "huginn_tiny", "float32")

@@ -169,11 +169,11 @@ def looped_config_from_dict(raw: dict, where: str = "config.json") -> LoopedConf
         n_layers_in_coda=int(_need(raw, "n_layers_in_coda", where)),
         intermediate_size=int(_need(raw, "intermediate_size", where)),
         norm_eps=float(raw.get("norm_eps", 1e-6)),
-        qk_bias=bool(raw.get("qk_bias", False)),
+        qk_bias=bool(raw.get("qk_bias", True)),  # RavenConfig's defaults: qk_bias and tied embeddings
         rope_base=rope_base,
         rope_theta=float(raw.get("rope_theta") or rope_params.get("rope_theta") or rope_base),
         rope_scaling=_freeze(rope_scaling if rope_type == "llama3" else {}),
-        tie_embeddings=bool(raw.get("tie_embeddings", raw.get("tie_word_embeddings", False))),
+        tie_embeddings=bool(raw.get("tie_embeddings", raw.get("tie_word_embeddings", True))),
         # RavenConfig's default (sqrt(D), Huginn); the retrofit converters write 1.0.
         embed_scale=float(init_values.get("embed_scale", math.sqrt(n_embd))),
         mean_recurrence=int(raw.get("mean_recurrence", 32)),
@@ -183,8 +183,25 @@ def looped_config_from_dict(raw: dict, where: str = "config.json") -> LoopedConf
         eos_token_id=_eos_ids(raw.get("eos_token_id")),
         max_position_embeddings=int(raw.get("max_position_embeddings") or raw.get("block_size") or 4096),
     )
+    if "variant" in raw:
+        cfg = settle_variant(cfg, variant)
     _validate_config(cfg, where, settled="variant" in raw)
     return cfg
+
+
+def settle_variant(cfg: LoopedConfig, variant: str) -> LoopedConfig:
+    """cfg with its variant fixed and the fields that variant's official code ignores set as it does.
+
+    Only the OLMo-2 retrofit code reads `initial_state_mode` (the Huginn and Llama files always start
+    from the random / zero state and always run the adapter, whatever the config says), and Huginn's
+    code hard-codes the embedding scale to sqrt(n_embd) instead of reading `init_values.embed_scale`.
+    """
+    changes = {"variant": variant}
+    if variant != "raven_olmo2":
+        changes["initial_state_mode"] = "random"
+    if variant == "huginn":
+        changes["embed_scale"] = math.sqrt(cfg.n_embd)
+    return dataclasses.replace(cfg, **changes)
 
 
 def _validate_config(cfg: LoopedConfig, where: str, settled: bool = True) -> None:
@@ -292,7 +309,7 @@ def load_looped_params(source: TensorSource, cfg: LoopedConfig, dtype) -> tuple[
     """
     dtype = resolve_dtype(dtype)
     keys = source.keys()
-    cfg = dataclasses.replace(cfg, variant=detect_variant(cfg, keys))
+    cfg = settle_variant(cfg, detect_variant(cfg, keys))
     _validate_config(cfg, source.description)
     expected = expected_shapes(cfg)
     allowed = set(expected) | set(_IGNORED_KEYS) | {"lm_head.weight"}  # a tied head may still be stored
