@@ -403,6 +403,27 @@ def test_config_fields_the_official_code_ignores_are_ignored(tmp_path, refs, nam
         assert rel(logits, refs[name][f"logits_r{r}"]) < 1e-4
 
 
+def test_adapter_bias_from_config_bias(tmp_path, refs):
+    """Official `bias: true` gives the adapter (and nothing else) a bias, `transformer.adapter.bias`."""
+    name = "huginn_tiny"
+    config = {**json.loads((FIXTURES / name / "config.json").read_text()), "bias": True}
+    tensors = load_file(str(FIXTURES / name / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="transformer.adapter.bias"):
+        looped.load_looped(write_checkpoint(tmp_path / "missing", config, tensors), "float32")
+    ids = refs[name]["input_ids"]
+    zero = looped.load_looped(write_checkpoint(
+        tmp_path / "zero", config, {**tensors, "transformer.adapter.bias": np.zeros(128, np.float32)}), "float32")
+    assert zero.config.adapter_bias and rel(looped.forward_logits(zero, ids, 4), refs[name]["logits_r4"]) < 1e-4
+    bias = np.random.default_rng(0).normal(size=128).astype(np.float32)
+    model = looped.load_looped(write_checkpoint(
+        tmp_path / "bias", config, {**tensors, "transformer.adapter.bias": bias}), "float32")
+    assert rel(looped.forward_logits(model, ids, 4), refs[name]["logits_r4"]) > 1e-2  # the bias is applied
+    x, e = (jax.random.normal(jax.random.key(i), (1, 3, 128)) for i in (1, 2))
+    expected = jnp.concatenate([x, e], -1) @ model.params["adapter"].T + bias
+    np.testing.assert_allclose(looped.inject(model.params, model.config, x, e, False), expected, rtol=1e-5, atol=1e-5)
+    assert "transformer.adapter.bias" in looped.official_tensors(model.params, model.config)
+
+
 def test_missing_config_fields_take_ravenconfig_defaults():
     config = json.loads((FIXTURES / "huginn_tiny" / "config.json").read_text())
     for key in ("qk_bias", "tie_embeddings", "tie_word_embeddings"):

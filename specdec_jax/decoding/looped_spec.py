@@ -346,9 +346,7 @@ def window_update(params, cfg, cache: looped.LoopedCache, x, e, depth, cos, sin,
     own = jnp.minimum(depth, R - 1)
     sk = own if read_k == "aligned" else R - 1
     sv = own if read_v == "aligned" else R - 1
-    h = L.linear(jnp.concatenate([x, e], axis=-1), params["adapter"])
-    if cfg.initial_state_mode == "skip-adapter":
-        h = jnp.where(depth[..., None] == 0, e, h)
+    h = looped.inject(params, cfg, x, e, depth[..., None] == 0)
     for j, lp in enumerate(params["core_block"]):
         h = _block_pp(lp, cfg, h, cos, sin, _gather_slots(cache.core_k[:, j], sk),
                       _gather_slots(cache.core_v[:, j], sv), cache.length)

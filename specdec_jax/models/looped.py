@@ -77,6 +77,7 @@ class LoopedConfig:
     mean_recurrence: int = 32
     init_std: float = 0.0
     initial_state_mode: str = "random"
+    adapter_bias: bool = False  # config `bias`: the official code gives only the adapter a bias
     variant: str = "huginn"
     eos_token_id: tuple[int, ...] = ()
     max_position_embeddings: int = 4096
@@ -131,8 +132,6 @@ def looped_config_from_dict(raw: dict, where: str = "config.json") -> LoopedConf
     for name, supported in fixed.items():
         if raw.get(name, supported) != supported:
             raise CheckpointError(f"{where}: {name}={raw[name]!r} is not supported (only {supported!r})")
-    if raw.get("bias"):
-        raise CheckpointError(f"{where}: bias=true is not supported (the official checkpoints have no biases)")
     if raw.get("test_time_noise", 0):
         raise CheckpointError(f"{where}: test_time_noise={raw['test_time_noise']} is not supported "
                               f"(it injects noise at inference; only 0)")
@@ -179,6 +178,7 @@ def looped_config_from_dict(raw: dict, where: str = "config.json") -> LoopedConf
         mean_recurrence=int(raw.get("mean_recurrence", 32)),
         init_std=float(init_values.get("std", math.sqrt(2 / (5 * n_embd)))),
         initial_state_mode=mode,
+        adapter_bias=bool(raw.get("bias", False)),
         variant=variant,
         eos_token_id=_eos_ids(raw.get("eos_token_id")),
         max_position_embeddings=int(raw.get("max_position_embeddings") or raw.get("block_size") or 4096),
@@ -281,6 +281,8 @@ def expected_shapes(cfg: LoopedConfig) -> dict[str, tuple[int, ...]]:
                      ("coda", cfg.n_layers_in_coda)):
         for i in range(n):
             shapes.update(_block_shapes(cfg, f"transformer.{stack}.{i}"))
+    if cfg.adapter_bias:
+        shapes["transformer.adapter.bias"] = (D,)
     if not cfg.tie_embeddings:
         shapes["lm_head.weight"] = (V, D)
     return shapes
@@ -288,6 +290,8 @@ def expected_shapes(cfg: LoopedConfig) -> dict[str, tuple[int, ...]]:
 
 def _param_path(key: str) -> tuple:
     """'transformer.core_block.0.attn.Wqkv.weight' -> ('core_block', 0, 'attn', 'Wqkv')."""
+    if key == "transformer.adapter.bias":
+        return ("adapter_bias",)
     parts = key.removeprefix("transformer.").removesuffix(".weight").split(".")
     return tuple(int(p) if p.isdigit() else p for p in parts)
 
@@ -296,6 +300,8 @@ def _key_of(path: tuple) -> str:
     name = ".".join(str(p) for p in path)
     if path[0] == "lm_head":
         return "lm_head.weight"
+    if path[0] == "adapter_bias":
+        return "transformer.adapter.bias"
     return f"transformer.{name}" + ("" if path[-1] == "qk_bias" else ".weight")
 
 
@@ -588,6 +594,20 @@ def initial_state(cfg: LoopedConfig, embedded: jax.Array, key: jax.Array | None 
 
 # ---------------------------------------------------------------------------------- recurrence
 
+def inject(params: dict, cfg: LoopedConfig, x: jax.Array, embedded: jax.Array, at_step_zero) -> jax.Array:
+    """The adapter: Linear(concat[x, embedded]) (+ bias when the config has `bias`) -> [B, T, D].
+
+    at_step_zero (bool, broadcastable to [B, T, 1]): with initial_state_mode "skip-adapter" those
+    positions pass the prelude output through unchanged (OLMo-2 retrofit option).
+    """
+    h = L.linear(jnp.concatenate([x, embedded], axis=-1), params["adapter"])  # state first, then e
+    if "adapter_bias" in params:
+        h = h + params["adapter_bias"].astype(h.dtype)
+    if cfg.initial_state_mode == "skip-adapter":
+        h = jnp.where(at_step_zero, embedded, h)
+    return h
+
+
 def core_step(params: dict, cfg: LoopedConfig, cache: LoopedCache | None, x: jax.Array, embedded: jax.Array,
               step, cos: jax.Array, sin: jax.Array, read_k=None, read_v=None):
     """One core-block application: adapter(concat[x, embedded]) then the core layers.
@@ -601,9 +621,7 @@ def core_step(params: dict, cfg: LoopedConfig, cache: LoopedCache | None, x: jax
         read_k = read_v = 0
     read_k = step if read_k is None else read_k
     read_v = step if read_v is None else read_v
-    h = L.linear(jnp.concatenate([x, embedded], axis=-1), params["adapter"])  # state first, then e
-    if cfg.initial_state_mode == "skip-adapter":
-        h = jnp.where(jnp.asarray(step) == 0, embedded, h)  # step 0 is a plain pass of the prelude output
+    h = inject(params, cfg, x, embedded, jnp.asarray(step) == 0)
     length = _lengths(cache, x.shape[0])
     ks, vs = [], []
     for j, lp in enumerate(params["core_block"]):
