@@ -42,6 +42,8 @@ class Qwen35Config:
     rope_theta: float = 10_000_000.0
     partial_rotary_factor: float = 0.25
     tie_word_embeddings: bool = False
+    # Frequency scaling of RoPE beyond "default" (linear / llama3 / yarn), as sorted (key, value) pairs.
+    rope_scaling: tuple = ()
     # MoE (num_experts == 0 means dense).
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -56,6 +58,10 @@ class Qwen35Config:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def rope_scaling_dict(self) -> dict | None:
+        return dict(self.rope_scaling) if self.rope_scaling else None
 
     @property
     def rotary_dim(self) -> int:
@@ -98,8 +104,8 @@ class Qwen35Config:
             "linear_value_head_dim": self.linear_value_head_dim,
             "linear_conv_kernel_dim": self.linear_conv_kernel_dim,
             "rms_norm_eps": self.rms_norm_eps, "hidden_act": "silu",
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta,
-                                "partial_rotary_factor": self.partial_rotary_factor},
+            "rope_parameters": {"rope_type": "default", **(self.rope_scaling_dict or {}),
+                                "rope_theta": self.rope_theta, "partial_rotary_factor": self.partial_rotary_factor},
             "tie_word_embeddings": self.tie_word_embeddings,
             "max_position_embeddings": 32768,
         }
@@ -149,10 +155,16 @@ def qwen35_config_from_dict(raw: dict, where: str = "config.json") -> Qwen35Conf
         raise CheckpointError(
             f"{where}: layer_types must list {n_layers} entries of '{LINEAR_ATTENTION}'/'{FULL_ATTENTION}'; "
             f"got {list(layer_types)}")
-    rope = text.get("rope_parameters") or {}
+    # transformers >= 5 writes `rope_parameters`; older configs the same dict as `rope_scaling`.
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
     rope_theta = float(rope.get("rope_theta", text.get("rope_theta", 10_000.0)))
     partial = float(rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25)))
-    tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    rope_scaling = _rope_scaling(rope, text, where)
+    # As transformers: a nested (multimodal) config ties only if its top level says so.
+    tie = raw.get("tie_word_embeddings", False)
+    if text.get("attention_bias"):
+        raise CheckpointError(f"{where}: attention_bias=true is not supported (Qwen3.5 checkpoints have no "
+                              f"attention biases)")
     hidden = int(_require(text, "hidden_size", where))
     n_heads = int(_require(text, "num_attention_heads", where))
     cfg = Qwen35Config(
@@ -173,6 +185,7 @@ def qwen35_config_from_dict(raw: dict, where: str = "config.json") -> Qwen35Conf
         rope_theta=rope_theta,
         partial_rotary_factor=partial,
         tie_word_embeddings=bool(tie),
+        rope_scaling=rope_scaling,
         num_experts=int(text.get("num_experts", 0) or 0) if is_moe else 0,
         num_experts_per_tok=int(text.get("num_experts_per_tok", 0) or 0) if is_moe else 0,
         moe_intermediate_size=int(text.get("moe_intermediate_size", 0) or 0) if is_moe else 0,
@@ -183,6 +196,34 @@ def qwen35_config_from_dict(raw: dict, where: str = "config.json") -> Qwen35Conf
     )
     _validate_qwen35(cfg, where)
     return cfg
+
+
+_ROPE_SCALING_KEYS = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                                          "original_max_position_embeddings"),
+                      "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+                               "attention_factor", "mscale", "mscale_all_dim", "truncate")}
+
+
+def _rope_scaling(rope: dict, text: dict, where: str) -> tuple:
+    """The frequency-scaling part of a rope dict as sorted pairs (() for plain RoPE); unknown types raise.
+
+    M-RoPE fields (mrope_section, mrope_interleaved) need no handling for text: its three position
+    streams are equal, so the rotation is plain RoPE.
+    """
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return ()
+    if kind not in _ROPE_SCALING_KEYS:
+        raise CheckpointError(f"{where}: rope_type {kind!r} is not supported; supported: default, "
+                              f"{', '.join(_ROPE_SCALING_KEYS)}")
+    out = {k: rope[k] for k in _ROPE_SCALING_KEYS[kind] if rope.get(k) is not None}
+    if kind == "yarn" and "factor" not in out and "original_max_position_embeddings" in out:
+        out["factor"] = float(text.get("max_position_embeddings", 0)) / float(out["original_max_position_embeddings"])
+    missing = [k for k in (("factor", "original_max_position_embeddings") if kind != "linear" else ("factor",))
+               if k not in out]
+    if missing:
+        raise CheckpointError(f"{where}: rope_type {kind!r} needs {', '.join(missing)} in rope_parameters")
+    return tuple(sorted({"rope_type": kind, **out}.items()))
 
 
 def _validate_qwen35(cfg: Qwen35Config, where: str) -> None:
@@ -220,13 +261,32 @@ def read_config_json(folder: str) -> dict:
     return raw
 
 
+def generation_eos_ids(folder: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """EOS ids from `generation_config.json` when it names them (what transformers' generate stops at:
+    chat checkpoints list their end-of-turn token there), else `default` (config.json's)."""
+    path = os.path.join(folder, "generation_config.json")
+    if not os.path.isfile(path):
+        return default
+    try:
+        with open(path) as f:
+            value = json.load(f).get("eos_token_id")
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise CheckpointError(f"'{path}' is not a valid JSON object: {e}") from None
+    try:
+        return _eos_tuple(value) or default
+    except (TypeError, ValueError):
+        raise CheckpointError(f"'{path}': eos_token_id must be an integer or a list of integers; got {value!r}") \
+            from None
+
+
 def read_config(folder: str):
     """Family-specific config for a checkpoint folder. Unknown `model_type` lists the supported ones."""
     raw = read_config_json(folder)
     where = os.path.join(folder, "config.json")
     model_type = raw.get("model_type")
     if model_type in QWEN35_MODEL_TYPES:
-        return qwen35_config_from_dict(raw, where)
+        cfg = qwen35_config_from_dict(raw, where)
+        return dataclasses.replace(cfg, eos_token_id=generation_eos_ids(folder, cfg.eos_token_id))
     if model_type in LOOPED_MODEL_TYPES:
         from .models.looped import looped_config_from_dict
         return looped_config_from_dict(raw, where)

@@ -68,6 +68,23 @@ def test_unknown_model_type_lists_supported(folder, tmp_path):
         sj.load(dst)
 
 
+@pytest.mark.parametrize("edit, pattern", [
+    (lambda c: c.update(attention_bias=True), "attention_bias=true is not supported"),
+    (lambda c: c.update(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}),
+     r"rope_type 'dynamic' is not supported; supported: default, linear, llama3, yarn"),
+    (lambda c: c.update(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}),
+     "rope_type 'yarn' needs factor, original_max_position_embeddings"),
+])
+def test_config_fields_that_would_change_the_model_are_refused(folder, tmp_path, edit, pattern):
+    """A field the model does not implement is an error, never silently ignored."""
+    dst = _copy(folder, tmp_path)
+    cfg = json.loads((dst / "config.json").read_text())
+    edit(cfg)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=pattern):
+        sj.load(dst)
+
+
 def test_missing_folder_and_weights(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         sj.load(tmp_path / "nope")

@@ -217,3 +217,60 @@ def test_pallas_kernels_inside_the_model(small_model):
                                              max_len=40, sampling=SamplingConfig(), seed=0, eos_ids=(),
                                              state_dtype=jnp.float32, impl=impl).tokens
     np.testing.assert_array_equal(spec("pallas"), sj.generate(model, prompt, 8, eos_token_id=False).tokens)
+
+
+ROPE_VARIANTS = {
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+    "yarn_beta_mscale": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 24, "beta_fast": 16,
+                         "beta_slow": 2, "mscale": 0.8, "mscale_all_dim": 0.5},
+    "linear": {"rope_type": "linear", "factor": 3.0},
+}
+
+
+@pytest.mark.parametrize("name", list(ROPE_VARIANTS))
+def test_rope_scaling_matches_transformers(tmp_path, name):
+    """Frequency-scaled RoPE (YaRN with its attention temperature, linear) as transformers applies it;
+    every layer full attention with the whole head rotated, so the rotation decides the logits."""
+    rope = {"rope_theta": 10000.0, "partial_rotary_factor": 1.0, **ROPE_VARIANTS[name]}
+    cfg = H.tiny_text_config(layers=2, layer_types=["full_attention"] * 2, rope_parameters=rope,
+                             max_position_embeddings=64)
+    ref = H.build_reference(cfg, seed=5)
+    model = sj.load(H.save_reference(ref, str(tmp_path)), dtype="float32")
+    assert model.config.rope_scaling_dict["rope_type"] == rope["rope_type"]
+    ids = np.random.default_rng(3).integers(0, model.vocab_size, size=(1, 48))
+    assert H.rel_err(sj.forward_logits(model, ids), H.reference_logits(ref, ids)) <= 1e-4
+    plain = sj.load(H.save_reference(H.build_reference(H.tiny_text_config(
+        layers=2, layer_types=["full_attention"] * 2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                       "partial_rotary_factor": 1.0}), seed=5),
+        str(tmp_path / "plain")), dtype="float32")
+    assert H.rel_err(sj.forward_logits(plain, ids), H.reference_logits(ref, ids)) > 1e-3  # the scaling matters
+    np.testing.assert_array_equal(sj.generate(model, ids[:, :9], 12, eos_token_id=False).tokens,
+                                  H.reference_greedy(ref, ids[:, :9], 12))
+
+
+def test_legacy_rope_scaling_key(tmp_path):
+    """Configs written before transformers 5 keep the rope dict under `rope_scaling`."""
+    rope = {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}
+    ref = H.build_reference(H.tiny_text_config(layers=2, layer_types=["linear_attention", "full_attention"],
+                                               rope_parameters=rope), seed=6)
+    folder = H.save_reference(ref, str(tmp_path))
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config["rope_scaling"] = config.pop("rope_parameters")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    model = sj.load(folder, dtype="float32")
+    assert (model.config.rope_theta, model.config.partial_rotary_factor) == (1e6, 0.5)
+    ids = np.random.default_rng(4).integers(0, model.vocab_size, size=(1, 20))
+    assert H.rel_err(sj.forward_logits(model, ids), H.reference_logits(ref, ids)) <= 1e-4
+
+
+def test_generation_config_eos_ids(tmp_path, small_model):
+    """generate() stops where transformers' generate would: generation_config.json's EOS ids win."""
+    src, model = small_model
+    folder = shutil.copytree(src, tmp_path / "ckpt")
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 7]}))
+    assert sj.load(folder, dtype="float32").config.eos_token_id == (5, 7)
+    (folder / "generation_config.json").write_text(json.dumps({"do_sample": False}))
+    assert sj.load(folder, dtype="float32").config.eos_token_id == model.config.eos_token_id

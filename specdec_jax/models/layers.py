@@ -89,11 +89,64 @@ def swiglu_fused(x: jax.Array, gate_up_w: jax.Array, down_w: jax.Array) -> jax.A
 
 # ---------------------------------------------------------------------------------------- RoPE
 
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def rope_type(scaling: dict | None) -> str:
+    return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def rope_attention_factor(scaling: dict | None) -> float:
+    """What cos and sin are multiplied by: 1, except YaRN's attention temperature (HF's attention_scaling)."""
+    if rope_type(scaling) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor, mscale, mscale_all = float(scaling["factor"]), scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if mscale and mscale_all:
+        return _yarn_mscale(factor, float(mscale)) / _yarn_mscale(factor, float(mscale_all))
+    return _yarn_mscale(factor)
+
+
+def _yarn_inv_freq(inv: np.ndarray, rotary_dim: int, theta: float, scaling: dict) -> np.ndarray:
+    """YaRN (arXiv 2309.00071): frequencies whose wavelength fits the original context many times
+    (more than beta_fast rotations) stay, those with fewer than beta_slow rotations are interpolated
+    by `factor`, with a linear ramp between the two correction dimensions."""
+    factor = float(scaling["factor"])
+    old_len = float(scaling["original_max_position_embeddings"])
+    beta_fast, beta_slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:  # the dimension that turns `rotations` times in old_len
+        return rotary_dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(rotary_dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp  # 1: extrapolate (original frequency), 0: interpolate (frequency / factor)
+    return (inv / factor * (1 - keep) + inv * keep).astype(np.float32)
+
+
 def rope_inv_freq(rotary_dim: int, theta: float, scaling: dict | None = None) -> np.ndarray:
-    """Inverse frequencies [rotary_dim // 2] (float32), with optional llama3 frequency scaling."""
+    """Inverse frequencies [rotary_dim // 2] (float32); `scaling` (HF rope_parameters / rope_scaling):
+    default, linear (positions / factor), llama3 or yarn frequency scaling."""
     inv = 1.0 / (theta ** (np.arange(0, rotary_dim, 2, dtype=np.float32) / rotary_dim))
     inv = inv.astype(np.float32)
-    if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
+    kind = rope_type(scaling)
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"rope type {kind!r} is not supported; supported: {ROPE_TYPES}")
+    if kind == "linear":
+        return (inv / float(scaling["factor"])).astype(np.float32)
+    if kind == "yarn":
+        return _yarn_inv_freq(inv, rotary_dim, theta, scaling)
+    if kind == "llama3":
         factor = float(scaling["factor"])
         low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
         old_len = float(scaling["original_max_position_embeddings"])

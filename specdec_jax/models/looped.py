@@ -350,12 +350,13 @@ def init_random_params(cfg: LoopedConfig, key: jax.Array, dtype=jnp.bfloat16, st
 
 def load_looped(path: str | os.PathLike, dtype=None):
     """Checkpoint folder (official config.json + safetensors) -> `Model` (dtype default bfloat16)."""
-    from ..config import read_config_json
+    from ..config import generation_eos_ids, read_config_json
     from ..model import Model
     path = os.fspath(path)
     raw = read_config_json(path)
     where = os.path.join(path, "config.json")
     cfg = looped_config_from_dict(raw, where)
+    cfg = dataclasses.replace(cfg, eos_token_id=generation_eos_ids(path, cfg.eos_token_id))
     jdtype = resolve_dtype(dtype)
     cfg, params = load_looped_params(TensorSource(path), cfg, jdtype)
     if raw.get("variant") and raw["variant"] != cfg.variant:

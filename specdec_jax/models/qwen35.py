@@ -319,6 +319,8 @@ def attention_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, k_cache: jax.Array
     k = L.rms_norm(k, p["k_norm"], cfg.rms_norm_eps, zero_centered=True)
     v = qkv[..., (2 * nH + nKV) * hd:].reshape(B, T, nKV, hd)
     cos, sin = L.rope_angles(positions, _inv_freq(cfg))
+    if (mscale := L.rope_attention_factor(cfg.rope_scaling_dict)) != 1.0:  # YaRN's attention temperature
+        cos, sin = cos * mscale, sin * mscale
     q, k = L.apply_rope_half(q, cos, sin), L.apply_rope_half(k, cos, sin)
     k_cache = L.write_cache(k_cache, k, positions[:, 0])
     v_cache = L.write_cache(v_cache, v, positions[:, 0])
@@ -328,12 +330,12 @@ def attention_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, k_cache: jax.Array
 
 
 @functools.cache
-def _inv_freq_cached(rotary_dim: int, theta: float):
-    return L.rope_inv_freq(rotary_dim, theta)
+def _inv_freq_cached(rotary_dim: int, theta: float, scaling: tuple):
+    return L.rope_inv_freq(rotary_dim, theta, dict(scaling) if scaling else None)
 
 
 def _inv_freq(cfg: Qwen35Config):
-    return _inv_freq_cached(cfg.rotary_dim, cfg.rope_theta)
+    return _inv_freq_cached(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling)
 
 
 def moe_mlp(p: dict, cfg: Qwen35Config, x: jax.Array) -> jax.Array:
