@@ -224,6 +224,8 @@ ROPE_VARIANTS = {
     "yarn_beta_mscale": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 24, "beta_fast": 16,
                          "beta_slow": 2, "mscale": 0.8, "mscale_all_dim": 0.5},
     "linear": {"rope_type": "linear", "factor": 3.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16},
 }
 
 
