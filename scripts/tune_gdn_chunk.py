@@ -25,6 +25,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from pallas_kernels.gated_delta import chunk_kernel, pallas_ops  # noqa: E402
+from pallas_kernels.gated_delta.reference import compensated_cumsum  # noqa: E402
 from pallas_kernels.gated_delta._kernel_utils import F32, dot_precisions  # noqa: E402
 from scripts.bench_common import chain_seconds, result_header, write_results  # noqa: E402
 
@@ -48,7 +49,7 @@ def main():
     beta = jnp.asarray(1 / (1 + np.exp(-rng.standard_normal((b, t, hv)))), F32)
     s0 = jnp.asarray(0.1 * rng.standard_normal((b, hv, kd, vd)), F32)
     prec, merge_prec = dot_precisions(True, interpret)
-    gam = jnp.cumsum(jnp.moveaxis(g, 1, 2).reshape(b, hv, t // 64, 64), axis=-1).reshape(b, hv, t)
+    gam, gam_lo = (x.reshape(b, hv, t) for x in compensated_cumsum(jnp.moveaxis(g, 1, 2).reshape(b, hv, t // 64, 64)))
     beta_t = jnp.moveaxis(beta, 1, 2)
     header = result_header("gdn_chunk_tuning")
     rows = []
@@ -60,12 +61,12 @@ def main():
     # ---- stages alone
     wy = functools.partial(chunk_kernel.wy_call, hv=hv, l2norm=True, wu_dtype=dt, prec=prec, merge_prec=merge_prec,
                            interpret=interpret)
-    w, u, r_k = jax.jit(wy)(k, v, gam, beta_t)
+    w, u, r_k = jax.jit(wy)(k, v, gam, gam_lo, beta_t)
     for solver in ("substitution", "merge"):
         for nw in (4, 8):
             try:
                 record("wy", f"solver={solver},warps={nw}", chain_seconds(
-                    functools.partial(wy, num_warps=nw, solver=solver), (k, v, gam, beta_t), 3, args.chain,
+                    functools.partial(wy, num_warps=nw, solver=solver), (k, v, gam, gam_lo, beta_t), 4, args.chain,
                     args.repeats))
             except Exception as e:  # noqa: BLE001 - a setting the compiler rejects is reported, not fatal
                 print(f"wy solver={solver} warps={nw} failed: {type(e).__name__}: {str(e)[:300]}")
@@ -76,15 +77,15 @@ def main():
                                        block_v=bv, interpret=interpret, num_warps=nw, num_stages=st)
                 try:
                     record("state_pass", f"bv={bv},warps={nw},stages={st}",
-                           chain_seconds(fn, (k, w, u, gam, r_k, s0), 5, args.chain, args.repeats))
+                           chain_seconds(fn, (k, w, u, gam, gam_lo, r_k, s0), 6, args.chain, args.repeats))
                 except Exception as e:  # noqa: BLE001 - a setting the compiler rejects is reported, not fatal
                     print(f"state_pass bv={bv} warps={nw} stages={st} failed: {type(e).__name__}: {str(e)[:300]}")
     hs, vn, _ = jax.jit(functools.partial(chunk_kernel.state_pass_call, vnew_dtype=dt, state_dtype=dt, prec=prec,
-                                          block_v=32, interpret=interpret))(k, w, u, gam, r_k, s0)
+                                          block_v=32, interpret=interpret))(k, w, u, gam, gam_lo, r_k, s0)
     for nw in (4, 8):
         fn = functools.partial(chunk_kernel.output_call, out_dtype=dt, scale=kd ** -0.5, state_dtype=dt, prec=prec,
                                interpret=interpret, num_warps=nw)
-        record("output", f"warps={nw}", chain_seconds(fn, (q, k, gam, r_k, hs, vn), 2, args.chain, args.repeats))
+        record("output", f"warps={nw}", chain_seconds(fn, (q, k, gam, gam_lo, r_k, hs, vn), 2, args.chain, args.repeats))
 
     # ---- whole op (includes the XLA glue: padding, cumulative gates, transposes)
     for bv, warps, st, solver in ((32, (4, 4, 4), 3, "substitution"), (32, (4, 4, 4), 3, "merge"),

@@ -230,6 +230,40 @@ def test_chunk_verify_then_commit(impl):
         _check(f"state after a={a}", got, want.all_states[:, a - 1], 1e-5)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("pattern", ["strong_then_weak", "weak_then_strong", "alternating"])
+def test_chunk_precision_when_cumulative_gates_are_large(impl, pattern):
+    """Inside a chunk the cumulative gate reaches -1000 with g = -20; decays between later positions
+    with weak gates must still be accurate (the cumulative gate is carried as hi + lo, not a plain
+    fp32 cumsum whose 6e-5 ulp there would enter every exponent). Against a float64 recurrence."""
+    t, hv, d = 64, 2, 16
+    x = make_inputs(1, t, 1, hv, d, d, seed=21)
+    weak = np.full((1, t, hv), -3e-3, np.float32)
+    g = {"strong_then_weak": np.where(np.arange(t)[None, :, None] < 40, -20.0, weak),
+         "weak_then_strong": np.where(np.arange(t)[None, :, None] >= 24, -20.0, weak),
+         "alternating": np.where((np.arange(t)[None, :, None] // 8) % 2 == 0, -19.5, weak)}[pattern]
+    args = (x["q"], x["k"], x["v"], jnp.asarray(g, jnp.float32), x["beta"])
+    want = _float64_recurrence(*args, x["s0"])
+    out = gd.chunk_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True, **_kw(impl))
+    for name, got, ref in (("o", out.o, want[0]), ("final_state", out.final_state, want[1]),
+                           ("v_new", out.v_new, want[2])):
+        err = rel_err(got, ref)
+        assert err <= 2e-6, f"{name}: relative error {err:.2e}"
+
+
+def _float64_recurrence(q, k, v, g, beta, s0):
+    """(o, final state, u) of the per-step recurrence in numpy float64 (H = 1 key head)."""
+    q, k, v, g, beta, s = (np.asarray(a, np.float64) for a in (q, k, v, g, beta, s0))
+    scale = q.shape[-1] ** -0.5
+    o, u_all = np.zeros(v.shape), np.zeros(v.shape)
+    for t in range(q.shape[1]):
+        s = s * np.exp(g[:, t])[..., None, None]
+        u = beta[:, t, :, None] * (v[:, t] - np.einsum("bhkv,bk->bhv", s, k[:, t, 0]))
+        s = s + k[:, t, 0][:, None, :, None] * u[:, :, None, :]
+        o[:, t], u_all[:, t] = np.einsum("bhkv,bk->bhv", s, q[:, t, 0] * scale), u
+    return o, s, u_all
+
+
 def test_pseudo_values_equal_wy_form():
     """The WY pseudo-values of the chunk form are the per-step u_t (README.md, derivation)."""
     x = make_inputs(1, 64, 1, 1, 64, 64, seed=3)
@@ -243,6 +277,49 @@ def test_bad_shapes_raise():
     x = make_inputs(1, 4, 2, 3, 16, 16)  # HV=3 is not a multiple of H=2
     with pytest.raises(ValueError, match="multiple"):
         gd.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], implementation="pallas", interpret=True)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bad_inputs_raise_one_clear_error(impl):
+    """Every op checks its arguments before compute: a ValueError naming the argument and the expected
+    shape or range, never a broadcast, a deep einsum error or a silently wrong result."""
+    x = make_inputs(2, 5, 1, 2, 16, 16, seed=9)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    out = gd.fused_recurrent_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True, **_kw(impl))
+    commit = functools.partial(gd.commit_state, **_kw(impl))
+    ok = (x["s0"], x["k"], x["g"], out.v_new)
+    bad_commit = [
+        ((x["s0"], x["k"], x["g"], out.v_new[:, :4]), "v_new must be"),
+        ((x["s0"], x["k"], x["g"][:, :4], out.v_new), "g must be"),
+        ((x["s0"], x["k"], x["g"][..., :1], out.v_new), "g must be"),
+        ((x["s0"][:, :1], x["k"], x["g"], out.v_new), "initial_state must be"),
+        ((x["s0"][:1], x["k"], x["g"], out.v_new), "initial_state must be"),
+        ((x["s0"][..., :8, :], x["k"], x["g"], out.v_new), "initial_state must be"),
+        ((x["s0"], x["k"][0], x["g"], out.v_new), "k must be"),
+    ]
+    for bad, pattern in bad_commit:
+        with pytest.raises(ValueError, match=pattern):
+            commit(*bad, jnp.asarray([1, 2]))
+    for n, pattern in ((jnp.asarray([6, 0]), r"n_accepted must lie in \[0, 5\]"), (-1, "must lie in"),
+                       (jnp.asarray([1, 2, 3]), "scalar or \\[B=2\\]"), (jnp.asarray([1.0, 2.0]), "integers")):
+        with pytest.raises(ValueError, match=pattern):
+            commit(*ok, n)
+    empty = {name: a[:, :0] for name, a in zip("qkvgb", args)}
+    with pytest.raises(ValueError, match="T .* must be >= 1"):
+        gd.chunk_gated_delta_rule(empty["q"], empty["k"], empty["v"], empty["g"], empty["b"], **_kw(impl))
+    with pytest.raises(ValueError, match="q and k must both be"):
+        gd.chunk_gated_delta_rule(x["q"][:, :, 0], x["k"][:, :, 0], x["v"], x["g"], x["beta"], **_kw(impl))
+
+
+def test_block_v_must_be_a_power_of_two():
+    """Other widths would leave value columns unwritten (the grid covers V // block_v programs)."""
+    x = make_inputs(1, 5, 1, 1, 16, 64, seed=10)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    for op in (pallas_ops.chunk_gated_delta_rule, pallas_ops.fused_recurrent_gated_delta_rule):
+        with pytest.raises(ValueError, match="block_v must be a power of two"):
+            op(*args, initial_state=x["s0"], interpret=True, block_v=48)
+    with pytest.raises(ValueError, match="block_v must be a power of two"):
+        pallas_ops.commit_state(x["s0"], x["k"], x["g"], x["v"].astype(jnp.float32), 1, interpret=True, block_v=24)
 
 
 def test_default_implementation_rule_and_env_override(monkeypatch):

@@ -105,8 +105,11 @@ def test_state_after_generation_equals_ar_state(model):
                 assert H.rel_err(a, b) <= 1e-5, rollback
             for a, b in zip(got.conv, want.conv):  # equal up to fp32 rounding of earlier layers
                 assert H.rel_err(a, b) <= 1e-5
+            # K/V of the attention layer come after three GDN layers computed in a different order
+            # (verify chunks + commit vs one pass): fp32 rounding measured 1e-6..1.2e-5 here, a wrong
+            # commit or stale slot gives O(1).
             for a, b in zip(got.keys + got.values, want.keys + want.values):
-                assert H.rel_err(a[:, :L], b[:, :L]) <= 1e-5
+                assert H.rel_err(a[:, :L], b[:, :L]) <= 3e-5
 
 
 def test_eos_stops_speculative_generation(model):

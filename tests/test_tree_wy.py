@@ -255,6 +255,16 @@ def test_bad_inputs_raise():
         tw.tree_gated_delta_rule(*args, np.array([-1, 0, 0]), initial_state=x["s0"], implementation="reference")
     with pytest.raises(ValueError, match="implementation"):
         tw.tree_gated_delta_rule(*args, np.array([-1, 0, 0, 1]), initial_state=x["s0"], implementation="fast")
+    out = tw.tree_gated_delta_rule(*args, np.array([-1, 0, 0, 1]), initial_state=x["s0"], implementation="reference")
+    commit_args = (x["s0"], x["k"], x["g"], out.v_new)
+    with pytest.raises(ValueError, match="topological"):
+        tw.tree_commit_state(*commit_args, np.array([-1, 0, 3, 1]), 2)
+    with pytest.raises(ValueError, match=r"accepted_node must lie in \[-1, 3\]"):
+        tw.tree_commit_state(*commit_args, np.array([-1, 0, 0, 1]), 4)
+    with pytest.raises(ValueError, match="initial_state must be"):
+        tw.tree_commit_state(x["s0"][:, :, :8], x["k"], x["g"], out.v_new, np.array([-1, 0, 0, 1]), 1)
+    with pytest.raises(ValueError, match="g must be"):
+        tw.tree_commit_state(x["s0"], x["k"], x["g"][:, :3], out.v_new, np.array([-1, 0, 0, 1]), 1)
     big = make_inputs(1, 65, 1, 1, 16, 16)
     with pytest.raises(ValueError, match="N <= 64"):
         tw.tree_gated_delta_rule(big["q"], big["k"], big["v"], big["g"], big["beta"], make_parents("chain", 65, 0),

@@ -68,3 +68,11 @@ def l2norm_rows(x: jax.Array) -> jax.Array:
 def l2norm_vec(x: jax.Array) -> jax.Array:
     """x / sqrt(sum(x^2) + eps) for one fp32 vector [K]."""
     return x * lax.rsqrt(jnp.sum(x * x) + L2_EPS)
+
+
+def check_block_v(block_v) -> int:
+    """Value columns per program: a power of two, so it divides the padded V (also a power of two)
+    or covers it; any other width would leave columns of the outputs unwritten."""
+    if isinstance(block_v, bool) or not isinstance(block_v, int) or block_v < 1 or block_v & (block_v - 1):
+        raise ValueError(f"gated_delta: block_v must be a power of two >= 1; got {block_v!r}")
+    return block_v

@@ -100,11 +100,24 @@ def _inv_norms(x: jax.Array) -> jax.Array:
     return lax.rsqrt(jnp.sum(xf * xf, axis=1) + L2_EPS)
 
 
-def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, w_ref, u_ref, *rk_ref, l2norm, prec, merge_prec, solver):
+def _pair_decay(gam, lo, mask):
+    """exp(gamma_i - gamma_j) where mask else 0, [C, C]; gamma = gam + lo (reference.compensated_cumsum)."""
+    diff = (gam[:, None] - gam[None, :]) + (lo[:, None] - lo[None, :])
+    return jnp.where(mask, jnp.exp(jnp.where(mask, diff, 0.0)), 0.0)
+
+
+def _to_chunk_end(gam, lo, last):
+    """(gamma_C, exp(gamma_C - gamma_j) [C]): the decay over the whole chunk and from each step to its end."""
+    g_last = jnp.sum(jnp.where(last, gam, 0.0))
+    lo_last = jnp.sum(jnp.where(last, lo, 0.0))
+    return g_last + lo_last, jnp.exp((g_last - gam) + (lo_last - lo))
+
+
+def _wy_kernel(k_ref, v_ref, gam_ref, lo_ref, beta_ref, w_ref, u_ref, *rk_ref, l2norm, prec, merge_prec, solver):
     # Diagonal scalings are applied to the small [C, C] factors, never to the [C, K] tiles: the
     # 16-bit k and v go straight into the matrix products (fewer registers, no extra rounding).
     k = k_ref[...]  # [C, K] input dtype
-    gam = gam_ref[...]  # [C] cumulative gate inside the chunk
+    gam, lo = gam_ref[...], lo_ref[...]  # [C] cumulative gate inside the chunk, as hi + lo
     beta = beta_ref[...]  # [C]
     row, col = _iota2(CHUNK)
     strict = row > col
@@ -115,18 +128,18 @@ def _wy_kernel(k_ref, v_ref, gam_ref, beta_ref, w_ref, u_ref, *rk_ref, l2norm, p
         rk_ref[0][...] = r_k  # reused by the state pass (the key norms of this value head's chunk)
     else:
         r_k = jnp.ones((CHUNK,), F32)
-    decay = jnp.where(strict, jnp.exp(jnp.where(strict, gam[:, None] - gam[None, :], 0.0)), 0.0)
+    decay = _pair_decay(gam, lo, strict)
     tinv = unit_lower_inverse(kk * decay * beta[:, None], merge_prec, solver)  # [C, C]
     cdt = k.dtype
     # W = Tinv diag(beta e^gamma r) K,   U = Tinv diag(beta) V
-    w_ref[...] = mm((tinv * (beta * jnp.exp(gam) * r_k)[None, :]).astype(cdt), k, prec).astype(w_ref.dtype)
+    w_ref[...] = mm((tinv * (beta * jnp.exp(gam + lo) * r_k)[None, :]).astype(cdt), k, prec).astype(w_ref.dtype)
     u_ref[...] = mm((tinv * beta[None, :]).astype(cdt), v_ref[...].astype(cdt), prec).astype(u_ref.dtype)
 
 
 def _state_kernel(*refs, n_chunks, scale, has_s0, want_vnew, l2norm, prec, state_dtype):
     """Fused variant: the chunk loop forms O as well (five products per sequential step)."""
-    q_ref, k_ref, w_ref, u_ref, gam_ref = refs[:5]
-    rest = list(refs[5:])
+    q_ref, k_ref, w_ref, u_ref, gam_ref, lo_ref = refs[:6]
+    rest = list(refs[6:])
     s0_ref = rest.pop(0) if has_s0 else None
     o_ref, st_ref = rest[0], rest[1]
     vnew_ref = rest[2] if want_vnew else None
@@ -140,22 +153,22 @@ def _state_kernel(*refs, n_chunks, scale, has_s0, want_vnew, l2norm, prec, state
     def body(c, state):  # state [K, BV] fp32
         sl = pl.ds(pl.multiple_of(c * CHUNK, CHUNK), CHUNK)
         q, k = q_ref[sl, :].astype(sdt), k_ref[sl, :].astype(sdt)  # [C, K]
-        gam = gam_ref[sl]  # [C]
-        g_last = jnp.sum(jnp.where(last, gam, 0.0))  # gamma_C: decay over the whole chunk
+        gam, lo = gam_ref[sl], lo_ref[sl]  # [C]
+        g_last, to_end = _to_chunk_end(gam, lo, last)  # gamma_C: decay over the whole chunk
         if l2norm:  # fold 1/|q_i|, 1/|k_j| into row/column scalings of the small products
             r_q, r_k = _inv_norms(q), _inv_norms(k)
         else:
             r_q = r_k = jnp.ones((CHUNK,), F32)
         s_op = state.astype(sdt)
         v_new = u_ref[sl, :].astype(F32) - mm(w_ref[sl, :].astype(sdt), s_op, prec)  # [C, BV]
-        decay = jnp.where(causal, jnp.exp(jnp.where(causal, gam[:, None] - gam[None, :], 0.0)), 0.0)
+        decay = _pair_decay(gam, lo, causal)
         qk = mm(q, k, prec, trans_b=True) * decay * r_k[None, :]  # [C, C]
-        o = (mm(q, s_op, prec) * jnp.exp(gam)[:, None]  # (Q e^gamma) S
+        o = (mm(q, s_op, prec) * jnp.exp(gam + lo)[:, None]  # (Q e^gamma) S
              + mm(qk.astype(sdt), v_new.astype(sdt), prec))  # [C, BV]
         o_ref[sl, :] = (o * (scale * r_q)[:, None]).astype(o_ref.dtype)
         if want_vnew:
             vnew_ref[sl, :] = v_new
-        v_dec = (v_new * (jnp.exp(g_last - gam) * r_k)[:, None]).astype(sdt)  # [C, BV]
+        v_dec = (v_new * (to_end * r_k)[:, None]).astype(sdt)  # [C, BV]
         return state * jnp.exp(g_last) + mm(k, v_dec, prec, trans_a=True)
 
     state = lax.fori_loop(0, n_chunks, body, state)
@@ -164,8 +177,8 @@ def _state_kernel(*refs, n_chunks, scale, has_s0, want_vnew, l2norm, prec, state
 
 def _state_pass_kernel(*refs, n_chunks, has_s0, l2norm, prec, state_dtype):
     """Split variant, sequential part only: V_new = U - W S and the state update (two products)."""
-    k_ref, w_ref, u_ref, gam_ref = refs[:4]
-    rest = list(refs[4:])
+    k_ref, w_ref, u_ref, gam_ref, lo_ref = refs[:5]
+    rest = list(refs[5:])
     rk_ref = rest.pop(0) if l2norm else None
     s0_ref = rest.pop(0) if has_s0 else None
     h_ref, vnew_ref, st_ref = rest
@@ -180,9 +193,8 @@ def _state_pass_kernel(*refs, n_chunks, has_s0, l2norm, prec, state_dtype):
         s_op = state.astype(sdt)
         v_new = u_ref[sl, :].astype(F32) - mm(w_ref[sl, :].astype(sdt), s_op, prec)  # [C, BV]
         vnew_ref[sl, :] = v_new.astype(vnew_ref.dtype)
-        gam = gam_ref[sl]  # [C]
-        g_last = jnp.sum(jnp.where(last, gam, 0.0))
-        row_scale = jnp.exp(g_last - gam) * rk_ref[sl] if l2norm else jnp.exp(g_last - gam)  # [C]
+        g_last, to_end = _to_chunk_end(gam_ref[sl], lo_ref[sl], last)
+        row_scale = to_end * rk_ref[sl] if l2norm else to_end  # [C]
         v_dec = (v_new * row_scale[:, None]).astype(sdt)  # [C, BV]
         return state * jnp.exp(g_last) + mm(k_ref[sl, :].astype(sdt), v_dec, prec, trans_a=True)
 
@@ -190,21 +202,20 @@ def _state_pass_kernel(*refs, n_chunks, has_s0, l2norm, prec, state_dtype):
     st_ref[...] = state
 
 
-def _output_kernel(q_ref, k_ref, gam_ref, *refs, scale, l2norm, prec, state_dtype):
+def _output_kernel(q_ref, k_ref, gam_ref, lo_ref, *refs, scale, l2norm, prec, state_dtype):
     """Split variant, parallel over chunks: O = scale [(Q e^gamma) S_c + ((Q K^T) * Gamma) V_new]."""
     refs = list(refs)
     rk_ref = refs.pop(0) if l2norm else None
     h_ref, vnew_ref, o_ref = refs
     sdt = state_dtype
     q, k = q_ref[...].astype(sdt), k_ref[...].astype(sdt)  # [C, K]
-    gam = gam_ref[...]  # [C]
+    gam, lo = gam_ref[...], lo_ref[...]  # [C]
     row, col = _iota2(CHUNK)
     causal = row >= col
-    decay = jnp.where(causal, jnp.exp(jnp.where(causal, gam[:, None] - gam[None, :], 0.0)), 0.0)
-    qk = mm(q, k, prec, trans_b=True) * decay  # [C, C]
+    qk = mm(q, k, prec, trans_b=True) * _pair_decay(gam, lo, causal)  # [C, C]
     if l2norm:
         qk = qk * rk_ref[...][None, :]
-    o = (mm(q, h_ref[...].astype(sdt), prec) * jnp.exp(gam)[:, None]
+    o = (mm(q, h_ref[...].astype(sdt), prec) * jnp.exp(gam + lo)[:, None]
          + mm(qk.astype(sdt), vnew_ref[...].astype(sdt), prec))  # [C, V]
     row_scale = scale * _inv_norms(q) if l2norm else jnp.full((CHUNK,), scale, F32)
     o_ref[...] = (o * row_scale[:, None]).astype(o_ref.dtype)
@@ -226,7 +237,7 @@ def _specs(b, hv, group, tp, kp, bv):
     )
 
 
-def wy_call(k, v, gam, beta, *, hv, l2norm, wu_dtype, prec, merge_prec, interpret, num_warps=4,
+def wy_call(k, v, gam, gam_lo, beta, *, hv, l2norm, wu_dtype, prec, merge_prec, interpret, num_warps=4,
             solver="substitution"):
     """Stage 1: per chunk W, U [B, HV, Tp, K|V] (wu_dtype) and, with l2norm, 1/|k_t| [B, HV, Tp] fp32."""
     b, tp, h, kp = k.shape
@@ -248,17 +259,18 @@ def wy_call(k, v, gam, beta, *, hv, l2norm, wu_dtype, prec, merge_prec, interpre
             pl.BlockSpec((None, CHUNK, None, vp), lambda i, c: (i // hv, c, i % hv, 0)),
             gate_chunk,
             gate_chunk,
+            gate_chunk,
         ],
         out_specs=out_specs,
         out_shape=out_shape,
         compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,
         name="gdn_chunk_wy",
-    )(k, v, gam, beta)
+    )(k, v, gam, gam_lo, beta)
     return outs[0], outs[1], (outs[2] if l2norm else None)
 
 
-def state_pass_call(k, w, u, gam, r_k, s0, *, vnew_dtype, state_dtype, prec, block_v, interpret, num_warps=4,
+def state_pass_call(k, w, u, gam, gam_lo, r_k, s0, *, vnew_dtype, state_dtype, prec, block_v, interpret, num_warps=4,
                     num_stages=2):
     """Stage 2 (sequential over chunks): states entering every chunk [B, HV, NC, K, V] (state_dtype),
     V_new [B, Tp, HV, V] (vnew_dtype), final state [B, HV, K, V] fp32."""
@@ -269,8 +281,8 @@ def state_pass_call(k, w, u, gam, r_k, s0, *, vnew_dtype, state_dtype, prec, blo
     sp = _specs(b, hv, hv // h, tp, kp, bv)
     head = sp["head"]
     l2norm, has_s0 = r_k is not None, s0 is not None
-    in_specs = [sp["key_full"], sp["w_full"], sp["u_full"], sp["gate_full"]]
-    args = [k, w, u, gam]
+    in_specs = [sp["key_full"], sp["w_full"], sp["u_full"], sp["gate_full"], sp["gate_full"]]
+    args = [k, w, u, gam, gam_lo]
     if l2norm:
         in_specs.append(sp["gate_full"])
         args.append(r_k)
@@ -292,7 +304,7 @@ def state_pass_call(k, w, u, gam, r_k, s0, *, vnew_dtype, state_dtype, prec, blo
     )(*args)
 
 
-def output_call(q, k, gam, r_k, h_states, v_new, *, out_dtype, scale, state_dtype, prec, interpret, num_warps=4):
+def output_call(q, k, gam, gam_lo, r_k, h_states, v_new, *, out_dtype, scale, state_dtype, prec, interpret, num_warps=4):
     """Stage 3 (parallel over chunks): o [B, Tp, HV, V] (out_dtype)."""
     b, tp, h, kp = q.shape
     hv, vp = v_new.shape[2], v_new.shape[3]
@@ -301,7 +313,7 @@ def output_call(q, k, gam, r_k, h_states, v_new, *, out_dtype, scale, state_dtyp
     l2norm = r_k is not None
     key_chunk = pl.BlockSpec((None, CHUNK, None, kp), lambda i, c: (i // hv, c, key_head(i), 0))
     val_chunk = pl.BlockSpec((None, CHUNK, None, vp), lambda i, c: (i // hv, c, i % hv, 0))
-    in_specs = [key_chunk, key_chunk, gate_chunk] + ([gate_chunk] if l2norm else []) + [
+    in_specs = [key_chunk, key_chunk, gate_chunk, gate_chunk] + ([gate_chunk] if l2norm else []) + [
         pl.BlockSpec((None, None, None, kp, vp), lambda i, c: (*head(i), c, 0, 0)), val_chunk]
     return pl.pallas_call(
         functools.partial(_output_kernel, scale=scale, l2norm=l2norm, prec=prec, state_dtype=state_dtype),
@@ -312,16 +324,17 @@ def output_call(q, k, gam, r_k, h_states, v_new, *, out_dtype, scale, state_dtyp
         compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,
         name="gdn_chunk_output",
-    )(q, k, gam, *([r_k] if l2norm else []), h_states, v_new)
+    )(q, k, gam, gam_lo, *([r_k] if l2norm else []), h_states, v_new)
 
 
-def chunk_fwd(q, k, v, gam, beta, s0, *, scale, l2norm, want_vnew, wu_dtype, state_dtype, prec, merge_prec,
+def chunk_fwd(q, k, v, gam, gam_lo, beta, s0, *, scale, l2norm, want_vnew, wu_dtype, state_dtype, prec, merge_prec,
               block_v, interpret, split_output=True, wy_warps=4, state_warps=4, state_stages=3, out_warps=4,
               wy_solver="substitution"):
     """Run the kernels on padded inputs.
 
     q, k [B, Tp, H, Kp]; v [B, Tp, HV, Vp] (Tp multiple of 64, Kp/Vp powers of two);
-    gam, beta [B, HV, Tp] fp32 (gam = cumulative gate inside each chunk); s0 [B, HV, Kp, Vp] or None.
+    gam, gam_lo, beta [B, HV, Tp] fp32 (gam + gam_lo = cumulative gate inside each chunk, as
+    reference.compensated_cumsum returns it); s0 [B, HV, Kp, Vp] or None.
     Returns o [B, Tp, HV, Vp] (v.dtype), final state [B, HV, Kp, Vp] fp32, v_new [B, Tp, HV, Vp] fp32 or None.
 
     split_output=True: wy -> state pass (V_new and the state entering every chunk, two products per
@@ -330,13 +343,13 @@ def chunk_fwd(q, k, v, gam, beta, s0, *, scale, l2norm, want_vnew, wu_dtype, sta
     """
     b, tp, h, kp = q.shape
     hv, vp = v.shape[2], v.shape[3]
-    w, u, r_k = wy_call(k, v, gam, beta, hv=hv, l2norm=l2norm, wu_dtype=wu_dtype, prec=prec, merge_prec=merge_prec,
+    w, u, r_k = wy_call(k, v, gam, gam_lo, beta, hv=hv, l2norm=l2norm, wu_dtype=wu_dtype, prec=prec, merge_prec=merge_prec,
                         interpret=interpret, num_warps=wy_warps, solver=wy_solver)
     has_s0 = s0 is not None
     if not split_output:
         bv = min(block_v, vp)
         sp = _specs(b, hv, hv // h, tp, kp, bv)
-        in_specs = [sp["key_full"], sp["key_full"], sp["w_full"], sp["u_full"], sp["gate_full"]] + (
+        in_specs = [sp["key_full"], sp["key_full"], sp["w_full"], sp["u_full"], sp["gate_full"], sp["gate_full"]] + (
             [sp["state"]] if has_s0 else [])
         out_specs = [sp["val_full"], sp["state"]] + ([sp["val_full"]] if want_vnew else [])
         out_shape = [jax.ShapeDtypeStruct((b, tp, hv, vp), v.dtype), jax.ShapeDtypeStruct((b, hv, kp, vp), F32)]
@@ -348,13 +361,13 @@ def chunk_fwd(q, k, v, gam, beta, s0, *, scale, l2norm, want_vnew, wu_dtype, sta
             grid=(b * hv, vp // bv), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
             compiler_params=plt.CompilerParams(num_warps=state_warps, num_stages=state_stages),
             interpret=interpret, name="gdn_chunk_state_fused",
-        )(q, k, w, u, gam, *([s0] if has_s0 else []))
+        )(q, k, w, u, gam, gam_lo, *([s0] if has_s0 else []))
         return outs[0], outs[1], (outs[2] if want_vnew else None)
 
     # V_new is an output anyway when asked for (fp32); otherwise it only feeds the output kernel.
-    h_states, v_new, final = state_pass_call(k, w, u, gam, r_k, s0, vnew_dtype=F32 if want_vnew else wu_dtype,
+    h_states, v_new, final = state_pass_call(k, w, u, gam, gam_lo, r_k, s0, vnew_dtype=F32 if want_vnew else wu_dtype,
                                              state_dtype=state_dtype, prec=prec, block_v=block_v,
                                              interpret=interpret, num_warps=state_warps, num_stages=state_stages)
-    o = output_call(q, k, gam, r_k, h_states, v_new, out_dtype=v.dtype, scale=scale, state_dtype=state_dtype,
+    o = output_call(q, k, gam, gam_lo, r_k, h_states, v_new, out_dtype=v.dtype, scale=scale, state_dtype=state_dtype,
                     prec=prec, interpret=interpret, num_warps=out_warps)
     return o, final, (v_new if want_vnew else None)

@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 
 from . import chunk_kernel, commit_kernel, recurrent_kernel
-from ._kernel_utils import F32, dot_precisions, is_low_precision, next_pow2, pad_axis
-from .reference import GatedDeltaOutput, check_gated_delta_inputs
+from ._kernel_utils import F32, check_block_v, dot_precisions, is_low_precision, next_pow2, pad_axis
+from .reference import GatedDeltaOutput, check_commit_inputs, check_gated_delta_inputs, compensated_cumsum
 
 CHUNK = chunk_kernel.CHUNK
 
@@ -52,15 +52,15 @@ def _chunk(q, k, v, g, beta, initial_state, *, scale, output_final_state, return
     # Padded steps have g = 0 and beta = 0: they neither decay nor write the state.
     q, k, v = (pad_axis(x, 1, tp) for x in (q, k, v))
     g_f = pad_axis(g.astype(F32), 1, tp)  # [B, Tp, HV]
-    gam = jnp.cumsum(jnp.moveaxis(g_f, 1, 2).reshape(b, hv, tp // CHUNK, CHUNK), axis=-1)
-    gam = gam.reshape(b, hv, tp)  # [B, HV, Tp] cumulative gate inside each chunk
+    gam, gam_lo = compensated_cumsum(jnp.moveaxis(g_f, 1, 2).reshape(b, hv, tp // CHUNK, CHUNK))
+    gam, gam_lo = gam.reshape(b, hv, tp), gam_lo.reshape(b, hv, tp)  # [B, HV, Tp] cumulative gate per chunk
     beta_t = jnp.moveaxis(pad_axis(beta.astype(F32), 1, tp), 1, 2)  # [B, HV, Tp]
     if state_dot == "bf16" and low:
         state_dtype = k.dtype
     else:
         state_dtype = F32
     o, final, v_new = chunk_kernel.chunk_fwd(
-        q, k, v, gam, beta_t, s0, scale=scale, l2norm=use_qk_l2norm, want_vnew=return_pseudo_values,
+        q, k, v, gam, gam_lo, beta_t, s0, scale=scale, l2norm=use_qk_l2norm, want_vnew=return_pseudo_values,
         wu_dtype=k.dtype if low else F32, state_dtype=state_dtype, prec=prec, merge_prec=merge_prec,
         block_v=block_v, interpret=interpret, split_output=split_output, wy_warps=num_warps[0],
         state_warps=num_warps[1], out_warps=num_warps[2], state_stages=state_stages, wy_solver=wy_solver)
@@ -90,9 +90,11 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, 
     64x64 triangular inverse is formed, "substitution" (measured) or "merge" (products only, to be
     measured; chunk_kernel.unit_lower_inverse).
     """
+    check_gated_delta_inputs(q, k, v, g, beta, initial_state)
     return _chunk(q, k, v, g, beta, initial_state, scale=_scale(scale, q.shape[-1]),
                   output_final_state=output_final_state, return_pseudo_values=return_pseudo_values,
-                  use_qk_l2norm=use_qk_l2norm, interpret=interpret, block_v=block_v, state_dot=state_dot,
+                  use_qk_l2norm=use_qk_l2norm, interpret=interpret, block_v=check_block_v(block_v),
+                  state_dot=state_dot,
                   split_output=split_output, num_warps=tuple(int(w) for w in num_warps),
                   state_stages=int(state_stages), wy_solver=str(wy_solver))
 
@@ -143,10 +145,11 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
     snapshot per position: the baseline). `backend`: "triton" (recurrent_kernel.py) or "mosaic"
     (recurrent_mgpu.py, Mosaic GPU; falls back to Triton for snapshots or unsupported sizes).
     """
+    check_gated_delta_inputs(q, k, v, g, beta, initial_state)
     return _recurrent(q, k, v, g, beta, initial_state, scale=_scale(scale, q.shape[-1]),
                       output_final_state=output_final_state, return_pseudo_values=return_pseudo_values,
                       return_all_states=return_all_states, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
-                      block_v=block_v, num_warps=num_warps, backend=backend)
+                      block_v=check_block_v(block_v), num_warps=num_warps, backend=backend)
 
 
 @functools.partial(jax.jit, static_argnames=("use_qk_l2norm", "interpret", "block_v"))
@@ -169,5 +172,6 @@ def commit_state(initial_state, k, g, v_new, n_accepted, *, use_qk_l2norm=False,
     initial_state [B, HV, K, V] fp32; k [B, T, H, K] (as given to the verify call); g [B, T, HV] raw
     gates; v_new [B, T, HV, V]; n_accepted [B] int (traced, 0 <= a <= T). Returns [B, HV, K, V] fp32.
     """
+    check_commit_inputs(initial_state, k, g, v_new, n_accepted)
     return _commit(initial_state, k, g, v_new, n_accepted, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
-                   block_v=block_v)
+                   block_v=check_block_v(block_v))

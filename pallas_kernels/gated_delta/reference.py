@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 CHUNK_SIZE = 64
@@ -53,6 +54,8 @@ def check_gated_delta_inputs(q, k, v, g, beta, initial_state=None) -> tuple[int,
     if q.ndim != 4 or k.shape != q.shape:
         raise ValueError(f"gated_delta: q and k must both be [B, T, H, K]; got q {q.shape}, k {k.shape}")
     B, T, H, K = q.shape
+    if T < 1:
+        raise ValueError(f"gated_delta: T (axis 1 of q, k, v, g, beta) must be >= 1; got q {q.shape}")
     if v.ndim != 4 or v.shape[:2] != (B, T):
         raise ValueError(f"gated_delta: v must be [B={B}, T={T}, HV, V]; got {v.shape}")
     HV, V = v.shape[2], v.shape[3]
@@ -64,6 +67,43 @@ def check_gated_delta_inputs(q, k, v, g, beta, initial_state=None) -> tuple[int,
     if initial_state is not None and initial_state.shape != (B, HV, K, V):
         raise ValueError(
             f"gated_delta: initial_state must be [B, HV, K, V] = {(B, HV, K, V)}; got {initial_state.shape}")
+    return B, T, H, HV, K, V
+
+
+def check_accepted_counts(n_accepted, b: int, limit: int, name: str = "n_accepted", low: int = 0) -> None:
+    """n_accepted: a scalar or [B] integer array; when concrete, every value in [low, limit].
+
+    Traced counts (inside jit) cannot be checked here; out-of-range traced values act as clamped.
+    """
+    shape = jnp.shape(n_accepted)
+    if shape not in ((), (1,), (b,)):
+        raise ValueError(f"gated_delta: {name} must be a scalar or [B={b}]; got shape {shape}")
+    try:
+        values = np.asarray(n_accepted)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return
+    if not np.issubdtype(values.dtype, np.integer):
+        raise ValueError(f"gated_delta: {name} must be integers; got dtype {values.dtype}")
+    if values.size and (values.min() < low or values.max() > limit):
+        raise ValueError(f"gated_delta: {name} must lie in [{low}, {limit}]; got {values.tolist()}")
+
+
+def check_commit_inputs(initial_state, k, g, v_new, n_accepted) -> tuple[int, int, int, int, int, int]:
+    """Validate `commit_state` arguments; return (B, T, H, HV, K, V). Raises ValueError naming the argument."""
+    if k.ndim != 4:
+        raise ValueError(f"commit_state: k must be [B, T, H, K]; got {k.shape}")
+    B, T, H, K = k.shape
+    if v_new.ndim != 4 or v_new.shape[:2] != (B, T):
+        raise ValueError(f"commit_state: v_new must be [B={B}, T={T}, HV, V]; got {v_new.shape}")
+    HV, V = v_new.shape[2:]
+    if HV % H:
+        raise ValueError(f"commit_state: value heads HV={HV} must be a multiple of key heads H={H}")
+    if g.shape != (B, T, HV):
+        raise ValueError(f"commit_state: g must be [B, T, HV] = {(B, T, HV)}; got {g.shape}")
+    if initial_state.shape != (B, HV, K, V):
+        raise ValueError(f"commit_state: initial_state must be [B, HV, K, V] = {(B, HV, K, V)}; "
+                         f"got {initial_state.shape}")
+    check_accepted_counts(n_accepted, B, T)
     return B, T, H, HV, K, V
 
 
@@ -112,9 +152,35 @@ def naive_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
 recurrent_gated_delta_rule_reference = naive_recurrent_gated_delta_rule
 
 
-def _masked_decay(gamma_i, gamma_j, mask):
-    """exp(gamma_i - gamma_j) where mask else 0; the difference is formed before exp (no overflow)."""
-    diff = gamma_i - gamma_j
+def compensated_cumsum(g: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Cumulative sum over the last axis as an unevaluated pair hi + lo (fp32 each).
+
+    Within a chunk the cumulative gate can reach -1000 (64 steps of g = -20), where one fp32 ulp is
+    6e-5: a decay e^{gamma_i - gamma_j} between two later positions with weak gates would then carry
+    that absolute error in its exponent. Carrying the rounding error of every addition in `lo`
+    (TwoSum, combined by a parallel scan) keeps differences accurate to fp32 relative precision:
+    gamma_i - gamma_j = (hi_i - hi_j) + (lo_i - lo_j), where the first difference is exact or small.
+    """
+    def two_sum(a, b):  # s + err == a + b exactly
+        s = a + b
+        bb = s - a
+        return s, (a - (s - bb)) + (b - bb)
+
+    def combine(x, y):
+        s, err = two_sum(x[0], y[0])
+        return s, x[1] + y[1] + err
+
+    g = g.astype(jnp.float32)
+    return lax.associative_scan(combine, (g, jnp.zeros_like(g)), axis=g.ndim - 1)
+
+
+def gate_difference(hi_i, lo_i, hi_j, lo_j):
+    """(hi_i + lo_i) - (hi_j + lo_j), accurate where the two sums are large and close."""
+    return (hi_i - hi_j) + (lo_i - lo_j)
+
+
+def _masked_decay(diff, mask):
+    """exp(diff) where mask else 0; masked before exp (no overflow)."""
     return jnp.where(mask, jnp.exp(jnp.where(mask, diff, 0.0)), 0.0)
 
 
@@ -123,9 +189,8 @@ def chunk_gated_delta_rule_reference(q, k, v, g, beta, *, scale=None, initial_st
                                      use_qk_l2norm=False, chunk_size=CHUNK_SIZE) -> GatedDeltaOutput:
     """Chunked WY form in jnp (any T; padded inside). Differentiable; the XLA path of the model."""
     out_dtype = v.dtype
-    B, T, _, _ = q.shape
+    B, T, _, HV, _, _ = check_gated_delta_inputs(q, k, v, g, beta, initial_state)
     q, k, v, g, beta, s0 = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
-    HV = v.shape[2]
     C = chunk_size
     n_chunks = -(-T // C)
     pad = n_chunks * C - T
@@ -139,11 +204,13 @@ def chunk_gated_delta_rule_reference(q, k, v, g, beta, *, scale=None, initial_st
         return jnp.moveaxis(x, 3, 1)
 
     qc, kc, vc, gc, bc = map(to_chunks, (q, k, v, g, beta))  # [B, HV, NC, C(, K|V)]
-    gamma = jnp.cumsum(gc, axis=-1)  # [B, HV, NC, C] cumulative gate inside the chunk
+    gamma, gamma_lo = compensated_cumsum(gc)  # [B, HV, NC, C] cumulative gate inside the chunk (hi + lo)
     idx = jnp.arange(C)
     causal = idx[:, None] >= idx[None, :]
     strict = idx[:, None] > idx[None, :]
-    decay_incl = _masked_decay(gamma[..., :, None], gamma[..., None, :], causal)  # [B, HV, NC, C, C]
+    pairwise = gate_difference(gamma[..., :, None], gamma_lo[..., :, None], gamma[..., None, :],
+                               gamma_lo[..., None, :])  # [B, HV, NC, C, C] gamma_i - gamma_j
+    decay_incl = _masked_decay(pairwise, causal)  # [B, HV, NC, C, C]
     decay_strict = jnp.where(strict, decay_incl, 0.0)
 
     kk = jnp.einsum("...ik,...jk->...ij", kc, kc, precision=_HIGHEST)
@@ -156,7 +223,8 @@ def chunk_gated_delta_rule_reference(q, k, v, g, beta, *, scale=None, initial_st
     qk = jnp.einsum("...ik,...jk->...ij", qc, kc, precision=_HIGHEST) * decay_incl  # [.., C, C]
     q_decayed = qc * jnp.exp(gamma)[..., None]  # [B, HV, NC, C, K]
     gamma_last = gamma[..., -1]  # [B, HV, NC]
-    k_to_end = kc * jnp.exp(gamma_last[..., None] - gamma)[..., None]  # [B, HV, NC, C, K]
+    to_end = gate_difference(gamma_last[..., None], gamma_lo[..., -1:], gamma, gamma_lo)  # [B, HV, NC, C]
+    k_to_end = kc * jnp.exp(to_end)[..., None]  # [B, HV, NC, C, K]
 
     def chunk_step(state, xs):  # state [B, HV, K, V]
         u_c, w_c, qk_c, qd_c, kend_c, glast_c = xs
@@ -191,8 +259,7 @@ def commit_state_reference(initial_state, k, g, v_new, n_accepted, *, use_qk_l2n
     `use_qk_l2norm`); g [B, T, HV] raw gates; v_new [B, T, HV, V]; n_accepted [B] int (traced,
     0 <= a <= T; a = 0 returns S0).
     """
-    B, T, H, K = k.shape
-    HV = g.shape[2]
+    B, T, H, HV, K, V = check_commit_inputs(initial_state, k, g, v_new, n_accepted)
     if use_qk_l2norm:
         k = l2_normalize(k)
     k = jnp.repeat(k.astype(jnp.float32), HV // H, axis=2)  # [B, T, HV, K]

@@ -32,7 +32,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from ._kernel_utils import F32, L2_EPS, dot_precisions, is_low_precision, mm, next_pow2, pad_axis
+from ._kernel_utils import F32, L2_EPS, check_block_v, dot_precisions, is_low_precision, mm, next_pow2, pad_axis
 from .chunk_kernel import SUB, _inv_norms, _iota2
 from .reference import GatedDeltaOutput, check_gated_delta_inputs
 from .tree_wy import MAX_PALLAS_NODES as MAX_NODES
@@ -208,5 +208,5 @@ def tree_gated_delta_rule_pallas(q, k, v, g, beta, parents, *, initial_state, sc
     if num_warps is None:
         num_warps = 4 if is_low_precision(k.dtype) else 8
     return _tree(q, k, v, g, beta, parents, initial_state, scale=float(k_dim ** -0.5 if scale is None else scale),
-                 use_qk_l2norm=bool(use_qk_l2norm), interpret=bool(interpret), block_v=block_v,
+                 use_qk_l2norm=bool(use_qk_l2norm), interpret=bool(interpret), block_v=check_block_v(block_v),
                  num_warps=num_warps)

@@ -37,8 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .reference import GatedDeltaOutput, _prepare, check_gated_delta_inputs, l2_normalize, \
-    naive_recurrent_gated_delta_rule
+from .reference import GatedDeltaOutput, _prepare, check_accepted_counts, check_commit_inputs, \
+    check_gated_delta_inputs, l2_normalize, naive_recurrent_gated_delta_rule
 
 _HIGHEST = lax.Precision.HIGHEST
 F32 = jnp.float32
@@ -254,8 +254,9 @@ def tree_commit_state(initial_state, k, g, v_new, parents, accepted_node, *, use
     gamma_a - gamma_j is the sum of the gates on the path strictly after j (no cancellation).
     Returns [B, HV, K, V] fp32.
     """
-    b, n, _, _ = k.shape
-    hv = g.shape[2]
+    b, n, _, hv, _, _ = check_commit_inputs(initial_state, k, g, v_new, jnp.zeros((), jnp.int32))
+    check_parents(parents, b, n)
+    check_accepted_counts(accepted_node, b, n - 1, name="accepted_node", low=-1)
     parents = _batched_parents(parents, b, n)
     anc = ancestor_matrix(parents)  # [B, N, N]
     a = jnp.broadcast_to(jnp.asarray(accepted_node, jnp.int32).reshape(-1), (b,))
