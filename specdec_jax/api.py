@@ -15,7 +15,7 @@ from .decoding.sampling import SamplingConfig
 from .errors import InputError
 from .loading import TensorSource, resolve_dtype
 from .model import GenerateResult, Model
-from .options import float_option, int_option
+from .options import check_context_length, float_option, int_option
 
 QWEN35_METHODS = ("ar", "ngram", "ngram-table", "mtp", "mtp-shortlist", "ngram-tree", "mtp-tree")
 DRAFT_TABLES_FILE = "draft_tables.safetensors"
@@ -119,7 +119,7 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
              **method_options) -> GenerateResult:
     """Generate `max_new_tokens` tokens after `input_ids` [B, T]; the whole loop runs on device.
 
-    result.tokens [B, max_new_tokens] (new tokens only; after EOS a row repeats EOS);
+    result.tokens [B, max_new_tokens] (new tokens only; after its EOS a row is padded with the first EOS id);
     result.stats: new_tokens, seconds, tokens_per_second, ... (see GenerateResult).
     eos_token_id: None = the config's EOS ids, False/() = never stop early, int or list of ints.
     max_len: KV-cache length (default prompt + max_new_tokens).
@@ -133,10 +133,10 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
     args = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
             "seed": seed}
     max_new_tokens = int_option(args, "max_new_tokens", None, 1)
-    sampling = SamplingConfig(float_option(args, "temperature", None, 0.0, float("inf")),
+    sampling = SamplingConfig(float_option(args, "temperature", None, 0.0, 1e30, " (finite)"),
                               int_option(args, "top_k", None, 0, None, " (0 = off)"),
                               float_option(args, "top_p", None, 0.0, 1.0))
-    seed = int_option(args, "seed", None, 0)
+    seed = int_option(args, "seed", None, 0, 2 ** 32 - 1, " (a 32-bit PRNG seed)")
     if max_len is not None:
         max_len = int_option({"max_len": max_len}, "max_len", None, 1)
     eos_ids = _eos_ids(eos_token_id, model)
@@ -150,6 +150,9 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
                                    method_options)
     gamma = int_option(method_options, "gamma", DEFAULT_GAMMA, 0, None, " (the draft length)") if method != "ar" else 0
     needed = ids.shape[1] + int(max_new_tokens) + gamma
+    check_context_length(needed, model.config.max_position_embeddings,
+                         f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens})"
+                         + (f" + gamma ({gamma})" if gamma else ""))
     if max_len is None:
         max_len = needed
     if needed > max_len:
@@ -158,6 +161,10 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
                          f"max_len={max_len}")
     if model.family == "looped":
         from .models import looped
+        unknown = sorted(set(method_options) - {"num_steps", "cache_mode"})
+        if unknown:
+            raise InputError(f"generate(method='ar') on a looped model: unknown options {unknown}; accepted: "
+                             f"['cache_mode', 'num_steps']")
         return looped.generate(model, ids, int(max_new_tokens), sampling=sampling, seed=seed, eos_ids=eos_ids,
                                max_len=max_len, **method_options)
     if method != "ar":
@@ -250,6 +257,8 @@ def _generate_tree_qwen(model, ids, max_new_tokens, method, max_len, sampling, s
     if rollback not in ROLLBACK_MODES:
         raise InputError(f"rollback must be one of {ROLLBACK_MODES}; got {rollback!r}")
     need = ids.shape[1] + max_new_tokens + len(parents)
+    check_context_length(need, model.config.max_position_embeddings,
+                         f"prompt ({ids.shape[1]}) + max_new_tokens ({max_new_tokens}) + tree nodes ({len(parents)})")
     if max_len is not None and max_len < need:
         raise InputError(f"prompt ({ids.shape[1]}) + max_new_tokens ({max_new_tokens}) + tree nodes "
                          f"({len(parents)}) = {need} exceeds max_len={max_len}")

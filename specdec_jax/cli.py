@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--num-steps", type=int, default=None, help="looped models: recurrence depth")
     g.add_argument("--compare-ar", action="store_true", help="also run plain autoregressive decoding")
-    g.add_argument("--gamma", type=int, default=None, help="draft length of speculative methods (default 4)")
+    g.add_argument("--gamma", type=int, default=None,
+                   help="draft length of speculative methods (default 4; das-wave and parallel-sampler 16)")
     g.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
                    help="parameter dtype (default bfloat16 on GPU/TPU, float32 on CPU)")
 
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="left-truncate longer prompts to their last N tokens (default 256)")
     b.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per run (default 128)")
     b.add_argument("--gamma", type=int, default=None,
-                   help="draft length of the speculative methods (default: each method's own, 4)")
+                   help="draft length of the speculative methods (default: each method's own; 4, das-wave 16)")
     b.add_argument("--repeats", type=int, default=1, help="timed rounds per prompt (default 1)")
     b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     b.add_argument("--seed", type=int, default=0)

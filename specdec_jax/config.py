@@ -44,6 +44,7 @@ class Qwen35Config:
     tie_word_embeddings: bool = False
     # Frequency scaling of RoPE beyond "default" (linear / llama3 / yarn), as sorted (key, value) pairs.
     rope_scaling: tuple = ()
+    max_position_embeddings: int = 32768
     # MoE (num_experts == 0 means dense).
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -107,7 +108,7 @@ class Qwen35Config:
             "rope_parameters": {"rope_type": "default", **(self.rope_scaling_dict or {}),
                                 "rope_theta": self.rope_theta, "partial_rotary_factor": self.partial_rotary_factor},
             "tie_word_embeddings": self.tie_word_embeddings,
-            "max_position_embeddings": 32768,
+            "max_position_embeddings": self.max_position_embeddings,
         }
         if self.is_moe:
             d.update(num_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok,
@@ -186,6 +187,7 @@ def qwen35_config_from_dict(raw: dict, where: str = "config.json") -> Qwen35Conf
         partial_rotary_factor=partial,
         tie_word_embeddings=bool(tie),
         rope_scaling=rope_scaling,
+        max_position_embeddings=int(text.get("max_position_embeddings") or 32768),
         num_experts=int(text.get("num_experts", 0) or 0) if is_moe else 0,
         num_experts_per_tok=int(text.get("num_experts_per_tok", 0) or 0) if is_moe else 0,
         moe_intermediate_size=int(text.get("moe_intermediate_size", 0) or 0) if is_moe else 0,

@@ -29,7 +29,7 @@ class Model:
 
 @dataclasses.dataclass
 class GenerateResult:
-    """tokens: [B, max_new_tokens] new tokens only (after an EOS the row repeats EOS).
+    """tokens: [B, max_new_tokens] new tokens only (after its EOS a row is padded with the first EOS id).
 
     stats: new_tokens, seconds (prefill + decode, compile excluded), tokens_per_second,
     prefill_seconds, decode_seconds, compile_seconds, and for speculative methods

@@ -18,6 +18,12 @@ def int_option(options: dict, name: str, default, lo: int, hi: int | None = None
     return int(value)
 
 
+def check_context_length(needed: int, limit: int, what: str) -> None:
+    """The positions a generation needs (`what` spells out the sum) must fit the model's context."""
+    if needed > limit:
+        raise InputError(f"{what} = {needed} exceeds the model's context length (max_position_embeddings={limit})")
+
+
 def float_option(options: dict, name: str, default, lo: float, hi: float, why: str = "") -> float:
     """options[name] (or `default`) as a finite-or-bounded float in [lo, hi]; NaN, bools and strings are refused."""
     value = options.get(name, default)

@@ -305,6 +305,13 @@ def test_generate_eos_and_sampling(models, refs):
 
 def test_bad_inputs_raise_before_compute(models):
     model = models["huginn_tiny"]
+    import specdec_jax
+    with pytest.raises(InputError, match=r"unknown options \['gamma'\]; accepted: \['cache_mode', 'num_steps'\]"):
+        specdec_jax.generate(model, [[1, 2, 3]], 3, method="ar", num_steps=2, gamma=2)
+    with pytest.raises(InputError, match=r"exceeds the model's context length \(max_position_embeddings=256\)"):
+        looped.generate(model, [[1, 2, 3]], 254, 2)
+    with pytest.raises(InputError, match="exceeds the model's context length"):
+        specdec_jax.generate(model, [[1, 2, 3]], 240, method="das-wave", num_steps=2, gamma=16)
     with pytest.raises(InputError, match="num_steps"):
         looped.forward_logits(model, [[1, 2, 3]], 0)
     with pytest.raises(InputError, match="num_steps"):

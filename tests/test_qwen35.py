@@ -126,6 +126,19 @@ def test_generate_stops_at_eos(small_model):
     assert np.all(stopped[first:] == eos)
 
 
+def test_new_token_count_stops_at_each_rows_eos(small_model):
+    """stats['new_tokens'] counts what each row generated (through its EOS), not the padding after it;
+    AR and speculative decoding report the same count for the same output."""
+    _, model = small_model
+    ids = np.random.default_rng(6).integers(0, model.vocab_size, size=(3, 6))
+    free = sj.generate(model, ids, 12, eos_token_id=False).tokens
+    eos = int(free[1, 2])  # row 1 stops at index 2 at the latest
+    rows = [int(np.argmax(r == eos)) + 1 if (r == eos).any() else 12 for r in free]
+    for method in ("ar", "ngram"):
+        out = sj.generate(model, ids, 12, method=method, eos_token_id=eos)
+        assert out.stats["new_tokens"] == sum(rows), method
+
+
 def test_sampling_is_reproducible_and_varies_with_seed(small_model):
     _, model = small_model
     ids = np.zeros((1, 4), np.int64)

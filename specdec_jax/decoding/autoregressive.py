@@ -67,6 +67,16 @@ def _decode_loop(params, state, first_logits, key, *, ops: FamilyOps, cfg, max_n
     return tokens, state, i
 
 
+def generated_counts(tokens: np.ndarray, steps: int, eos_ids: tuple[int, ...]) -> np.ndarray:
+    """Tokens each row really generated [B]: through its first EOS (inclusive), else all `steps`
+    (rows that stopped early are padding afterwards, not generated tokens)."""
+    produced = tokens[:, :steps]
+    if not eos_ids:
+        return np.full(tokens.shape[0], steps)
+    hit = np.isin(produced, np.asarray(eos_ids))
+    return np.where(hit.any(axis=1), hit.argmax(axis=1) + 1, steps)
+
+
 def generate_autoregressive(ops: FamilyOps, params, cfg, prompt: np.ndarray, max_new_tokens: int, *,
                             max_len: int, sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...],
                             state_dtype, return_state: bool = False) -> GenerateResult:
@@ -87,12 +97,13 @@ def generate_autoregressive(ops: FamilyOps, params, cfg, prompt: np.ndarray, max
     tokens, state, steps = jax.block_until_ready(decode_c(params, state, logits, key))
     t2 = time.perf_counter()
     tokens = np.asarray(tokens)
-    n_new = int(steps) * tokens.shape[0]
+    n_new = int(generated_counts(tokens, int(steps), eos_ids).sum())
+    B = tokens.shape[0]
     stats = {
         "method": "ar", "new_tokens": n_new, "seconds": t2 - t0, "prefill_seconds": t1 - t0,
         "decode_seconds": t2 - t1, "compile_seconds": compile_s,
         "tokens_per_second": n_new / max(t2 - t0, 1e-9),
-        "decode_tokens_per_second": (int(steps) - 1) * tokens.shape[0] / max(t2 - t1, 1e-9),
+        "decode_tokens_per_second": max(n_new - B, 0) / max(t2 - t1, 1e-9),
     }
     if return_state:
         stats["state"] = state

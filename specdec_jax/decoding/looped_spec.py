@@ -64,7 +64,7 @@ from flax import struct
 from jax import lax
 
 from ..errors import InputError
-from ..options import float_option, int_option
+from ..options import check_context_length, float_option, int_option
 from ..model import GenerateResult
 from ..models import layers as L
 from ..models import looped
@@ -605,6 +605,8 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
         raise InputError(f"max_new_tokens must be a positive integer; got {max_new_tokens!r}")
     N = int(max_new_tokens)
     needed = ids.shape[1] + N + plan.gamma
+    check_context_length(needed, cfg.max_position_embeddings,
+                         f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({N}) + gamma ({plan.gamma})")
     max_len = needed if max_len is None else int(max_len)
     if needed > max_len:
         raise InputError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({N}) + gamma ({plan.gamma}) = {needed} "

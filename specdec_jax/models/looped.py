@@ -39,6 +39,7 @@ from flax import struct
 from jax import lax
 
 from ..errors import CheckpointError, InputError
+from ..options import check_context_length
 from ..loading import TensorSource, build_tree, flatten_tree, resolve_dtype
 from . import layers as L
 
@@ -828,7 +829,7 @@ def generate(model, input_ids, max_new_tokens: int, num_steps: int | None = None
     decode_tokens_per_second). num_steps: recurrence depth (default mean_recurrence); the initial
     state is zeros (deterministic). sampling: SamplingConfig (default greedy). eos_token_id: None =
     the config's, int or list; `eos_ids` is the same as an already-resolved tuple (api.generate).
-    After EOS a row repeats EOS. max_len: cache length (default prompt + max_new_tokens).
+    After its EOS a row is padded with the first EOS id. max_len: cache length (default prompt + max_new_tokens).
     """
     from ..decoding.autoregressive import generate_autoregressive
     from ..decoding.sampling import SamplingConfig
@@ -838,6 +839,8 @@ def generate(model, input_ids, max_new_tokens: int, num_steps: int | None = None
     if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be a positive integer; got {max_new_tokens!r}")
     needed = ids.shape[1] + int(max_new_tokens)
+    check_context_length(needed, cfg.max_position_embeddings,
+                         f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens})")
     max_len = needed if max_len is None else int(max_len)
     if needed > max_len:
         raise InputError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) = {needed} exceeds "
