@@ -437,6 +437,12 @@ def test_missing_config_fields_take_ravenconfig_defaults():
         config.pop(key, None)
     cfg = looped.looped_config_from_dict(config)
     assert cfg.qk_bias and cfg.tie_embeddings  # RavenConfig(qk_bias=True, tie_embeddings=True)
+    # RavenConfig.attribute_map: the official minimal config.json spells n_heads num_attention_heads.
+    config["num_attention_heads"], config["hidden_size"] = config.pop("n_heads"), config.pop("n_embd")
+    assert looped.looped_config_from_dict(config) == cfg
+    del config["num_attention_heads"]
+    with pytest.raises(CheckpointError, match=r"'n_heads' \(or 'num_attention_heads'\) is missing"):
+        looped.looped_config_from_dict(config)
 
 
 def test_public_api_dispatches_to_looped(refs):

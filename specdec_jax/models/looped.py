@@ -114,10 +114,18 @@ def _eos_ids(value) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
+# RavenConfig.attribute_map: configs may spell these fields the transformers way.
+_ALIASES = {"n_heads": "num_attention_heads", "n_embd": "hidden_size"}
+
+
 def _need(raw: dict, key: str, where: str):
-    if raw.get(key) is None:
-        raise CheckpointError(f"{where}: config field '{key}' is missing")
-    return raw[key]
+    value = raw.get(key)
+    if value is None and key in _ALIASES:
+        value = raw.get(_ALIASES[key])
+    if value is None:
+        alias = f" (or '{_ALIASES[key]}')" if key in _ALIASES else ""
+        raise CheckpointError(f"{where}: config field '{key}'{alias} is missing")
+    return value
 
 
 def looped_config_from_dict(raw: dict, where: str = "config.json") -> LoopedConfig:
