@@ -150,27 +150,17 @@ def test_recurrent_matches_naive(impl, extra, case):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
-def test_chunk_fused_state_kernel_variant(dtype):
-    """split_output=False (O inside the sequential chunk loop) computes the same function."""
-    x = make_inputs(1, 130, 2, 4, 64, 64, dtype, seed=11, normalize_k=False)
+@pytest.mark.parametrize("variant, seed", [({"split_output": False}, 11), ({"wy_solver": "merge"}, 12)],
+                         ids=["fused_state_kernel", "merge_solver"])
+def test_chunk_kernel_variants(dtype, variant, seed):
+    """split_output=False (O inside the sequential chunk loop) and wy_solver="merge" (the triangular
+    inverse from products only) compute the same function."""
+    x = make_inputs(1, 130, 2, 4, 64, 64, dtype, seed=seed, normalize_k=False)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     want = reference.naive_recurrent_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True,
                                                       use_qk_l2norm=True)
     got = pallas_ops.chunk_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True,
-                                            use_qk_l2norm=True, split_output=False, interpret=True)
-    for name in ("o", "final_state", "v_new"):
-        _check(name, getattr(got, name), getattr(want, name), TOL[dtype])
-
-
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
-def test_chunk_merge_solver_variant(dtype):
-    """wy_solver="merge" (the triangular inverse from products only) computes the same function."""
-    x = make_inputs(1, 130, 2, 4, 64, 64, dtype, seed=12, normalize_k=False)
-    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
-    want = reference.naive_recurrent_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True,
-                                                      use_qk_l2norm=True)
-    got = pallas_ops.chunk_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True,
-                                            use_qk_l2norm=True, wy_solver="merge", interpret=True)
+                                            use_qk_l2norm=True, interpret=True, **variant)
     for name in ("o", "final_state", "v_new"):
         _check(name, getattr(got, name), getattr(want, name), TOL[dtype])
 
