@@ -64,3 +64,62 @@ def write_results(out_dir: str, stem: str, result: dict, markdown: str) -> None:
     with open(os.path.join(out_dir, stem + ".md"), "w") as f:
         f.write(markdown)
     print(markdown)
+
+
+def chain_lowered(fn, args: tuple, feed: int, chain: int):
+    """`chain_seconds` split in two: the lowered loop of `chain` dependent fn(*args) calls (lower it under
+    the settings to compare, compile several on a thread pool with `compile_all`), timed by `time_chain`."""
+    def run(arrays):
+        def body(_, eps):
+            a = list(arrays)
+            a[feed] = a[feed] + (eps * 0.0).astype(a[feed].dtype)
+            first = jax.tree.leaves(fn(*a))[0]
+            return first.reshape(-1)[0].astype(jnp.float32)
+        return jax.lax.fori_loop(0, chain, body, jnp.zeros((), jnp.float32))
+
+    return jax.jit(run).lower(tuple(args))
+
+
+def carried_lowered(fn, carry, consts: tuple, chain: int):
+    """The lowered loop carry <- fn(carry, *consts), `chain` times, returning the final carry (so nothing
+    fn computes into the carry is dead code). Time it with `time_chain(compiled, (carry, consts), ...)`."""
+    def run(arrays):
+        carry, consts = arrays
+        return jax.lax.fori_loop(0, chain, lambda _, c: fn(c, *consts), carry)
+
+    return jax.jit(run).lower((carry, tuple(consts)))
+
+
+def compile_all(lowered: dict, workers: int = 12) -> dict:
+    """{name: compiled} from {name: lowered}, compiled in parallel (XLA releases the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(zip(lowered, pool.map(lambda lo: lo.compile(), lowered.values())))
+
+
+def time_chain(compiled, args: tuple, chain: int, repeats: int) -> float:
+    """Seconds per call of a loop from `chain_lowered`, compiled."""
+    return median_time(lambda: compiled(tuple(args)), repeats) / chain
+
+
+class env_setting:
+    """Context manager: set environment variables (None deletes) for the code inside, e.g. while a
+    function is traced under another SPECDEC_GDN_IMPLEMENTATION; restores the old values after."""
+
+    def __init__(self, **values):
+        self.values, self.old = values, {}
+
+    def __enter__(self):
+        for k, v in self.values.items():
+            self.old[k] = os.environ.get(k)
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    def __exit__(self, *exc):
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

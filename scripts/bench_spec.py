@@ -15,9 +15,11 @@ For a checkpoint folder (or --random-9b: the transformers default 9B shape with 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,7 +30,7 @@ import numpy as np  # noqa: E402
 from scripts.bench_common import median_time, result_header, write_results  # noqa: E402
 
 
-def random_9b_model(tiny: bool):
+def random_9b_model(tiny: bool, dtype: str = "bfloat16"):
     """Random bf16 weights made on the device in the fused layout (no file, no transformers)."""
     from specdec_jax.config import qwen35_config_from_dict
     from specdec_jax.loading import build_tree
@@ -52,9 +54,9 @@ def random_9b_model(tiny: bool):
         if leaf.groups[0][0][0].endswith("conv1d.weight"):
             shape = (shape[0], shape[2])
         scale = shape[-1] ** -0.5 if len(shape) > 1 else 0.1
-        return (jax.random.normal(next(keys), shape, jnp.float32) * scale).astype(jnp.bfloat16)
+        return (jax.random.normal(next(keys), shape, jnp.float32) * scale).astype(dtype)
 
-    return Model(config=cfg, params=build_tree(specs, make), dtype=jnp.bfloat16)
+    return Model(config=cfg, params=build_tree(specs, make), dtype=jnp.dtype(dtype))
 
 
 def load_prompts(spec: str, tokenizer, limit: int) -> list[list[int]]:
@@ -111,6 +113,154 @@ def step_costs(model, gammas, prompt_len: int, repeats: int):
     return rows
 
 
+def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens: int, repeats: int,
+                      time_budget_s: float, on_row=None) -> dict:
+    """End-to-end time per token of AR and of n-gram speculation whose accepted count follows a seeded
+    schedule (each draft kept with probability p, stopping at the first rejection; the real acceptance
+    still runs on the verifier's logits: `speculative.forced_acceptance`). One compile per (gamma,
+    rollback); p is a traced argument. Outputs are meaningless: this measures step cost against tokens
+    per step, independently of the weights. Compiles run in parallel; each job's seconds are reported."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specdec_jax.decoding import autoregressive as ar_mod
+    from specdec_jax.decoding import speculative as sp
+    from specdec_jax.decoding.sampling import SamplingConfig
+    from specdec_jax.drafters.ngram import NgramDrafter
+    from specdec_jax.models import qwen35
+    cfg, params = model.config, model.params
+    t_start = time.perf_counter()
+    prompt = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (1, prompt_len)), jnp.int32)
+    key = jax.random.PRNGKey(0)
+    drafter, sampling = NgramDrafter(), SamplingConfig()
+    max_len = prompt_len + new_tokens + max(gammas) + 1
+    from specdec_jax.api import qwen_ops
+    ops = qwen_ops()
+    static_ap = dict(ops=ops, cfg=cfg, max_len=max_len, state_dtype=model.dtype)
+    static_ad = dict(ops=ops, cfg=cfg, max_new_tokens=new_tokens, sampling=sampling, eos_ids=())
+    logits_s, state_s = jax.eval_shape(functools.partial(ar_mod._prefill, **static_ap), params, prompt)
+    jobs = {"ar_prefill": lambda: ar_mod._prefill.lower(params, prompt, **static_ap),
+            "ar_loop": lambda: ar_mod._decode_loop.lower(params, state_s, logits_s, key, **static_ad)}
+    configs = [(g, rb) for g in gammas for rb in rollbacks
+               if not (rb in ("replay", "snapshot") and g + 1 > qwen35.MAX_RECURRENT_VERIFY)]
+    statics = {}
+    for g in gammas:
+        static_p = dict(cfg=cfg, max_len=max_len, sampling=sampling, eos_ids=(), state_dtype=model.dtype, gamma=g,
+                        max_new_tokens=new_tokens, drafter=drafter, impl="auto")
+        shapes = jax.eval_shape(functools.partial(sp._spec_prefill, **static_p), params, prompt, key)
+        jobs["prefill", g] = functools.partial(sp._spec_prefill.lower, params, prompt, key, **static_p)
+        for rb in rollbacks:
+            if (g, rb) not in configs:
+                continue
+            static_l = dict(cfg=cfg, sampling=sampling, eos_ids=(), gamma=g, max_new_tokens=new_tokens,
+                            drafter=drafter, rollback=rb, impl="auto")
+            statics[g, rb] = static_l
+            jobs["loop", g, rb] = functools.partial(sp._spec_loop.lower, params, shapes[0], shapes[1], key,
+                                                    jnp.float32(0.5), **static_l)
+    lowered = {name: make() for name, make in jobs.items()}
+    print(f"lowered {len(lowered)} functions in {time.perf_counter() - t_start:.0f} s", flush=True)
+
+    def compile_timed(lo):
+        t0 = time.perf_counter()
+        return lo.compile(), time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        done = dict(zip(lowered, pool.map(compile_timed, lowered.values())))
+    exe = {k: v[0] for k, v in done.items()}
+    compile_s = {str(k): v[1] for k, v in done.items()}
+    print(f"compiled in {time.perf_counter() - t0:.0f} s (pool of 12)", flush=True)
+
+    def ar_run():
+        logits, state = exe["ar_prefill"](params, prompt)
+        jax.block_until_ready(state)
+        t0 = time.perf_counter()
+        tokens, state, steps = exe["ar_loop"](params, state, logits, key)
+        jax.block_until_ready(tokens)
+        return (time.perf_counter() - t0) / (new_tokens - 1)
+
+    def spec_run(g, rb, p):
+        state, dstate = exe["prefill", g](params, prompt, key)
+        jax.block_until_ready(state)
+        t0 = time.perf_counter()
+        tokens, state, dstate = exe["loop", g, rb](params, state, dstate, key, jnp.float32(p))
+        jax.block_until_ready(tokens)
+        sec = time.perf_counter() - t0
+        steps = int(state.steps)
+        acc = np.asarray(state.accepted)[:steps, 0]
+        n_out = int(min(int(state.n_out[0]), new_tokens))
+        return sec / (n_out - 1), float((acc + 1).mean()), steps
+
+    ar_run()  # warm-up (autotuning)
+    ar_times = [ar_run() for _ in range(repeats)]
+    rows = []
+    result = {"ar_s_per_token": float(np.median(ar_times)), "ar_tok_s": float(1 / np.median(ar_times)),
+              "compile_seconds": compile_s, "rows": rows}
+    for g, rb in configs:
+        spec_run(g, rb, 1.0)  # warm-up
+        for p in ps:
+            if time.perf_counter() - t_start > time_budget_s:
+                print("time budget reached", flush=True)
+                return result
+            runs = []
+            for _ in range(repeats):
+                runs.append(spec_run(g, rb, p))
+                ar_times.append(ar_run())  # AR alternates with speculation: drift hits both
+            sec = float(np.median([r[0] for r in runs]))
+            tps = float(np.mean([r[1] for r in runs]))
+            ar_sec = float(np.median(ar_times))
+            row = {"gamma": g, "rollback": rb, "p": p, "tokens_per_step": tps, "seconds": sec,
+                   "seconds_per_step": sec * tps, "speedup": ar_sec / sec, "speedup_over_tokens_per_step":
+                   ar_sec / sec / tps, "default": rb == sp.DEFAULT_ROLLBACK,
+                   "compile_seconds": compile_s[str(("loop", g, rb))]}
+            rows.append(row)
+            result["ar_s_per_token"], result["ar_tok_s"] = ar_sec, 1 / ar_sec
+            print(json.dumps(row), flush=True)
+            if on_row:
+                on_row(result)
+    return result
+
+
+def cost_curve_markdown(result, header, args) -> str:
+    md = [f"# Speculative cost curve, forced acceptance ({result['model']})", "",
+          f"{header['device']} · jax {header['jax']} · commit {header['commit']} · {header['date']}", "",
+          f"`{header['command']}`", "",
+          "n-gram drafts whose accepted count follows a seeded schedule (each draft kept with probability p, "
+          "stopping at the first rejection); the real acceptance still runs on the verifier's logits. The outputs "
+          "are meaningless: the rows measure time per token against tokens per step. Greedy, batch 1, prompt "
+          f"{args.prompt_len} random tokens, {args.max_new_tokens} new tokens, median of {args.repeats} runs, AR "
+          f"alternating with speculation in the same process. AR: **{result['ar_tok_s']:.1f} tok/s** "
+          f"({result['ar_s_per_token'] * 1e3:.3f} ms per token).", "",
+          "| gamma | rollback | default | p | tokens / step | ms / token | speedup over AR | speedup ÷ tokens per step | compile s |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        md.append(f"| {r['gamma']} | {r['rollback']} | {'yes' if r['default'] else 'no'} | {r['p']:.2f} | "
+                  f"{r['tokens_per_step']:.2f} | {r['seconds'] * 1e3:.3f} | {r['speedup']:.2f}× | "
+                  f"{r['speedup_over_tokens_per_step']:.3f} | {r['compile_seconds']:.0f} |")
+    md += ["", "Compile seconds: each job's own wall time while 12 compiled at once on the machine's CPU cores.", "",
+           f"![speedup against tokens per step]({result['stem']}.png)"]
+    return "\n".join(md) + "\n"
+
+
+def plot_cost_curve(result, path: str) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(6.5, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    top = max([r["tokens_per_step"] for r in result["rows"]] + [2.0])
+    ax.plot([1, top], [1, top], "k--", lw=1, label="ideal y = x")
+    for key in dict.fromkeys((r["gamma"], r["rollback"]) for r in result["rows"]):
+        pts = sorted((r["tokens_per_step"], r["speedup"]) for r in result["rows"] if (r["gamma"], r["rollback"]) == key)
+        ax.plot([a for a, _ in pts], [b for _, b in pts], "o-", ms=3, label=f"gamma {key[0]}, {key[1]}")
+    ax.set_xlabel("tokens per step")
+    ax.set_ylabel("speedup over AR")
+    ax.set_title(f"{result['model']}: forced-acceptance cost curve")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="checkpoint folder (with tokenizer for --prompts heldout)")
@@ -123,8 +273,13 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--gammas", default="1,2,4,8,16")
     ap.add_argument("--e2e-gamma", type=int, default=8)
-    ap.add_argument("--e2e-methods", default="ngram,ngram-table,mtp,mtp-shortlist",
-                    help="comma list (n-gram runs with both rollback modes, the others with pseudo-values)")
+    ap.add_argument("--e2e-methods", default="ngram,ngram/snapshot,ngram-table,mtp,mtp-shortlist",
+                    help="comma list of METHOD[:GAMMA][/ROLLBACK] (default gamma --e2e-gamma, default rollback)")
+    ap.add_argument("--forced-acceptance", default=None, metavar="P,P,...",
+                    help="cost curve only: acceptance probabilities in [0, 1] that replace the real acceptance "
+                         "outcome (n-gram drafts; outputs meaningless); writes spec_cost_curve_<model>")
+    ap.add_argument("--rollbacks", default="replay,pseudo,snapshot", help="with --forced-acceptance")
+    ap.add_argument("--time-budget-s", type=float, default=1e9, help="with --forced-acceptance")
     ap.add_argument("--skip-e2e", action="store_true")
     ap.add_argument("--skip-steps", action="store_true", help="no step-cost table (end to end only)")
     ap.add_argument("--tag", default="", help="suffix of the result files")
@@ -134,11 +289,37 @@ def main():
     import specdec_jax as sj
 
     gammas = [int(g) for g in args.gammas.split(",")]
+    ps = None
+    if args.forced_acceptance is not None:
+        try:
+            ps = [float(p) for p in args.forced_acceptance.split(",")]
+        except ValueError:
+            ap.error(f"--forced-acceptance: a comma list of probabilities in [0, 1]; got {args.forced_acceptance!r}")
+        if not ps or not all(0.0 <= p <= 1.0 for p in ps):
+            ap.error(f"--forced-acceptance: every probability must lie in [0, 1]; got {args.forced_acceptance!r}")
+        from specdec_jax.decoding.speculative import ROLLBACK_MODES
+        bad = [rb for rb in args.rollbacks.split(",") if rb not in ROLLBACK_MODES]
+        if bad:
+            ap.error(f"--rollbacks: unknown {bad}; expected some of {ROLLBACK_MODES}")
     header = result_header("bench_spec")
     if args.random_9b:
         model, name = random_9b_model(args.tiny), ("qwen35_tiny_random" if args.tiny else "qwen35_9b_random")
     else:
         model, name = sj.load(args.model, dtype="bfloat16"), os.path.basename(os.path.normpath(args.model))
+    if ps is not None:
+        stem = f"spec_cost_curve_{name}{args.tag}"
+        head = {**header, "commit": header["git_commit"], "model": name, "stem": stem}
+
+        def save_curve(res):
+            full = {**head, **res}
+            write_results(args.out, stem, full, cost_curve_markdown(full, head, args))
+            if full["rows"]:
+                plot_cost_curve(full, os.path.join(args.out, stem + ".png"))
+
+        res = forced_cost_curve(model, ps, gammas, args.rollbacks.split(","), args.prompt_len or 256,
+                                args.max_new_tokens, max(1, args.repeats), args.time_budget_s, on_row=save_curve)
+        save_curve(res)
+        return
     result = {**header, "model": name, "xla_flags": os.environ.get("XLA_FLAGS", ""),
               "steps": [] if args.skip_steps else step_costs(model, gammas, 256, args.repeats)}
 
@@ -152,40 +333,48 @@ def main():
         if args.prompt_len:
             prompts = [p[-args.prompt_len:] for p in prompts if len(p) >= args.prompt_len]
         prompts = [np.asarray([p]) for p in prompts[:args.num_prompts]]
+        from specdec_jax.decoding.speculative import DEFAULT_ROLLBACK
         available = set(sj.supported_methods(model))
-        configs = [(m, rb) for m in args.e2e_methods.split(",") if m in available
-                   for rb in (("pseudo", "snapshot") if m == "ngram" else ("pseudo",))]
-        result["e2e_skipped_methods"] = [m for m in args.e2e_methods.split(",") if m not in available]
+        configs, skipped = [], []
+        for item in args.e2e_methods.split(","):
+            spec, _, rollback = item.partition("/")
+            method, _, gamma = spec.partition(":")
+            (configs if method in available else skipped).append(
+                (method, int(gamma) if gamma else args.e2e_gamma, rollback or DEFAULT_ROLLBACK))
+        result["e2e_skipped_methods"] = [m for m, _, _ in skipped]
+        label = lambda m, g, rb: f"{m}:{g}/{rb}"
 
-        def run(ids, method, rollback):
+        def run(ids, method, gamma=None, rollback=None):
             if method == "ar":
                 return sj.generate(model, ids, args.max_new_tokens, eos_token_id=False)
-            return sj.generate(model, ids, args.max_new_tokens, method=method, gamma=args.e2e_gamma,
-                               rollback=rollback, eos_token_id=False)
+            return sj.generate(model, ids, args.max_new_tokens, method=method, gamma=gamma, rollback=rollback,
+                               eos_token_id=False)
 
+        result["compile_seconds"] = {}
         if prompts:  # warm-up: compile and GPU autotuning happen here, outside the timed runs
-            for method, rollback in [("ar", None)] + configs:
-                run(prompts[0], method, rollback)
+            result["compile_seconds"]["ar"] = run(prompts[0], "ar").stats["compile_seconds"]
+            for c in configs:
+                result["compile_seconds"][label(*c)] = run(prompts[0], *c).stats["compile_seconds"]
         result["e2e"] = []
         for ids in prompts:
-            ar = run(ids, "ar", None)
+            ar = run(ids, "ar")
             row = {"prompt_tokens": ids.shape[1], "ar_tps": ar.stats["decode_tokens_per_second"]}
-            for method, rollback in configs:
-                sp = run(ids, method, rollback)
+            for c in configs:
+                sp = run(ids, *c)
                 # Same formula as AR's decode tok/s: tokens after the first (which comes from the prefill).
                 tps = (sp.stats["new_tokens"] - 1) / sp.stats["decode_seconds"]
-                row[f"{method}/{rollback}"] = {"tps": tps, "speedup": tps / row["ar_tps"],
-                                               "mean_accepted": sp.stats["mean_accepted"],
-                                               "verify_steps": sp.stats["verify_steps"],
-                                               "equal_to_ar": bool((sp.tokens == ar.tokens).all())}
+                row[label(*c)] = {"tps": tps, "speedup": tps / row["ar_tps"],
+                                  "mean_accepted": sp.stats["mean_accepted"], "verify_steps": sp.stats["verify_steps"],
+                                  "equal_to_ar": bool((sp.tokens == ar.tokens).all())}
             result["e2e"].append(row)
             print(json.dumps(row), flush=True)
             rows = result["e2e"]
             result["e2e_summary"] = {
-                f"{m}/{rb}": {"median_speedup": float(np.median([r[f"{m}/{rb}"]["speedup"] for r in rows])),
-                              "mean_accepted": float(np.mean([r[f"{m}/{rb}"]["mean_accepted"] for r in rows])),
-                              "all_equal_to_ar": all(r[f"{m}/{rb}"]["equal_to_ar"] for r in rows)}
-                for m, rb in configs}
+                label(*c): {"median_speedup": float(np.median([r[label(*c)]["speedup"] for r in rows])),
+                            "mean_accepted": float(np.mean([r[label(*c)]["mean_accepted"] for r in rows])),
+                            "equal_to_ar": sum(r[label(*c)]["equal_to_ar"] for r in rows),
+                            "compile_seconds": result["compile_seconds"][label(*c)]}
+                for c in configs}
             save()
     save()
 
@@ -199,13 +388,17 @@ def markdown(result, name, header, args) -> str:
         md.append(f"| {r['rollback']} | {r['gamma']} | {r['verify_ms']:.3f} | {r['ar_step_ms']:.3f} | "
                   f"{r['verify_over_ar']:.2f}× | {r['commit_ms']:.3f} | {r['rollback_state_bytes'] / 2**20:.2f} MiB |")
     if "e2e_summary" in result:
-        md += ["", f"End to end, greedy, gamma={args.e2e_gamma}, {len(result['e2e'])} prompts of "
-                   f"{args.prompt_len or 'their own'} tokens, {args.max_new_tokens} new tokens (decode tok/s, each "
-                   f"prompt paired with AR; compile and autotuning in a warm-up run before):", "",
-               "| method / rollback | median speedup over AR | mean accepted drafts / step | outputs equal to AR |",
-               "|---|---|---|---|"]
+        n = len(result["e2e"])
+        ar_tps = float(np.median([r["ar_tps"] for r in result["e2e"]]))
+        md += ["", f"End to end, greedy, {n} prompts of {args.prompt_len or 'their own'} tokens, "
+                   f"{args.max_new_tokens} new tokens (decode tok/s, each prompt paired with AR; compile and "
+                   f"autotuning in a warm-up run before). AR: median {ar_tps:.1f} tok/s, compiled in "
+                   f"{result['compile_seconds'].get('ar', float('nan')):.1f} s.", "",
+               "| method:gamma / rollback | median speedup over AR | mean accepted drafts / step | outputs equal to AR "
+               "| compile s |", "|---|---|---|---|---|"]
         for key, s in result["e2e_summary"].items():
-            md.append(f"| {key} | {s['median_speedup']:.2f}× | {s['mean_accepted']:.2f} | {s['all_equal_to_ar']} |")
+            md.append(f"| {key} | {s['median_speedup']:.2f}× | {s['mean_accepted']:.2f} | {s['equal_to_ar']} of {n} "
+                      f"| {s['compile_seconds']:.1f} |")
         if result.get("e2e_skipped_methods"):
             md += ["", f"Not run (the checkpoint lacks what they need): {', '.join(result['e2e_skipped_methods'])}."]
     return "\n".join(md) + "\n"

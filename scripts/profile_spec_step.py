@@ -1,13 +1,23 @@
-"""Where one speculative step's time goes on a checkpoint (GPU; --tiny shapes on CPU for a smoke run).
+"""Where a speculative step's time goes, and which GPU path is fastest for each piece (the measurement
+behind the defaults of `pallas_kernels.gated_delta.default_implementation` and of the verify form).
 
-Times, each inside one jitted fori_loop of --chain dependent calls (no dispatch overhead, as the
-on-device generation loop runs them): one AR step (T = 1 forward + argmax), the drafter's proposal,
-the verification forward (gamma + 1 tokens) in both rollback modes, greedy acceptance, the commit in
-both modes, and the whole `spec_step` (draft -> verify -> accept -> commit -> bookkeeping) in both
-modes. State: a --prefix token committed prefix with random recurrent states (not zeros).
-Writes profile_spec_step_<model>.json / .md.
+Every piece runs inside one jitted fori_loop of --chain dependent calls (no dispatch overhead, as the
+on-device generation loop runs it); the arrays are jit arguments. Variants of one piece are traced under
+different SPECDEC_GDN_IMPLEMENTATION settings, compiled together on a thread pool, then timed:
 
+  - AR step (T = 1 forward + argmax): recurrent op as Pallas kernel / as XLA loop;
+  - verification forward of gamma + 1 tokens: recurrent Pallas kernel, chunk Pallas kernels (the old
+    default), recurrent XLA loop; and with snapshots;
+  - commit: replay (Pallas, XLA), pseudo-values (Pallas, XLA), snapshot selection;
+  - the whole `spec_step` (n-gram drafts, greedy): the defaults in each rollback mode, and the old
+    default (chunk verify + XLA pseudo-value commit).
+
+State: a --prefix-token committed prefix with random K/V and recurrent states (never zeros).
+Writes profile_spec_step_<model>.json / .md as it goes (a killed run keeps what it measured).
+
+    python scripts/profile_spec_step.py --random-9b --out "$OUT"            # GPU
     python scripts/profile_spec_step.py --model checkpoints/tiny-qwen35-code --out "$OUT"
+    python scripts/profile_spec_step.py --random-9b --tiny --chain 2 --repeats 1 --out /tmp/p   # CPU smoke
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -22,96 +33,177 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scripts.bench_common import chain_seconds, median_time, result_header, write_results  # noqa: E402
+from scripts.bench_common import (carried_lowered, chain_lowered, compile_all, env_setting,  # noqa: E402
+                                  result_header, time_chain, write_results)
+
+ENV = "SPECDEC_GDN_IMPLEMENTATION"
+PALLAS = "chunk=pallas,recurrent=pallas,replay=pallas,commit=pallas"
+OLD_DEFAULT = "chunk=pallas,recurrent=reference,replay=reference,commit=reference"
+XLA_LOOPS = "chunk=pallas,recurrent=reference,replay=reference,commit=reference"
+
+
+def committed_state(cfg, dtype, prefix: int, max_len: int, seed: int = 0):
+    """A state as after a `prefix`-token prompt: random K/V in the prefix slots, random GDN and conv states."""
+    from specdec_jax.models import qwen35
+    base = qwen35.init_state(cfg, 1, max_len, dtype)
+    keys = iter(jax.random.split(jax.random.PRNGKey(seed), 64))
+    rand = lambda x, s: (jax.random.normal(next(keys), x.shape, jnp.float32) * s).astype(x.dtype)
+    return base.replace(length=jnp.full((1,), prefix, jnp.int32),
+                        keys=tuple(rand(x, 1.0) for x in base.keys), values=tuple(rand(x, 1.0) for x in base.values),
+                        conv=tuple(rand(x, 0.5) for x in base.conv), recurrent=tuple(rand(x, 0.1) for x in base.recurrent))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="checkpoints/tiny-qwen35-code")
-    ap.add_argument("--gamma", type=int, default=8)
-    ap.add_argument("--prefix", type=int, default=128)
-    ap.add_argument("--chain", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--random-9b", action="store_true", help="Qwen3.5-9B shape, random weights")
+    ap.add_argument("--tiny", action="store_true", help="with --random-9b: a tiny shape (CPU smoke run)")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--precision", default=None, choices=(None, "highest"),
+                    help="jax_default_matmul_precision for the whole run")
+    ap.add_argument("--gammas", default="4,8,16")
+    ap.add_argument("--step-gammas", default="8", help="gammas of the whole-step rows")
+    ap.add_argument("--pieces", default="ar,verify,commit,step")
+    ap.add_argument("--prefix", type=int, default=256)
+    ap.add_argument("--chain", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--time-budget-s", type=float, default=1e9, help="stop timing new rows after this long")
+    ap.add_argument("--tag", default="")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
+    if args.precision:
+        jax.config.update("jax_default_matmul_precision", args.precision)
     import specdec_jax as sj
     from specdec_jax.decoding import speculative as sp
-    from specdec_jax.decoding.acceptance import greedy_accept
     from specdec_jax.decoding.sampling import SamplingConfig
     from specdec_jax.drafters.ngram import NgramDrafter
     from specdec_jax.models import qwen35
 
-    model = sj.load(args.model, dtype="bfloat16")
-    cfg, params, g = model.config, model.params, args.gamma
-    name = os.path.basename(os.path.normpath(args.model))
+    t_start = time.perf_counter()
+    if args.random_9b:
+        from scripts.bench_spec import random_9b_model
+        model = random_9b_model(args.tiny, dtype=args.dtype)
+        name = "qwen35_tiny_random" if args.tiny else "qwen35_9b_random"
+    else:
+        model = sj.load(args.model, dtype=args.dtype)
+        name = os.path.basename(os.path.normpath(args.model))
+    name += "" if args.dtype == "bfloat16" else f"_{args.dtype}" + (f"_{args.precision}" if args.precision else "")
+    cfg, params = model.config, model.params
+    gammas = [int(g) for g in args.gammas.split(",")]
+    step_gammas = [int(g) for g in args.step_gammas.split(",")]
+    wanted = set(args.pieces.split(","))
+    max_len = args.prefix + 4 * args.chain * (max(gammas + step_gammas) + 1) + 64
+    base = committed_state(cfg, model.dtype, args.prefix, max_len)
     rng = np.random.default_rng(0)
-    prompt = jnp.asarray(rng.integers(0, cfg.vocab_size, (1, args.prefix)), jnp.int32)
-    drafter = NgramDrafter()
-    static = dict(cfg=cfg, max_len=args.prefix + 4 * args.chain * (g + 1), sampling=SamplingConfig(), eos_ids=(),
-                  state_dtype=jnp.float32, gamma=g, max_new_tokens=2 * args.chain * (g + 1), drafter=drafter,
-                  impl="auto")
-    state, dstate = sp._spec_prefill(params, prompt, jax.random.PRNGKey(0), **static)
-    model_state = state.model.replace(recurrent=tuple(
-        jax.random.normal(jax.random.PRNGKey(i), r.shape, jnp.float32) * 0.1 for i, r in enumerate(state.model.recurrent)))
-    state = state.replace(model=model_state)
-    toks = jnp.asarray(rng.integers(0, cfg.vocab_size, (1, g + 1)), jnp.int32)
-    rows = []
+    toks = {g: jnp.asarray(rng.integers(0, cfg.vocab_size, (1, g + 1)), jnp.int32) for g in gammas + step_gammas}
 
-    def record(piece, sec):
-        rows.append({"piece": piece, "us": sec * 1e6})
-        print(f"{piece:40s} {sec * 1e6:9.1f} us", flush=True)
+    lowered, inputs = {}, {}
 
-    def ar_step(tok, params, st):
-        logits = qwen35.forward(params, cfg, st, tok, logits_for="last")[0]
-        return jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)[:, None]
-    record("AR step (forward T=1 + argmax)", chain_seconds(ar_step, (toks[:, :1], params, model_state), 0,
-                                                           args.chain, args.repeats))
+    def add(key, env, fn, fargs, feed):
+        with env_setting(**{ENV: env}):
+            lowered[key] = chain_lowered(fn, fargs, feed, args.chain)
+        inputs[key] = fargs
 
-    def propose(hist, st):
-        return drafter.propose(params, cfg, (), hist, st.hist_len, g, jax.random.PRNGKey(0))[0]
-    record(f"n-gram proposal (gamma {g})", chain_seconds(propose, (state.history, state), 0, args.chain,
-                                                          args.repeats))
-    for rb in ("pseudo", "snapshot"):
-        def verify(t, params, st, rb=rb):
-            return qwen35.forward(params, cfg, st, t, collect=rb)[0]
-        record(f"verify forward T={g + 1} ({rb})", chain_seconds(verify, (toks, params, model_state), 0, args.chain,
-                                                                  args.repeats))
-    logits, verified, extras = jax.jit(lambda p, s, t: qwen35.forward(p, cfg, s, t, collect="pseudo"))(
-        params, model_state, toks)
-    record("greedy acceptance", chain_seconds(lambda d, lg: greedy_accept(d, lg)[0], (toks[:, 1:], logits), 0,
-                                              args.chain, args.repeats))
-    for rb in ("pseudo", "snapshot"):
-        _, verified, extras = jax.jit(lambda p, s, t, rb=rb: qwen35.forward(p, cfg, s, t, collect=rb))(
-            params, model_state, toks)
-        n_keep = jnp.full((1,), (g + 2) // 2, jnp.int32)
+    def add_carried(key, env, fn, carry, consts):
+        with env_setting(**{ENV: env}):
+            lowered[key] = carried_lowered(fn, carry, consts, args.chain)
+        inputs[key] = (carry, tuple(consts))
 
-        def commit(n, st, ver, ex):
-            return qwen35.commit(st, ver, ex, n).recurrent[0]
-        record(f"commit ({rb})", chain_seconds(commit, (n_keep, model_state, verified, extras), 0, args.chain,
-                                               args.repeats))
-    for rb in ("pseudo", "snapshot"):
-        def run(p, s, d, rb=rb):
-            def body(i, carry):
-                s, d = carry
-                s, d, _, _ = sp.spec_step(p, cfg, s, d, jax.random.PRNGKey(i), drafter=drafter, gamma=g,
-                                          sampling=SamplingConfig(), rollback=rb,
-                                          max_new_tokens=static["max_new_tokens"], eos_ids=())
-                return s, d
-            return jax.lax.fori_loop(0, args.chain, body, (s, d))  # the whole state: nothing is dead code
+    def ar_step(carry, params):  # the state is carried: its update (GDN states, K/V write) is real work
+        tok, st = carry
+        logits, st, _ = qwen35.forward(params, cfg, st, tok, logits_for="last")
+        return jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)[:, None], st
 
-        looped = jax.jit(run)
-        record(f"whole spec_step ({rb})", median_time(lambda: looped(params, state, dstate), args.repeats) / args.chain)
+    if "ar" in wanted:
+        for label, env in (("pallas", PALLAS), ("xla loop", XLA_LOOPS)):
+            add_carried(("AR step", label, 0), env, ar_step, (toks[gammas[0]][:, :1], base), (params,))
+    for g in gammas:
+        if "verify" in wanted:
+            for label, env, collect in (("recurrent pallas", PALLAS, "replay"), ("chunk pallas", OLD_DEFAULT, "pseudo"),
+                                        ("recurrent xla loop", XLA_LOOPS, "replay"),
+                                        ("recurrent pallas, snapshots", PALLAS, "snapshot")):
+                if collect == "snapshot" and g + 1 > qwen35.MAX_RECURRENT_VERIFY:
+                    continue
+                fn = lambda p, s, t, c=collect: qwen35.forward(p, cfg, s, t, collect=c)[0]
+                add(("verify", label, g), env, fn, (params, base, toks[g]), 2)
+        if "commit" in wanted:
+            for label, env, collect in (("replay pallas", PALLAS, "replay"), ("replay xla loop", XLA_LOOPS, "replay"),
+                                        ("pseudo pallas", PALLAS, "pseudo"), ("pseudo xla", XLA_LOOPS, "pseudo"),
+                                        ("snapshot", PALLAS, "snapshot")):
+                if collect == "snapshot" and g + 1 > qwen35.MAX_RECURRENT_VERIFY:
+                    continue
+                with env_setting(**{ENV: env}):
+                    _, verified, extras = jax.jit(lambda p, s, t, c=collect: qwen35.forward(p, cfg, s, t, collect=c))(
+                        params, base, toks[g])
+                n_keep = jnp.full((1,), (g + 2) // 2, jnp.int32)
+                # The committed state is carried into the next commit: nothing of it is dead code.
+                fn = lambda st, v, e, n: qwen35.commit(st, v, e, n).replace(length=st.length)
+                add_carried(("commit", label, g), env, fn, base, (verified, extras, n_keep))
+    spec_states = {}
+    if "step" in wanted:
+        drafter = NgramDrafter()
+        for g in step_gammas:
+            static = dict(cfg=cfg, max_len=max_len, sampling=SamplingConfig(), eos_ids=(), state_dtype=model.dtype,
+                          gamma=g, max_new_tokens=2 * args.chain * (g + 1), drafter=drafter, impl="auto")
+            prompt = jnp.asarray(rng.integers(0, cfg.vocab_size, (1, 16)), jnp.int32)
+            state, dstate = sp._spec_prefill(params, prompt, jax.random.PRNGKey(0), **static)
+            state = state.replace(model=base.replace(length=state.model.length))
+            spec_states[g] = (state, dstate)
+            for label, env, rb in (("default, replay", PALLAS, "replay"), ("pallas, pseudo", PALLAS, "pseudo"),
+                                   ("pallas, snapshot", PALLAS, "snapshot"), ("old default (chunk, xla pseudo)",
+                                                                             OLD_DEFAULT, "pseudo")):
+                if rb in ("snapshot", "replay") and g + 1 > qwen35.MAX_RECURRENT_VERIFY:
+                    continue
+
+                def steps(arrays, rb=rb, g=g, mnt=static["max_new_tokens"]):
+                    p, s, d = arrays
+
+                    def body(i, carry):  # the whole state is carried: nothing of a step is dead code
+                        s, d = carry
+                        s, d, _, _ = sp.spec_step(p, cfg, s, d, jax.random.PRNGKey(i), drafter=drafter, gamma=g,
+                                                  sampling=SamplingConfig(), rollback=rb, max_new_tokens=mnt,
+                                                  eos_ids=())
+                        return s, d
+                    return jax.lax.fori_loop(0, args.chain, body, (s, d))
+
+                key = ("whole spec_step", label, g)
+                with env_setting(**{ENV: env}):
+                    lowered[key] = jax.jit(steps).lower((params, state, dstate))
+                inputs[key] = (params, state, dstate)
+    print(f"lowered {len(lowered)} loops in {time.perf_counter() - t_start:.0f} s", flush=True)
+    t0 = time.perf_counter()
+    compiled = compile_all(lowered)
+    print(f"compiled them in {time.perf_counter() - t0:.0f} s", flush=True)
 
     header = result_header("profile_spec_step")
-    md = [f"# One speculative step, piece by piece ({name}, n-gram, gamma {g})", "",
-          f"{header['device']} · jax {header['jax']} · commit {header['git_commit']} · {header['date']}", "",
-          f"`{header['command']}`", "",
-          f"Each piece in a jitted loop of {args.chain} dependent calls (median of {args.repeats}), per call; "
-          f"bf16 weights, {args.prefix}-token committed prefix.", "", "| piece | µs | × AR step |", "|---|---|---|"]
-    ar = rows[0]["us"]
-    md += [f"| {r['piece']} | {r['us']:.1f} | {r['us'] / ar:.2f} |" for r in rows]
-    write_results(args.out, f"profile_spec_step_{name}", {**header, "model": name, "gamma": g, "rows": rows},
-                  "\n".join(md) + "\n")
+    rows = []
+    ar_us = None
+
+    def save():
+        md = [f"# One speculative step, piece by piece ({name})", "",
+              f"{header['device']} · jax {header['jax']} · commit {header['git_commit']} · {header['date']}", "",
+              f"`{header['command']}`", "",
+              f"Each piece in a jitted loop of {args.chain} dependent calls (median of {args.repeats}), per call; "
+              f"{args.dtype} weights, {args.prefix}-token committed prefix with random K/V and states; n-gram "
+              "drafts for whole steps.", "", "| piece | variant | gamma | µs | × AR step (pallas) |", "|---|---|---|---|---|"]
+        md += [f"| {r['piece']} | {r['variant']} | {r['gamma'] or '-'} | {r['us']:.1f} | "
+               f"{r['us'] / ar_us:.3f} |" if ar_us else
+               f"| {r['piece']} | {r['variant']} | {r['gamma'] or '-'} | {r['us']:.1f} | - |" for r in rows]
+        write_results(args.out, f"profile_spec_step_{name}{args.tag}",
+                      {**header, "model": name, "dtype": args.dtype, "precision": args.precision,
+                       "chain": args.chain, "prefix": args.prefix, "rows": rows}, "\n".join(md) + "\n")
+
+    for key, exe in compiled.items():
+        if time.perf_counter() - t_start > args.time_budget_s:
+            print("time budget reached", flush=True)
+            break
+        us = time_chain(exe, inputs[key], args.chain, args.repeats) * 1e6
+        piece, variant, g = key
+        rows.append({"piece": piece, "variant": variant, "gamma": g, "us": us})
+        if piece == "AR step" and variant == "pallas":
+            ar_us = us
+        print(f"{piece:18s} {variant:34s} {g:3d} {us:10.1f} us", flush=True)
+    save()
 
 
 if __name__ == "__main__":

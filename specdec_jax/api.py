@@ -198,19 +198,21 @@ _SPEC_OPTIONS = {"ngram": {"gamma", "rollback", "max_n", "min_n"}, "ngram-table"
 
 def _generate_speculative_qwen(model, ids, max_new_tokens, method, gamma, max_len, sampling, seed, eos_ids,
                                options) -> GenerateResult:
-    from .decoding.speculative import ROLLBACK_MODES, generate_speculative
+    from .decoding.speculative import DEFAULT_ROLLBACK, ROLLBACK_MODES, generate_speculative
     from .drafters.mtp import MtpDrafter
+    from .models.qwen35 import MAX_RECURRENT_VERIFY
     from .drafters.ngram import NgramDrafter
     from .drafters.table import TableDrafter
     unknown = set(options) - _SPEC_OPTIONS[method]
     if unknown:
         raise InputError(f"generate(method={method!r}): unknown options {sorted(unknown)}; "
                          f"accepted: {sorted(_SPEC_OPTIONS[method])}")
-    rollback = options.get("rollback", "pseudo")
+    rollback = options.get("rollback", DEFAULT_ROLLBACK)
     if rollback not in ROLLBACK_MODES:
         raise InputError(f"rollback must be one of {ROLLBACK_MODES}; got {rollback!r}")
-    if rollback == "snapshot" and gamma + 1 > 64:
-        raise InputError(f"snapshot rollback verifies at most 64 positions; gamma={gamma} needs {gamma + 1}")
+    if rollback in ("snapshot", "replay") and gamma + 1 > MAX_RECURRENT_VERIFY:
+        raise InputError(f"{rollback} rollback verifies at most {MAX_RECURRENT_VERIFY} positions; gamma={gamma} "
+                         f"needs {gamma + 1} (rollback='pseudo' has no limit)")
     max_n, min_n = int_option(options, "max_n", 3, 1), int_option(options, "min_n", 1, 1)
     if not min_n <= max_n:
         raise InputError(f"n-gram sizes need 1 <= min_n <= max_n; got min_n={min_n}, max_n={max_n}")
@@ -237,8 +239,7 @@ def _generate_tree_qwen(model, ids, max_new_tokens, method, max_len, sampling, s
                         options) -> GenerateResult:
     """Draft trees (static branching per level), verified with tree attention and tree-WY GDN; greedy or
     exact sampling (multi-draft recursive rejection sampling over the tree)."""
-    from .decoding.speculative import ROLLBACK_MODES
-    from .decoding.tree_spec import generate_tree, tree_from_branching
+    from .decoding.tree_spec import ROLLBACK_MODES, generate_tree, tree_from_branching
     from .drafters.tree import TreeMtpDrafter, TreeNgramDrafter
     unknown = set(options) - {"tree", "rollback"}
     if unknown:

@@ -206,6 +206,34 @@ def test_commit_every_accepted_count(impl, case):
     assert commit._cache_size() == 1, "n_accepted must be traced: one compilation for every a"
 
 
+REPLAY_CASES = [(2, 9, 2, 4, 32, 32, jnp.float32), (2, 9, 2, 4, 32, 32, jnp.bfloat16),
+                (3, 17, 1, 3, 48, 40, jnp.bfloat16), (1, 1, 1, 1, 16, 16, jnp.float32)]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", REPLAY_CASES, ids=lambda c: "B{}_T{}_H{}_HV{}_K{}_V{}_{}".format(
+    *c[:6], jnp.dtype(c[6]).name))
+def test_replay_equals_the_recurrence_bit_for_bit(impl, case):
+    """replay_state(n) is the state the recurrent op of the same implementation reached after n steps, bit
+    for bit (the same step code, not a rebuild), for every n and ragged batch rows, from one compilation."""
+    b, t, h, hv, k_dim, v_dim, dtype = case
+    x = make_inputs(b, t, h, hv, k_dim, v_dim, dtype, seed=300 + t, normalize_k=False)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    # Both jitted, as in the model (eager op-by-op dispatch rounds the q/k normalisation differently).
+    run = jax.jit(functools.partial(gd.fused_recurrent_gated_delta_rule, return_all_states=True, use_qk_l2norm=True,
+                                    **_kw(impl)))(*args, initial_state=x["s0"])
+    states = jnp.concatenate([x["s0"][:, None], run.all_states], axis=1)  # [B, T+1, HV, K, V]: after n steps
+    replay = jax.jit(functools.partial(gd.replay_state, use_qk_l2norm=True, **_kw(impl)))
+    for a in range(t + 1):
+        n = jnp.asarray([(a + i) % (t + 1) for i in range(b)], jnp.int32)
+        got = replay(x["s0"], x["k"], x["v"], x["g"], x["beta"], n)
+        want = states[jnp.arange(b), n]
+        assert bool(jnp.all(jnp.isfinite(got))), "unwritten elements"
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=f"n={n.tolist()}")
+    assert replay._cache_size() == 1, "n_steps must be traced: one compilation for every n"
+    np.testing.assert_array_equal(np.asarray(run.final_state), np.asarray(states[:, t]))
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_chunk_verify_then_commit(impl):
     """Long verification through the chunk path (T > 64), then commit at chunk-boundary counts."""
@@ -294,6 +322,15 @@ def test_bad_inputs_raise_one_clear_error(impl):
                        (jnp.asarray([1, 2, 3]), "scalar or \\[B=2\\]"), (jnp.asarray([1.0, 2.0]), "integers")):
         with pytest.raises(ValueError, match=pattern):
             commit(*ok, n)
+    replay = functools.partial(gd.replay_state, **_kw(impl))
+    for bad, pattern in (((x["s0"], x["k"], x["v"][:, :4], x["g"], x["beta"]), "v must be"),
+                         ((x["s0"], x["k"], x["v"], x["g"], x["beta"][:, :4]), "beta must be"),
+                         ((x["s0"][:1], x["k"], x["v"], x["g"], x["beta"]), "initial_state must be"),
+                         ((x["s0"], x["k"][0], x["v"], x["g"], x["beta"]), "k must be")):
+        with pytest.raises(ValueError, match=pattern):
+            replay(*bad, jnp.asarray([1, 2]))
+    with pytest.raises(ValueError, match=r"n_steps must lie in \[0, 5\]"):
+        replay(x["s0"], x["k"], x["v"], x["g"], x["beta"], jnp.asarray([6, 0]))
     empty = {name: a[:, :0] for name, a in zip("qkvgb", args)}
     with pytest.raises(ValueError, match="T .* must be >= 1"):
         gd.chunk_gated_delta_rule(empty["q"], empty["k"], empty["v"], empty["g"], empty["b"], **_kw(impl))
@@ -313,13 +350,15 @@ def test_block_v_must_be_a_power_of_two():
 
 
 def test_default_implementation_rule_and_env_override(monkeypatch):
-    """Measured ops only: on GPU the chunk op is Pallas, recurrent and commit stay on XLA; the env var
-    overrides every op or a listed few, and a bad value is one clear error."""
+    """Measured ops only: on GPU the chunk, recurrent and commit ops are Pallas, elsewhere the reference; the
+    replay follows the recurrent op; the env var overrides every op or a listed few, and a bad value is one
+    clear error."""
     monkeypatch.delenv(gd.ENV_VAR, raising=False)
     on_gpu = jax.default_backend() == "gpu" and gd.pallas_available()
-    assert gd.default_implementation("chunk") == ("pallas" if on_gpu else "reference")
-    assert gd.default_implementation("recurrent") == "reference"
-    assert gd.default_implementation("commit") == "reference"
+    for op in ("chunk", "recurrent", "commit", "replay"):
+        assert gd.default_implementation(op) == ("pallas" if on_gpu else "reference"), op
+    monkeypatch.setenv(gd.ENV_VAR, "recurrent=naive")
+    assert gd.default_implementation("replay") == "naive"  # the replay runs the recurrent op's arithmetic
     monkeypatch.setenv(gd.ENV_VAR, "naive")
     assert {gd.default_implementation(op) for op in gd.OPS} == {"naive"}
     monkeypatch.setenv(gd.ENV_VAR, "recurrent=pallas, commit=pallas")

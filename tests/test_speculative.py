@@ -52,7 +52,7 @@ class OracleDrafter:
         return jnp.where(miss, (tok + 1) % self.vocab, tok), None, drafter_state
 
 
-def _spec(model, ids, n, drafter, gamma, rollback="pseudo", sampling=SamplingConfig(), seed=0, return_state=False,
+def _spec(model, ids, n, drafter, gamma, rollback="replay", sampling=SamplingConfig(), seed=0, return_state=False,
           eos_ids=()):
     return generate_speculative(model.params, model.config, ids, n, drafter=drafter, gamma=gamma,
                                 max_len=ids.shape[1] + n + gamma, sampling=sampling, seed=seed, eos_ids=eos_ids,
@@ -60,7 +60,7 @@ def _spec(model, ids, n, drafter, gamma, rollback="pseudo", sampling=SamplingCon
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 4, 8])
-@pytest.mark.parametrize("rollback", ["pseudo", "snapshot"])
+@pytest.mark.parametrize("rollback", ["replay", "pseudo", "snapshot"])
 def test_greedy_equals_ar_with_mostly_hitting_drafts(model, gamma, rollback):
     ids = np.random.default_rng(gamma).integers(0, model.vocab_size, size=(4, 7))
     ar = sj.generate(model, ids, 30, eos_token_id=False).tokens
@@ -89,7 +89,7 @@ def test_state_after_generation_equals_ar_state(model):
     ids = np.random.default_rng(9).integers(0, model.vocab_size, size=(2, 6))
     ar = sj.generate(model, ids, 20, eos_token_id=False).tokens
     reference = tuple(map(tuple, np.concatenate([ids, ar], axis=1).tolist()))
-    for rollback in ("pseudo", "snapshot"):
+    for rollback in ("replay", "pseudo", "snapshot"):
         res = _spec(model, ids, 20, OracleDrafter(reference, 4, model.vocab_size), 4, rollback, return_state=True)
         state = res.stats["state"]
         for row in range(2):

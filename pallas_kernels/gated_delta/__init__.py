@@ -5,11 +5,10 @@
                      "naive"      the per-step recurrence (ground truth)
                      "pallas"     GPU kernels (interpret=True runs them on CPU for tests)
 
-`default_implementation(op)` picks, on GPU, the implementation measured fastest for that op
-(benchmarks/results/gdn_h200*.md): the Pallas chunk kernel (5.6x the XLA path at T=8192); the XLA
-step recurrence and commit for small T until the Pallas ones are measured. Elsewhere: reference.
+`default_implementation(op)` picks, on GPU, the implementation measured fastest for that op: the
+Pallas kernels for every op (measurements named at `_PALLAS_BY_DEFAULT`). Elsewhere: reference.
 The environment variable SPECDEC_GDN_IMPLEMENTATION overrides it: one implementation for every op
-("reference"), or per op ("recurrent=pallas,commit=pallas"; ops: chunk, recurrent, commit, tree).
+("reference"), or per op ("recurrent=pallas,commit=pallas"; ops: chunk, recurrent, commit, replay, tree).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from . import reference
 from .reference import GatedDeltaOutput, check_gated_delta_inputs, l2_normalize
 
 IMPLEMENTATIONS = ("reference", "naive", "pallas")
-OPS = ("chunk", "recurrent", "commit", "tree")
+OPS = ("chunk", "recurrent", "commit", "replay", "tree")
 ENV_VAR = "SPECDEC_GDN_IMPLEMENTATION"
 
 
@@ -40,8 +39,11 @@ def pallas_available() -> bool:
     return _pallas_module() is not None
 
 
-# Ops whose Pallas kernel has been measured faster than the XLA path on the GPU.
-_PALLAS_BY_DEFAULT = frozenset({"chunk"})
+# Ops whose Pallas kernel has been measured faster than the XLA path on the GPU (H200): the chunk op
+# (benchmarks/results/gdn_h200.md); the recurrent op, in decode and in verification of up to 64 tokens,
+# and the replay and pseudo-value commits (benchmarks/results/profile_spec_step_qwen35_9b_random.md and
+# profile_spec_step_tiny-qwen35-code.md). The replay op always follows the recurrent op's choice.
+_PALLAS_BY_DEFAULT = frozenset({"chunk", "recurrent", "commit"})
 
 
 def env_override(op: str) -> str | None:
@@ -70,6 +72,8 @@ def default_implementation(op: str = "chunk") -> str:
     forced = env_override(op)
     if forced:
         return forced
+    if op == "replay":  # the replay must run the recurrence's own arithmetic: same implementation
+        return default_implementation("recurrent")
     on_gpu = jax.default_backend() == "gpu" and pallas_available()
     return "pallas" if on_gpu and op in _PALLAS_BY_DEFAULT else "reference"
 
@@ -144,6 +148,19 @@ def commit_state(initial_state, k, g, v_new, n_accepted, *, use_qk_l2norm=False,
                                          interpret=_interpret(interpret))
 
 
+def replay_state(initial_state, k, v, g, beta, n_steps, *, use_qk_l2norm=False, implementation="auto",
+                 interpret=False):
+    """State after the first `n_steps` [B] positions (traced), recomputed from `initial_state` by the
+    recurrence's own step: the replay commit. Bit-identical to the state `fused_recurrent_gated_delta_rule`
+    of the same implementation reaches at that position (k, v, g, beta as given to it)."""
+    impl = _resolve(implementation, "replay")
+    if impl in ("reference", "naive"):
+        return reference.replay_state_reference(initial_state, k, v, g, beta, n_steps, use_qk_l2norm=use_qk_l2norm)
+    return _pallas_module().replay_state(initial_state, k, v, g, beta, n_steps, use_qk_l2norm=use_qk_l2norm,
+                                         interpret=_interpret(interpret))
+
+
 __all__ = ["GatedDeltaOutput", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "commit_state",
+           "replay_state",
            "check_gated_delta_inputs", "l2_normalize", "default_implementation", "env_override", "resolve",
            "pallas_available"]

@@ -3,6 +3,7 @@
     chunk_gated_delta_rule            any T (prefill / verification): chunk_kernel.py (three kernels)
     fused_recurrent_gated_delta_rule  small T from a state (decode / chain verify): recurrent_kernel.py
     commit_state                      state after `n_accepted` positions from pseudo-values: commit_kernel.py
+    replay_state                      state after `n_steps` positions, replayed by the recurrent kernel's step
 
 The kernels use the Pallas Triton backend (the recurrent op also has a Mosaic GPU kernel,
 `backend="mosaic"`) and run unchanged with `interpret=True` on CPU. Inputs of any size are
@@ -21,7 +22,8 @@ import jax.numpy as jnp
 
 from . import chunk_kernel, commit_kernel, recurrent_kernel
 from ._kernel_utils import F32, check_block_v, dot_precisions, is_low_precision, next_pow2, pad_axis
-from .reference import GatedDeltaOutput, check_commit_inputs, check_gated_delta_inputs, compensated_cumsum
+from .reference import (GatedDeltaOutput, check_commit_inputs, check_gated_delta_inputs, check_replay_inputs,
+                        compensated_cumsum)
 
 CHUNK = chunk_kernel.CHUNK
 
@@ -175,3 +177,27 @@ def commit_state(initial_state, k, g, v_new, n_accepted, *, use_qk_l2norm=False,
     check_commit_inputs(initial_state, k, g, v_new, n_accepted)
     return _commit(initial_state, k, g, v_new, n_accepted, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
                    block_v=check_block_v(block_v))
+
+
+@functools.partial(jax.jit, static_argnames=("use_qk_l2norm", "interpret", "block_v", "num_warps"))
+def _replay(initial_state, k, v, g, beta, n_steps, *, use_qk_l2norm, interpret, block_v, num_warps):
+    b, _, _, k_dim = k.shape
+    v_dim = v.shape[3]
+    kp, vp = next_pow2(k_dim), next_pow2(v_dim)
+    s0 = pad_axis(pad_axis(initial_state.astype(F32), 2, kp), 3, vp)
+    k, v = pad_axis(k, 3, kp), pad_axis(v, 3, vp)
+    n = jnp.broadcast_to(jnp.asarray(n_steps, jnp.int32).reshape(-1), (b,))
+    n = pad_axis(n, 0, next_pow2(b, 1))  # Triton blocks are powers of two
+    out = recurrent_kernel.replay_fwd(k, v, g, beta, s0, n, l2norm=use_qk_l2norm, block_v=block_v,
+                                      interpret=interpret, num_warps=num_warps)
+    return out[:, :, :k_dim, :v_dim]
+
+
+def replay_state(initial_state, k, v, g, beta, n_steps, *, use_qk_l2norm=False, interpret=False, block_v=8,
+                 num_warps=1):
+    """State after the first `n_steps` [B] positions (traced), replayed from `initial_state` by the
+    recurrent kernel's step with its grid, block and warps (`block_v`, `num_warps` must match the
+    `fused_recurrent_gated_delta_rule` call whose states it reproduces). Returns [B, HV, K, V] fp32."""
+    check_replay_inputs(initial_state, k, v, g, beta, n_steps)
+    return _replay(initial_state, k, v, g, beta, n_steps, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
+                   block_v=check_block_v(block_v), num_warps=num_warps)

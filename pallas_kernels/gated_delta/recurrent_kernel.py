@@ -7,6 +7,11 @@ positions (T <= 64 in practice; any T works):
 
 Rollback outputs: `u_t` (pseudo-values, [T, BV] per program: 1/K of a state per position) and,
 for the snapshot baseline, the state after every position ([T, K, BV] per program).
+
+Replay (`counts` given, no outputs but the state): the same step, with the update of position t kept
+only where t < counts[b]. It is the commit of the replay rollback: the state after the accepted
+prefix, recomputed from the old state by the very arithmetic that verification (and AR decode) ran,
+so it equals the recurrence's state bit for bit (one read and one write of the state).
 """
 
 from __future__ import annotations
@@ -24,33 +29,51 @@ from ._kernel_utils import F32, l2norm_vec
 MAX_UNROLL = 64  # decode / verify lengths; longer sequences belong to the chunk kernel
 
 
-def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2norm, unroll):
-    q_ref, k_ref, v_ref, g_ref, beta_ref = refs[:5]
-    rest = list(refs[5:])
-    s0_ref = rest.pop(0) if has_s0 else None
-    o_ref, st_ref = rest.pop(0), rest.pop(0)
-    vnew_ref = rest.pop(0) if want_vnew else None
-    states_ref = rest.pop(0) if want_states else None
+def gated_delta_step(state, k, v, g, beta):
+    """One step of the recurrence on a [K, BV] fp32 state block: (new state, u). Shared by decode,
+    verification and replay, so the three compute every state with the same instructions."""
+    decayed = state * jnp.exp(g)
+    u = beta * (v - jnp.sum(decayed * k[:, None], axis=0))  # [BV]
+    return decayed + k[:, None] * u[None, :], u
+
+
+def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2norm, unroll, replay, n_heads):
+    if replay:
+        n_ref, refs = refs[0], refs[1:]
+        q_ref = None
+        k_ref, v_ref, g_ref, beta_ref = refs[:4]
+        rest = list(refs[4:])
+        s0_ref = rest.pop(0)
+        st_ref = rest.pop(0)
+        o_ref = vnew_ref = states_ref = None
+        n_valid = n_ref[pl.program_id(0) // n_heads]  # positions of this batch row to replay
+    else:
+        q_ref, k_ref, v_ref, g_ref, beta_ref = refs[:5]
+        rest = list(refs[5:])
+        s0_ref = rest.pop(0) if has_s0 else None
+        o_ref, st_ref = rest.pop(0), rest.pop(0)
+        vnew_ref = rest.pop(0) if want_vnew else None
+        states_ref = rest.pop(0) if want_states else None
     kdim, bv = st_ref.shape
-    state = s0_ref[...].astype(F32) if has_s0 else jnp.zeros((kdim, bv), F32)
+    state = s0_ref[...].astype(F32) if s0_ref is not None else jnp.zeros((kdim, bv), F32)
 
     def step(t, state):  # state [K, BV] fp32
-        q = q_ref[t, :].astype(F32)  # [K]
         k = k_ref[t, :].astype(F32)  # [K]
         v = v_ref[t, :].astype(F32)  # [BV]
         if l2norm:
-            q, k = l2norm_vec(q), l2norm_vec(k)
-        g = g_ref[t].astype(F32)
-        beta = beta_ref[t].astype(F32)
-        state = state * jnp.exp(g)
-        u = beta * (v - jnp.sum(state * k[:, None], axis=0))  # [BV]
-        state = state + k[:, None] * u[None, :]
-        o_ref[t, :] = jnp.sum(state * (q * scale)[:, None], axis=0).astype(o_ref.dtype)
+            k = l2norm_vec(k)
+        new, u = gated_delta_step(state, k, v, g_ref[t].astype(F32), beta_ref[t].astype(F32))
+        if replay:
+            return jnp.where(t < n_valid, new, state)
+        q = q_ref[t, :].astype(F32)  # [K]
+        if l2norm:
+            q = l2norm_vec(q)
+        o_ref[t, :] = jnp.sum(new * (q * scale)[:, None], axis=0).astype(o_ref.dtype)
         if want_vnew:
             vnew_ref[t, :] = u
         if want_states:
-            states_ref[t, :, :] = state
-        return state
+            states_ref[t, :, :] = new
+        return new
 
     if unroll:
         # Unrolled, every load is independent of the state and can be issued ahead of the chain.
@@ -94,7 +117,7 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
         out_shape.append(jax.ShapeDtypeStruct((b, t, hv, kp, vp), F32))
     outs = pl.pallas_call(
         functools.partial(_recurrent_kernel, n_steps=t, scale=scale, has_s0=has_s0, want_vnew=want_vnew,
-                          want_states=want_states, l2norm=l2norm,
+                          want_states=want_states, l2norm=l2norm, replay=False, n_heads=hv,
                           # Interpret mode runs the same step as a loop: unrolled it compiles ~10x slower on CPU.
                           unroll=t <= MAX_UNROLL and not interpret),
         grid=(b * hv, nv),
@@ -110,3 +133,33 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     u = outs.pop(0) if want_vnew else None
     states = outs.pop(0) if want_states else None
     return o, final, u, states
+
+
+def replay_fwd(k, v, g, beta, s0, counts, *, l2norm, block_v, interpret, num_warps=1, num_stages=2):
+    """State after the first counts[b] positions, by the recurrent kernel's own step (see module doc).
+
+    k [B, T, H, Kp]; v [B, T, HV, Vp]; g, beta [B, T, HV]; s0 [B, HV, Kp, Vp] fp32; counts [B] int32.
+    Returns [B, HV, Kp, Vp] fp32, written over s0's buffer (each program reads and writes one block).
+    Same grid, block shape and warps as `recurrent_fwd`, so every reduction runs in the same order.
+    """
+    b, t, h, kp = k.shape
+    hv, vp = v.shape[2], v.shape[3]
+    group = hv // h
+    bv = min(block_v, vp)
+    key_spec = pl.BlockSpec((None, t, None, kp), lambda i, j: (i // hv, 0, (i % hv) // group, 0))
+    val_spec = pl.BlockSpec((None, t, None, bv), lambda i, j: (i // hv, 0, i % hv, j))
+    gate_spec = pl.BlockSpec((None, t, None), lambda i, j: (i // hv, 0, i % hv))
+    state_spec = pl.BlockSpec((None, None, kp, bv), lambda i, j: (i // hv, i % hv, 0, j))
+    return pl.pallas_call(
+        functools.partial(_recurrent_kernel, n_steps=t, scale=1.0, has_s0=True, want_vnew=False,
+                          want_states=False, l2norm=l2norm, replay=True, n_heads=hv,
+                          unroll=t <= MAX_UNROLL and not interpret),
+        grid=(b * hv, vp // bv),
+        in_specs=[pl.BlockSpec((b,), lambda i, j: (0,)), key_spec, val_spec, gate_spec, gate_spec, state_spec],
+        out_specs=state_spec,
+        out_shape=jax.ShapeDtypeStruct((b, hv, kp, vp), F32),
+        input_output_aliases={5: 0},
+        compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="gdn_replay",
+    )(counts, k, v, g, beta, s0)

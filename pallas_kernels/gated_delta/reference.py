@@ -121,6 +121,15 @@ def _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm):
     return (q * scale, k, v.astype(jnp.float32), g.astype(jnp.float32), beta.astype(jnp.float32), s0)
 
 
+def _step(state, k_t, v_t, g_t, b_t):
+    """One step for every (batch, head): state [B, HV, K, V] -> (new state, u_t [B, HV, V]). Shared by
+    the recurrence and the replay, so both compute each state by the same operations."""
+    decayed = state * jnp.exp(g_t)[..., None, None]
+    pred = jnp.einsum("bhkv,bhk->bhv", decayed, k_t, precision=_HIGHEST)
+    u_t = b_t[..., None] * (v_t - pred)  # [B, HV, V]
+    return decayed + k_t[..., :, None] * u_t[..., None, :], u_t
+
+
 def naive_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
                                      output_final_state=True, return_pseudo_values=False,
                                      return_all_states=False, use_qk_l2norm=False) -> GatedDeltaOutput:
@@ -130,10 +139,7 @@ def naive_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
 
     def step(state, xs):  # state [B, HV, K, V]
         q_t, k_t, v_t, g_t, b_t = xs  # [B, HV, K], [B, HV, K], [B, HV, V], [B, HV], [B, HV]
-        decayed = state * jnp.exp(g_t)[..., None, None]
-        pred = jnp.einsum("bhkv,bhk->bhv", decayed, k_t, precision=_HIGHEST)
-        u_t = b_t[..., None] * (v_t - pred)  # [B, HV, V]
-        new = decayed + k_t[..., :, None] * u_t[..., None, :]
+        new, u_t = _step(state, k_t, v_t, g_t, b_t)
         o_t = jnp.einsum("bhkv,bhk->bhv", new, q_t, precision=_HIGHEST)
         return new, (o_t, u_t, new if return_all_states else None)
 
@@ -150,6 +156,50 @@ def naive_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
 
 # The small-T path (decode, chain verification) is the same recurrence; XLA fuses it well for T <= 64.
 recurrent_gated_delta_rule_reference = naive_recurrent_gated_delta_rule
+
+
+def replay_state_reference(initial_state, k, v, g, beta, n_steps, *, use_qk_l2norm=False):
+    """State after the first n_steps [B] positions (traced, 0 <= n <= T), recomputed by the recurrence's
+    own step from `initial_state`: the replay commit (bit-identical to the state the recurrence reached
+    there, unlike the pseudo-value rebuild, which is exact only in exact arithmetic).
+
+    initial_state [B, HV, K, V]; k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV]. Returns fp32.
+    """
+    B, T, H, HV, K, V = check_replay_inputs(initial_state, k, v, g, beta, n_steps)
+    q = jnp.zeros_like(k)  # unused by the state
+    _, k, v, g, beta, s0 = _prepare(q, k, v, g, beta, None, initial_state, use_qk_l2norm)
+    n = jnp.broadcast_to(jnp.asarray(n_steps, jnp.int32).reshape(-1), (B,))
+
+    def step(state, xs):
+        t, k_t, v_t, g_t, b_t = xs
+        new, _ = _step(state, k_t, v_t, g_t, b_t)
+        return jnp.where((t < n)[:, None, None, None], new, state), None
+
+    xs = (jnp.arange(T),) + tuple(jnp.moveaxis(x, 1, 0) for x in (k, v, g, beta))
+    final, _ = lax.scan(step, s0, xs)
+    return final
+
+
+def check_replay_inputs(initial_state, k, v, g, beta, n_steps) -> tuple[int, int, int, int, int, int]:
+    """Validate `replay_state` arguments; return (B, T, H, HV, K, V). Raises ValueError naming the argument."""
+    if k.ndim != 4:
+        raise ValueError(f"replay_state: k must be [B, T, H, K]; got {k.shape}")
+    B, T, H, K = k.shape
+    if T < 1:
+        raise ValueError(f"replay_state: T (axis 1 of k, v, g, beta) must be >= 1; got k {k.shape}")
+    if v.ndim != 4 or v.shape[:2] != (B, T):
+        raise ValueError(f"replay_state: v must be [B={B}, T={T}, HV, V]; got {v.shape}")
+    HV, V = v.shape[2:]
+    if HV % H:
+        raise ValueError(f"replay_state: value heads HV={HV} must be a multiple of key heads H={H}")
+    for name, x in (("g", g), ("beta", beta)):
+        if x.shape != (B, T, HV):
+            raise ValueError(f"replay_state: {name} must be [B, T, HV] = {(B, T, HV)}; got {x.shape}")
+    if initial_state.shape != (B, HV, K, V):
+        raise ValueError(f"replay_state: initial_state must be [B, HV, K, V] = {(B, HV, K, V)}; "
+                         f"got {initial_state.shape}")
+    check_accepted_counts(n_steps, B, T, name="n_steps")
+    return B, T, H, HV, K, V
 
 
 def compensated_cumsum(g: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -16,6 +16,7 @@ import numpy as np
 from jax import lax
 
 from ..model import GenerateResult
+from .compiled import compiled
 from .sampling import SamplingConfig, select_token
 
 
@@ -85,11 +86,10 @@ def generate_autoregressive(ops: FamilyOps, params, cfg, prompt: np.ndarray, max
     key = jax.random.PRNGKey(seed)
     static_p = dict(ops=ops, cfg=cfg, max_len=max_len, state_dtype=state_dtype)
     static_d = dict(ops=ops, cfg=cfg, max_new_tokens=max_new_tokens, sampling=sampling, eos_ids=eos_ids)
-    t0 = time.perf_counter()
-    prefill_c = _prefill.lower(params, prompt, **static_p).compile()
+    prefill_c, compile_p = compiled(_prefill, static_p, params, prompt)
     logits_shape, state_shape = jax.eval_shape(functools.partial(_prefill, **static_p), params, prompt)
-    decode_c = _decode_loop.lower(params, state_shape, logits_shape, key, **static_d).compile()
-    compile_s = time.perf_counter() - t0
+    decode_c, compile_d = compiled(_decode_loop, static_d, params, state_shape, logits_shape, key)
+    compile_s = compile_p + compile_d
 
     t0 = time.perf_counter()
     logits, state = jax.block_until_ready(prefill_c(params, prompt))

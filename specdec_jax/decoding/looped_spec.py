@@ -69,6 +69,7 @@ from ..model import GenerateResult
 from ..models import layers as L
 from ..models import looped
 from .acceptance import _leading_true, accept
+from .compiled import compiled
 from .speculative import _append, _eos_mask, emit_accepted
 from .sampling import SamplingConfig, probabilities, select_token
 
@@ -621,11 +622,10 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
     static_p = dict(cfg=cfg, plan=plan, max_len=max_len, sampling=sampling, eos_ids=eos_ids, max_new_tokens=N,
                     state_dtype=dtype)
     static_l = dict(cfg=cfg, plan=plan, sampling=sampling, eos_ids=eos_ids, max_new_tokens=N)
-    t0 = time.perf_counter()
-    prefill_c = _prefill.lower(model.params, prompt, key_first, **static_p).compile()
+    prefill_c, compile_p = compiled(_prefill, static_p, model.params, prompt, key_first)
     state_struct = jax.eval_shape(functools.partial(_prefill, **static_p), model.params, prompt, key_first)
-    loop_c = _loop.lower(model.params, state_struct, key_loop, **static_l).compile()
-    compile_s = time.perf_counter() - t0
+    loop_c, compile_l = compiled(_loop, static_l, model.params, state_struct, key_loop)
+    compile_s = compile_p + compile_l
 
     t0 = time.perf_counter()
     state = jax.block_until_ready(prefill_c(model.params, prompt, key_first))

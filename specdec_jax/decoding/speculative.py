@@ -7,8 +7,10 @@ from the committed state, accepts a prefix, and commits anchor + accepted drafts
 
 - attention K/V stay where the verifier wrote them; `length` advances by the kept count,
 - the conv state is the window at the accepted boundary,
-- the GDN state is rebuilt from pseudo-values (`rollback="pseudo"`, no per-position state) or
-  selected from per-position snapshots (`rollback="snapshot"`, the vLLM/SGLang baseline).
+- the GDN state is replayed from the committed state over the kept positions by the recurrence's own
+  step (`rollback="replay"`, the default: one read and one write of the state, bit-identical to the
+  recurrence), rebuilt from pseudo-values (`rollback="pseudo"`, no per-position state, exact in exact
+  arithmetic) or selected from per-position snapshots (`rollback="snapshot"`, the vLLM/SGLang baseline).
 
 Batches are ragged: every sequence keeps its own length, accepted count and output offset.
 """
@@ -25,11 +27,13 @@ from flax import struct
 from jax import lax
 
 from ..model import GenerateResult
+from .compiled import compiled
 from ..models import qwen35
 from .acceptance import accept
 from .sampling import SamplingConfig, select_token
 
-ROLLBACK_MODES = ("pseudo", "snapshot")
+ROLLBACK_MODES = ("replay", "pseudo", "snapshot")
+DEFAULT_ROLLBACK = "replay"
 
 
 @struct.dataclass
@@ -102,10 +106,27 @@ def advance(state: SpecState, model, emitted, n_emit, n_acc, hit_eos, active, ma
     )
 
 
+def forced_acceptance(n_real: jax.Array, logits: jax.Array, accept_p: jax.Array, key: jax.Array):
+    """For cost measurements only (never reached from `generate`): the accepted count follows a seeded
+    schedule, each draft kept with probability accept_p (traced scalar), stopping at the first
+    rejection; the emitted token after them is the target's argmax there. The real acceptance's
+    result n_real [B] stays a dependency, so its cost is still paid. Outputs are meaningless.
+    logits [B, G + 1, V] -> (n_accepted [B], next_token [B])."""
+    B, G = logits.shape[0], logits.shape[1] - 1
+    hits = jax.random.uniform(key, (B, G)) < accept_p
+    n_acc = jnp.sum(jnp.cumprod(hits.astype(jnp.int32), axis=-1), axis=-1)
+    n_acc = jnp.where(n_real < 0, n_real, n_acc)  # never true: keeps the real acceptance live
+    at = jnp.take_along_axis(logits, n_acc[:, None, None], axis=1)[:, 0]  # [B, V]
+    return n_acc, jnp.argmax(at, axis=-1).astype(jnp.int32)
+
+
 def spec_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gamma: int,
               sampling: SamplingConfig, rollback: str, max_new_tokens: int, eos_ids: tuple[int, ...],
-              impl: str = "auto"):
-    """One speculative step. Returns (state, drafter_state, emitted [B, gamma+1], n_emitted [B])."""
+              impl: str = "auto", accept_p=None):
+    """One speculative step. Returns (state, drafter_state, emitted [B, gamma+1], n_emitted [B]).
+
+    accept_p: None, or a traced probability that replaces the acceptance outcome by a seeded schedule
+    (`forced_acceptance`; benchmarks of the step cost at a known tokens-per-step only)."""
     B = state.anchor.shape[0]
     k_draft, k_accept = jax.random.split(key)
     active = ~state.done
@@ -117,6 +138,8 @@ def spec_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gam
     verify_ids = jnp.concatenate([state.anchor[:, None], drafts], axis=1)  # [B, gamma + 1]
     logits, verified, extras = qwen35.forward(params, cfg, state.model, verify_ids, impl=impl, collect=rollback)
     n_acc, next_token = accept(drafts, draft_probs, logits, k_accept, sampling)
+    if accept_p is not None:
+        n_acc, next_token = forced_acceptance(n_acc, logits, accept_p, jax.random.fold_in(k_accept, 1))
     emitted, n_emit, n_keep, hit_eos = emit_accepted(drafts, n_acc, next_token, active, eos_ids)
     model = qwen35.commit(state.model, verified, extras, n_keep, impl=impl)
     state = advance(state, model, emitted, n_emit, n_acc, hit_eos, active, max_new_tokens)
@@ -156,10 +179,11 @@ def _spec_prefill(params, prompt, key, *, cfg, max_len, sampling, eos_ids, state
 @functools.partial(jax.jit, static_argnames=("cfg", "sampling", "eos_ids", "gamma", "max_new_tokens", "drafter",
                                              "rollback", "impl"),
                    donate_argnames=("state", "drafter_state"))
-def _spec_loop(params, state, drafter_state, key, *, cfg, sampling, eos_ids, gamma, max_new_tokens, drafter,
-               rollback, impl):
+def _spec_loop(params, state, drafter_state, key, accept_p=None, *, cfg, sampling, eos_ids, gamma, max_new_tokens,
+               drafter, rollback, impl):
     step = functools.partial(spec_step, params, cfg, drafter=drafter, gamma=gamma, sampling=sampling,
-                             rollback=rollback, max_new_tokens=max_new_tokens, eos_ids=eos_ids, impl=impl)
+                             rollback=rollback, max_new_tokens=max_new_tokens, eos_ids=eos_ids, impl=impl,
+                             accept_p=accept_p)
 
     def cond(carry):
         return ~jnp.all(carry[0].done)
@@ -179,7 +203,8 @@ def _spec_loop(params, state, drafter_state, key, *, cfg, sampling, eos_ids, gam
 
 def generate_speculative(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, drafter, gamma: int,
                          max_len: int, sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...], state_dtype,
-                         rollback: str = "pseudo", impl: str = "auto", return_state: bool = False) -> GenerateResult:
+                         rollback: str = DEFAULT_ROLLBACK, impl: str = "auto",
+                         return_state: bool = False) -> GenerateResult:
     """Compile, then time prefill and the speculative loop (compile time reported apart).
 
     max_len must leave room for the last verification: prompt + max_new_tokens + gamma.
@@ -201,11 +226,10 @@ def run_spec_loop(params, prompt, key_first, key_loop, static_p: dict, loop, sta
                   info: dict, return_state: bool) -> GenerateResult:
     """Compile the prefill and a speculative loop (chain `_spec_loop` or tree `_tree_loop`), run them
     timed (compile reported apart), and collect the shared statistics (`info` first)."""
-    t0 = time.perf_counter()
-    prefill_c = _spec_prefill.lower(params, prompt, key_first, **static_p).compile()
+    prefill_c, compile_p = compiled(_spec_prefill, static_p, params, prompt, key_first)
     shapes = jax.eval_shape(functools.partial(_spec_prefill, **static_p), params, prompt, key_first)
-    loop_c = loop.lower(params, shapes[0], shapes[1], key_loop, **static_l).compile()
-    compile_s = time.perf_counter() - t0
+    loop_c, compile_l = compiled(loop, static_l, params, shapes[0], shapes[1], key_loop)
+    compile_s = compile_p + compile_l
 
     t0 = time.perf_counter()
     state, dstate = jax.block_until_ready(prefill_c(params, prompt, key_first))

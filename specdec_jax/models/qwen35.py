@@ -28,6 +28,9 @@ from ..errors import CheckpointError
 from ..loading import TensorSource, build_tree
 from . import layers as L
 
+# Longest verification the step recurrence runs (snapshot and replay rollback; the Pallas recurrent
+# kernel unrolls its steps up to this length).
+MAX_RECURRENT_VERIFY = 64
 
 # ------------------------------------------------------------------------------------------ state
 
@@ -282,24 +285,28 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
     v = conv[..., 2 * key_dim:].reshape(B, T, HV, V)
     beta, g = gdn_gates(p, b, a)
 
-    snapshots = collect == "snapshot"
-    kwargs = dict(initial_state=rec_state, output_final_state=True, return_pseudo_values=bool(collect),
-                  use_qk_l2norm=True, implementation=impl)
+    snapshots, replay = collect == "snapshot", collect == "replay"
+    kwargs = dict(initial_state=rec_state, output_final_state=True,
+                  return_pseudo_values=bool(collect) and not replay, use_qk_l2norm=True, implementation=impl)
+    if (snapshots or replay) and T > MAX_RECURRENT_VERIFY:
+        raise ValueError(f"{collect} rollback verifies at most {MAX_RECURRENT_VERIFY} positions; got T={T}")
     if snapshots:
-        if T > 64:
-            raise ValueError(f"snapshot rollback verifies at most 64 positions; got T={T}")
         res = gated_delta.fused_recurrent_gated_delta_rule(q, k, v, g, beta, return_all_states=True, **kwargs)
-    elif T == 1 or (T <= 64 and gated_delta.resolve(impl, "recurrent") == "pallas"):
-        # Decode, and verification when the recurrent op runs as its Pallas kernel (one launch per layer).
+    elif T == 1 or replay or (T <= MAX_RECURRENT_VERIFY and gated_delta.resolve(impl, "recurrent") == "pallas"):
+        # Decode; verification under replay rollback (the commit re-runs this very step, so the committed
+        # state is the recurrence's); short verification when the recurrent op is a Pallas kernel (one
+        # launch per layer, measured faster than the chunk kernels on the GPU: see verify_forms_choice()).
         res = gated_delta.fused_recurrent_gated_delta_rule(q, k, v, g, beta, **kwargs)
     else:
-        # Verification and prefill: the chunked form is parallel over T (a step recurrence would be
-        # T dependent launches per layer, which dominated verify steps of small models).
+        # Prefill, and verification elsewhere: the chunked form is parallel over T (as an XLA loop the
+        # step recurrence is T dependent launches per layer).
         res = gated_delta.chunk_gated_delta_rule(q, k, v, g, beta, **kwargs)
     o = L.gated_rms_norm(res.o.astype(x.dtype), z, p["norm"], cfg.rms_norm_eps)  # [B, T, HV, V]
     out = L.linear(o.reshape(B, T, HV * V), p["out_proj"])
     extras = {}
-    if collect:
+    if replay:  # what the step needs to run again: keys (normalised in the kernel), values, gates
+        extras = {"k": k, "v": v, "g": g, "beta": beta, "conv_window": window}
+    elif collect:
         extras = {"k": k, "g": g, "v_new": res.v_new, "conv_window": window}
         if snapshots:
             extras["all_states"] = res.all_states  # [B, T, HV, K, V]: the per-position baseline
@@ -387,9 +394,10 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     """Run T >= 1 new tokens [B, T] from `state`; returns (logits, new_state, extras).
 
     logits: [B, T, vocab] float32 ("all") or [B, 1, vocab] for the last position ("last").
-    collect: None, or what speculative commit needs in `extras`: per GDN layer k, g, v_new and the
-    conv window ("pseudo" or True), plus per-position recurrent states ("snapshot", the baseline);
-    and the final-normed hidden states (for MTP drafters; "hidden" collects only those).
+    collect: None, or what speculative commit needs in `extras`: per GDN layer the conv window and
+    k, v, g, beta ("replay": the commit re-runs the recurrence's step), k, g, v_new ("pseudo" or True:
+    rebuild from pseudo-values), or those plus per-position recurrent states ("snapshot", the
+    baseline); and the final-normed hidden states (for MTP drafters; "hidden" collects only those).
     """
     B, T = input_ids.shape
     dtype = params["embed"].dtype
@@ -448,8 +456,9 @@ def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax
     before: the committed state the verification started from; verified, extras: what
     `forward(..., collect="pseudo" | "snapshot")` returned. Attention K/V stay where the verifier
     wrote them (entries past the new length are masked and later overwritten); the conv state is
-    the window at the accepted boundary; the GDN state is rebuilt from pseudo-values
-    (`commit_state`) or, in snapshot mode, selected from the per-position states.
+    the window at the accepted boundary; the GDN state is replayed from `before` over the kept
+    positions by the recurrence's own step (`replay_state`, bit-identical to the recurrence), rebuilt
+    from pseudo-values (`commit_state`) or, in snapshot mode, selected from the per-position states.
     """
     n_keep = n_keep.astype(jnp.int32)
     conv, rec = [], []
@@ -457,7 +466,10 @@ def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax
         window = ex["conv_window"]  # [B, W-1+T, C]
         W1 = window.shape[1] - ex["k"].shape[1]
         conv.append(jax.vmap(lambda w, a: lax.dynamic_slice_in_dim(w, a, W1, axis=0))(window, n_keep))
-        if "all_states" in ex:
+        if "beta" in ex:
+            rec.append(gated_delta.replay_state(s0, ex["k"], ex["v"], ex["g"], ex["beta"], n_keep, use_qk_l2norm=True,
+                                                implementation=impl))
+        elif "all_states" in ex:
             idx = jnp.maximum(n_keep - 1, 0)
             picked = jnp.take_along_axis(ex["all_states"], idx[:, None, None, None, None], axis=1)[:, 0]
             rec.append(jnp.where((n_keep > 0)[:, None, None, None], picked, s0))
