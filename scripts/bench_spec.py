@@ -140,7 +140,7 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
     logits_s, state_s = jax.eval_shape(functools.partial(ar_mod._prefill, **static_ap), params, prompt)
     jobs = {"ar_prefill": lambda: ar_mod._prefill.lower(params, prompt, **static_ap),
             "ar_loop": lambda: ar_mod._decode_loop.lower(params, state_s, logits_s, key, **static_ad)}
-    configs = [(g, rb) for g in gammas for rb in rollbacks
+    configs = [(g, rb) for rb in rollbacks for g in gammas  # rollback-major: the default's rows first
                if not (rb in ("replay", "snapshot") and g + 1 > qwen35.MAX_RECURRENT_VERIFY)]
     statics = {}
     for g in gammas:

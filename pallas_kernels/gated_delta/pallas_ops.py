@@ -110,9 +110,9 @@ def _use_mosaic(backend, k_dim, v_dim, hv, block_v, return_all_states) -> bool:
 
 @functools.partial(jax.jit, static_argnames=("scale", "output_final_state", "return_pseudo_values",
                                              "return_all_states", "use_qk_l2norm", "interpret", "block_v",
-                                             "num_warps", "backend"))
+                                             "num_warps", "backend", "preload"))
 def _recurrent(q, k, v, g, beta, initial_state, *, scale, output_final_state, return_pseudo_values,
-               return_all_states, use_qk_l2norm, interpret, block_v, num_warps, backend):
+               return_all_states, use_qk_l2norm, interpret, block_v, num_warps, backend, preload):
     b, _, _, hv, k_dim, v_dim = check_gated_delta_inputs(q, k, v, g, beta, initial_state)
     if _use_mosaic(backend, k_dim, v_dim, hv, block_v, return_all_states):
         from . import recurrent_mgpu
@@ -127,7 +127,7 @@ def _recurrent(q, k, v, g, beta, initial_state, *, scale, output_final_state, re
     q, k, v, s0 = _pad_kv(q, k, v, initial_state, kp, vp)
     o, final, u, states = recurrent_kernel.recurrent_fwd(
         q, k, v, g, beta, s0, scale=scale, l2norm=use_qk_l2norm, want_vnew=return_pseudo_values,
-        want_states=return_all_states, block_v=block_v, interpret=interpret, num_warps=num_warps)
+        want_states=return_all_states, block_v=block_v, interpret=interpret, num_warps=num_warps, preload=preload)
     return GatedDeltaOutput(
         o=o[..., :v_dim],
         final_state=final[:, :, :k_dim, :v_dim] if output_final_state else None,
@@ -139,19 +139,22 @@ def _recurrent(q, k, v, g, beta, initial_state, *, scale, output_final_state, re
 
 def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=True,
                                      return_pseudo_values=False, return_all_states=False, use_qk_l2norm=False,
-                                     interpret=False, block_v=8, num_warps=1, backend="triton") -> GatedDeltaOutput:
+                                     interpret=False, block_v=8, num_warps=1, backend="triton",
+                                     preload=None) -> GatedDeltaOutput:
     """Step recurrence for small T (decode, chain verification) from an initial state, Pallas kernel.
 
     Shapes as `chunk_gated_delta_rule`. Rollback modes: `return_pseudo_values` (v_new = u_t and
     g_cumsum, for `commit_state`) or `return_all_states` (all_states [B, T, HV, K, V] fp32, one
     snapshot per position: the baseline). `backend`: "triton" (recurrent_kernel.py) or "mosaic"
     (recurrent_mgpu.py, Mosaic GPU; falls back to Triton for snapshots or unsupported sizes).
+    `preload`: load every position's inputs before the first state update (None: when T <= 32);
+    the arithmetic, and so every result, is the same either way.
     """
     check_gated_delta_inputs(q, k, v, g, beta, initial_state)
     return _recurrent(q, k, v, g, beta, initial_state, scale=_scale(scale, q.shape[-1]),
                       output_final_state=output_final_state, return_pseudo_values=return_pseudo_values,
                       return_all_states=return_all_states, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
-                      block_v=check_block_v(block_v), num_warps=num_warps, backend=backend)
+                      block_v=check_block_v(block_v), num_warps=num_warps, backend=backend, preload=preload)
 
 
 @functools.partial(jax.jit, static_argnames=("use_qk_l2norm", "interpret", "block_v"))
@@ -179,8 +182,8 @@ def commit_state(initial_state, k, g, v_new, n_accepted, *, use_qk_l2norm=False,
                    block_v=check_block_v(block_v))
 
 
-@functools.partial(jax.jit, static_argnames=("use_qk_l2norm", "interpret", "block_v", "num_warps"))
-def _replay(initial_state, k, v, g, beta, n_steps, *, use_qk_l2norm, interpret, block_v, num_warps):
+@functools.partial(jax.jit, static_argnames=("use_qk_l2norm", "interpret", "block_v", "num_warps", "preload"))
+def _replay(initial_state, k, v, g, beta, n_steps, *, use_qk_l2norm, interpret, block_v, num_warps, preload):
     b, _, _, k_dim = k.shape
     v_dim = v.shape[3]
     kp, vp = next_pow2(k_dim), next_pow2(v_dim)
@@ -189,15 +192,15 @@ def _replay(initial_state, k, v, g, beta, n_steps, *, use_qk_l2norm, interpret, 
     n = jnp.broadcast_to(jnp.asarray(n_steps, jnp.int32).reshape(-1), (b,))
     n = pad_axis(n, 0, next_pow2(b, 1))  # Triton blocks are powers of two
     out = recurrent_kernel.replay_fwd(k, v, g, beta, s0, n, l2norm=use_qk_l2norm, block_v=block_v,
-                                      interpret=interpret, num_warps=num_warps)
+                                      interpret=interpret, num_warps=num_warps, preload=preload)
     return out[:, :, :k_dim, :v_dim]
 
 
 def replay_state(initial_state, k, v, g, beta, n_steps, *, use_qk_l2norm=False, interpret=False, block_v=8,
-                 num_warps=1):
+                 num_warps=1, preload=None):
     """State after the first `n_steps` [B] positions (traced), replayed from `initial_state` by the
     recurrent kernel's step with its grid, block and warps (`block_v`, `num_warps` must match the
     `fused_recurrent_gated_delta_rule` call whose states it reproduces). Returns [B, HV, K, V] fp32."""
     check_replay_inputs(initial_state, k, v, g, beta, n_steps)
     return _replay(initial_state, k, v, g, beta, n_steps, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
-                   block_v=check_block_v(block_v), num_warps=num_warps)
+                   block_v=check_block_v(block_v), num_warps=num_warps, preload=preload)

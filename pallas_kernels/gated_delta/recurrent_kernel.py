@@ -27,6 +27,16 @@ from jax.experimental.pallas import triton as plt
 from ._kernel_utils import F32, l2norm_vec
 
 MAX_UNROLL = 64  # decode / verify lengths; longer sequences belong to the chunk kernel
+PRELOAD_MAX = 32  # up to this many steps, all inputs are loaded before the first update (registers allow it)
+
+
+def _unroll(t: int, interpret: bool) -> bool:
+    # Interpret mode runs the same step as a loop: unrolled it compiles ~10x slower on CPU.
+    return t <= MAX_UNROLL and not interpret
+
+
+def _preload(preload, t: int) -> bool:
+    return t <= PRELOAD_MAX if preload is None else bool(preload)
 
 
 def gated_delta_step(state, k, v, g, beta):
@@ -37,7 +47,8 @@ def gated_delta_step(state, k, v, g, beta):
     return decayed + k[:, None] * u[None, :], u
 
 
-def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2norm, unroll, replay, n_heads):
+def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2norm, unroll, replay, n_heads,
+                      preload):
     if replay:
         n_ref, refs = refs[0], refs[1:]
         q_ref = None
@@ -57,17 +68,19 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
     kdim, bv = st_ref.shape
     state = s0_ref[...].astype(F32) if s0_ref is not None else jnp.zeros((kdim, bv), F32)
 
-    def step(t, state):  # state [K, BV] fp32
+    def load(t):  # position t's inputs; none depends on the state
         k = k_ref[t, :].astype(F32)  # [K]
-        v = v_ref[t, :].astype(F32)  # [BV]
+        q = None if replay else q_ref[t, :].astype(F32)  # [K]
         if l2norm:
             k = l2norm_vec(k)
-        new, u = gated_delta_step(state, k, v, g_ref[t].astype(F32), beta_ref[t].astype(F32))
+            q = None if replay else l2norm_vec(q)
+        return q, k, v_ref[t, :].astype(F32), g_ref[t].astype(F32), beta_ref[t].astype(F32)
+
+    def step(t, state, x):  # state [K, BV] fp32
+        q, k, v, g, beta = x
+        new, u = gated_delta_step(state, k, v, g, beta)
         if replay:
             return jnp.where(t < n_valid, new, state)
-        q = q_ref[t, :].astype(F32)  # [K]
-        if l2norm:
-            q = l2norm_vec(q)
         o_ref[t, :] = jnp.sum(new * (q * scale)[:, None], axis=0).astype(o_ref.dtype)
         if want_vnew:
             vnew_ref[t, :] = u
@@ -75,17 +88,22 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
             states_ref[t, :, :] = new
         return new
 
-    if unroll:
-        # Unrolled, every load is independent of the state and can be issued ahead of the chain.
+    if unroll and preload:
+        # Every position's loads (and key / query normalisation) are issued before the chain of state
+        # updates starts, so the memory latency is paid once, not once per step.
+        xs = [load(t) for t in range(n_steps)]
         for t in range(n_steps):
-            state = step(t, state)
+            state = step(t, state, xs[t])
+    elif unroll:
+        for t in range(n_steps):
+            state = step(t, state, load(t))
     else:
-        state = lax.fori_loop(0, n_steps, step, state)
+        state = lax.fori_loop(0, n_steps, lambda t, st: step(t, st, load(t)), state)
     st_ref[...] = state
 
 
 def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states, block_v, interpret,
-                  num_warps=1, num_stages=2):
+                  num_warps=1, num_stages=2, preload=None):
     """q, k [B, T, H, Kp]; v [B, T, HV, Vp]; g, beta [B, T, HV]; s0 [B, HV, Kp, Vp] fp32 or None.
 
     Returns o [B, T, HV, Vp] (v.dtype), final state [B, HV, Kp, Vp] fp32, u [B, T, HV, Vp] fp32 or
@@ -118,8 +136,8 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     outs = pl.pallas_call(
         functools.partial(_recurrent_kernel, n_steps=t, scale=scale, has_s0=has_s0, want_vnew=want_vnew,
                           want_states=want_states, l2norm=l2norm, replay=False, n_heads=hv,
-                          # Interpret mode runs the same step as a loop: unrolled it compiles ~10x slower on CPU.
-                          unroll=t <= MAX_UNROLL and not interpret),
+                          preload=_preload(preload, t),
+                          unroll=_unroll(t, interpret)),
         grid=(b * hv, nv),
         in_specs=in_specs,
         out_specs=out_specs,
@@ -135,7 +153,7 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     return o, final, u, states
 
 
-def replay_fwd(k, v, g, beta, s0, counts, *, l2norm, block_v, interpret, num_warps=1, num_stages=2):
+def replay_fwd(k, v, g, beta, s0, counts, *, l2norm, block_v, interpret, num_warps=1, num_stages=2, preload=None):
     """State after the first counts[b] positions, by the recurrent kernel's own step (see module doc).
 
     k [B, T, H, Kp]; v [B, T, HV, Vp]; g, beta [B, T, HV]; s0 [B, HV, Kp, Vp] fp32; counts [B] int32.
@@ -153,7 +171,8 @@ def replay_fwd(k, v, g, beta, s0, counts, *, l2norm, block_v, interpret, num_war
     return pl.pallas_call(
         functools.partial(_recurrent_kernel, n_steps=t, scale=1.0, has_s0=True, want_vnew=False,
                           want_states=False, l2norm=l2norm, replay=True, n_heads=hv,
-                          unroll=t <= MAX_UNROLL and not interpret),
+                          preload=_preload(preload, t),
+                          unroll=_unroll(t, interpret)),
         grid=(b * hv, vp // bv),
         in_specs=[pl.BlockSpec((b,), lambda i, j: (0,)), key_spec, val_spec, gate_spec, gate_spec, state_spec],
         out_specs=state_spec,
