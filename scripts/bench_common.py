@@ -57,13 +57,14 @@ def chain_seconds(fn, args: tuple, feed: int, chain: int, repeats: int) -> float
     return median_time(lambda: looped(tuple(args)), repeats) / chain
 
 
-def write_results(out_dir: str, stem: str, result: dict, markdown: str) -> None:
+def write_results(out_dir: str, stem: str, result: dict, markdown: str, echo: bool = True) -> None:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, stem + ".json"), "w") as f:
         json.dump(result, f, indent=1, default=float)
     with open(os.path.join(out_dir, stem + ".md"), "w") as f:
         f.write(markdown)
-    print(markdown)
+    if echo:
+        print(markdown)
 
 
 def chain_lowered(fn, args: tuple, feed: int, chain: int):

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The GPU measurements still owed by open issues, in parts that each fit one 10-minute device command.
 #
-#   bash scripts/gpu_suite.sh PART OUT_DIR        PART in: decode, curve, tiny, gdn, qwen, ab, tune, looped, looped-grid
+#   bash scripts/gpu_suite.sh PART OUT_DIR        PART in: decode, curve, final, tiny, gdn, qwen, ab, tune, looped, looped-grid
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | tiny | gdn | qwen | ab | tune | looped | looped-grid}
+part=${1:?part: decode | curve | final | tiny | gdn | qwen | ab | tune | looped | looped-grid}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -33,6 +33,15 @@ curve)  # issue 12: the small-T kernel variants (bit-for-bit checks), then the 9
     step 100 tune_recurrent python scripts/tune_recurrent.py --out "$dir"
     step 460 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.5,0.7,0.8,0.9,1.0 \
         --gammas 2,4,8,16 --repeats 3 --max-new-tokens 128 --prompt-len 256 --time-budget-s 440 --out "$dir"
+    ;;
+final)  # issue 12: the 9B cost curve, then the tiny checkpoint piece by piece and end to end with real drafts
+    step 250 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.5,0.7,0.8,0.9,1.0 \
+        --gammas 2,4,8,16 --repeats 2 --max-new-tokens 128 --prompt-len 256 --time-budget-s 235 --out "$dir"
+    step 75 profile_tiny python scripts/profile_spec_step.py --model checkpoints/tiny-qwen35-code --gammas 8 \
+        --step-gammas 4,8 --chain 64 --repeats 10 --time-budget-s 70 --out "$dir"
+    step 230 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
+        --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
+        --e2e-methods ngram:8,ngram:4,ngram:8/snapshot,mtp:4,mtp:3,mtp-shortlist:4,ngram-table:4 --out "$dir"
     ;;
 tiny)  # issue 12: the tiny checkpoint piece by piece and end to end with real drafts
     step 90 profile_tiny python scripts/profile_spec_step.py --model checkpoints/tiny-qwen35-code --gammas 8 \

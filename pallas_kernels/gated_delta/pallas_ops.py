@@ -147,7 +147,7 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
     g_cumsum, for `commit_state`) or `return_all_states` (all_states [B, T, HV, K, V] fp32, one
     snapshot per position: the baseline). `backend`: "triton" (recurrent_kernel.py) or "mosaic"
     (recurrent_mgpu.py, Mosaic GPU; falls back to Triton for snapshots or unsupported sizes).
-    `preload`: load every position's inputs before the first state update (None: when T <= 32);
+    `preload`: load every position's inputs before the first state update (None: when 1 < T <= 32);
     the arithmetic, and so every result, is the same either way.
     """
     check_gated_delta_inputs(q, k, v, g, beta, initial_state)

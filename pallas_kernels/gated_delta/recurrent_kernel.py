@@ -27,7 +27,10 @@ from jax.experimental.pallas import triton as plt
 from ._kernel_utils import F32, l2norm_vec
 
 MAX_UNROLL = 64  # decode / verify lengths; longer sequences belong to the chunk kernel
-PRELOAD_MAX = 32  # up to this many steps, all inputs are loaded before the first update (registers allow it)
+# From 2 to this many steps all inputs are loaded before the first update (registers allow it). Measured on
+# an H200 at the Qwen3.5-9B layer shape (benchmarks/results/tune_recurrent.md): T = 17 29.1 -> 19.9 us,
+# T = 9 20.6 -> 20.2 us, but T = 1 (decode) 15.8 -> 24.7 us, so a single step loads as it goes.
+PRELOAD_MAX = 32
 
 
 def _unroll(t: int, interpret: bool) -> bool:
@@ -36,7 +39,7 @@ def _unroll(t: int, interpret: bool) -> bool:
 
 
 def _preload(preload, t: int) -> bool:
-    return t <= PRELOAD_MAX if preload is None else bool(preload)
+    return 1 < t <= PRELOAD_MAX if preload is None else bool(preload)
 
 
 def gated_delta_step(state, k, v, g, beta):
