@@ -292,14 +292,15 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         raise ValueError(f"{collect} rollback verifies at most {MAX_RECURRENT_VERIFY} positions; got T={T}")
     if snapshots:
         res = gated_delta.fused_recurrent_gated_delta_rule(q, k, v, g, beta, return_all_states=True, **kwargs)
-    elif T == 1 or replay or (T <= MAX_RECURRENT_VERIFY and gated_delta.resolve(impl, "recurrent") == "pallas"):
+    elif T == 1 or replay or (collect and T <= MAX_RECURRENT_VERIFY
+                              and gated_delta.resolve(impl, "recurrent") == "pallas"):
         # Decode; verification under replay rollback (the commit re-runs this very step, so the committed
         # state is the recurrence's); short verification when the recurrent op is a Pallas kernel (one
         # launch per layer, measured faster than the chunk kernels on the GPU: see verify_forms_choice()).
         res = gated_delta.fused_recurrent_gated_delta_rule(q, k, v, g, beta, **kwargs)
     else:
-        # Prefill, and verification elsewhere: the chunked form is parallel over T (as an XLA loop the
-        # step recurrence is T dependent launches per layer).
+        # Prefill (an unrolled 64-step kernel took minutes to compile), and verification elsewhere: the
+        # chunked form is parallel over T (as an XLA loop the step recurrence is T dependent launches).
         res = gated_delta.chunk_gated_delta_rule(q, k, v, g, beta, **kwargs)
     o = L.gated_rms_norm(res.o.astype(x.dtype), z, p["norm"], cfg.rms_norm_eps)  # [B, T, HV, V]
     out = L.linear(o.reshape(B, T, HV * V), p["out_proj"])
