@@ -224,9 +224,10 @@ def round_costs(args, deadline: float | None = None, save=None) -> dict:
     key = jax.random.PRNGKey(0)
     out = {"shape": "tiny" if args.tiny else "Huginn-0125", "num_steps": R, "prompt_len": P, "repeats": reps}
 
-    fwd = jax.jit(lambda c, ids: looped.forward(params, cfg, c, ids, num_steps=R, logits_for="last")[0])
-    verify = jax.jit(lambda c, ids: looped.forward(params, cfg, c, ids, num_steps=R)[0])
-    out["ar_token_s"] = median_time(lambda: fwd(cache, prompt[:, :1]), reps)
+    # Parameters are jit arguments everywhere (closed over, XLA would fold 7 GB of constants for minutes).
+    fwd = jax.jit(lambda p, c, ids: looped.forward(p, cfg, c, ids, num_steps=R, logits_for="last")[0])
+    verify = jax.jit(lambda p, c, ids: looped.forward(p, cfg, c, ids, num_steps=R)[0])
+    out["ar_token_s"] = median_time(lambda: fwd(params, cache, prompt[:, :1]), reps)
     print(f"AR token (R={R}): {out['ar_token_s'] * 1e3:.3f} ms", flush=True)
     out["verify_s"], out["das_wave_block_s"], out["sequential_block_s"], out["sampler_round_s"] = {}, {}, {}, {}
     for g in gammas:
@@ -235,25 +236,26 @@ def round_costs(args, deadline: float | None = None, save=None) -> dict:
             out.setdefault("skipped_gammas", []).append(g)
             continue
         ids = jnp.ones((1, g + 1), jnp.int32)
-        out["verify_s"][g] = median_time(lambda: verify(cache, ids), reps)
+        out["verify_s"][g] = median_time(lambda: verify(params, cache, ids), reps)
         for k in ks:
             plan = ls.make_plan("das-wave", R, gamma=g, k=k)
             state = ls._prefill(params, prompt, key, cfg=cfg, plan=plan, max_len=max_len, sampling=greedy, eos_ids=(),
                                 max_new_tokens=2, state_dtype=jnp.bfloat16)
-            propose = jax.jit(functools.partial(ls._das_wave_propose, params, cfg, plan=plan, sampling=greedy))
-            t = median_time(lambda: propose(state, key)[0], reps)
+            propose = jax.jit(lambda p, s, kk, plan=plan: ls._das_wave_propose(p, cfg, s, kk, plan=plan,
+                                                                               sampling=greedy))
+            t = median_time(lambda: propose(params, state, key)[0], reps)
             out["das_wave_block_s"][f"{g},{k}"] = {"block": t, "rounds": plan.gamma - plan.window_init + 1,
                                                    "per_round": t / (plan.gamma - plan.window_init + 1)}
         for d in ds:
             for read in ("aligned", "deep"):
                 plan = ls.make_plan("mature-spec", R, gamma=g, draft_steps=min(d, R), read_k=read, read_v=read)
                 # The drafts write the cache: donate it (as the decode loop does), so no copy is timed.
-                propose = jax.jit(lambda c, a, kk, plan=plan: ls._sequential_propose(params, cfg, c, a, kk, plan,
-                                                                                     greedy)[2], donate_argnums=0)
+                propose = jax.jit(lambda p, c, a, kk, plan=plan: ls._sequential_propose(p, cfg, c, a, kk, plan,
+                                                                                        greedy)[2], donate_argnums=1)
                 holder = [jax.tree.map(jnp.copy, cache)]
 
                 def call(propose=propose, holder=holder):
-                    holder[0] = propose(holder[0], prompt[:, 0], key)
+                    holder[0] = propose(params, holder[0], prompt[:, 0], key)
                     return holder[0].length
 
                 out["sequential_block_s"][f"{g},{d},{read}"] = median_time(call, max(3, reps // 4))
@@ -261,9 +263,9 @@ def round_costs(args, deadline: float | None = None, save=None) -> dict:
         plan = ls.make_plan("parallel-sampler", R, gamma=g)
         state = ls._prefill(params, prompt, key, cfg=cfg, plan=plan, max_len=max_len, sampling=greedy, eos_ids=(),
                             max_new_tokens=2, state_dtype=jnp.bfloat16)
-        step = jax.jit(functools.partial(ls.sampler_step, params, cfg, plan=plan, sampling=greedy, max_new_tokens=2,
-                                         eos_ids=()))
-        out["sampler_round_s"][g] = median_time(lambda: step(state, key).anchor, reps)
+        step = jax.jit(lambda p, s, kk, plan=plan: ls.sampler_step(p, cfg, s, kk, plan=plan, sampling=greedy,
+                                                                   max_new_tokens=2, eos_ids=()))
+        out["sampler_round_s"][g] = median_time(lambda: step(params, state, key).anchor, reps)
         print(f"gamma={g}: verify {out['verify_s'][g] * 1e3:.3f} ms, das-wave per round "
               + ", ".join(f"k={k} {out['das_wave_block_s'][f'{g},{k}']['per_round'] * 1e3:.3f} ms" for k in ks)
               + f", sampler round {out['sampler_round_s'][g] * 1e3:.3f} ms", flush=True)
@@ -386,7 +388,8 @@ def markdown(result: dict) -> str:
 
 # ---------------------------------------------------------------------------------------- main
 
-def main(argv=None) -> dict:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, with the size defaults of --tiny or the full shape filled in."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="checkpoints/tiny-huginn-code", help="looped checkpoint folder (end to end)")
     ap.add_argument("--tiny", action="store_true", help="tiny random model / shape and small sizes (CPU smoke run)")
@@ -427,6 +430,13 @@ def main(argv=None) -> dict:
     unknown = groups - set(GROUPS)
     if unknown:
         raise SystemExit(f"unknown --methods {sorted(unknown)}; choose from {GROUPS}")
+    args.groups = groups
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    tiny, groups = args.tiny, args.groups
 
     if args.dtype == "float32" or tiny:
         # Full-precision matmuls (no TF32 on the GPU), so lossless methods can match AR token for token.

@@ -113,8 +113,11 @@ def step_costs(model, gammas, prompt_len: int, repeats: int):
     return rows
 
 
+CURVE_METHODS = ("ngram", "mtp")
+
+
 def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens: int, repeats: int,
-                      time_budget_s: float, on_row=None) -> dict:
+                      time_budget_s: float, on_row=None, method: str = "ngram") -> dict:
     """End-to-end time per token of AR and of n-gram speculation whose accepted count follows a seeded
     schedule (each draft kept with probability p, stopping at the first rejection; the real acceptance
     still runs on the verifier's logits: `speculative.forced_acceptance`). One compile per (gamma,
@@ -131,7 +134,14 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
     t_start = time.perf_counter()
     prompt = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (1, prompt_len)), jnp.int32)
     key = jax.random.PRNGKey(0)
-    drafter, sampling = NgramDrafter(), SamplingConfig()
+    if method == "mtp":
+        from specdec_jax.drafters.mtp import MtpDrafter
+        if not model.params.get("mtp"):
+            raise SystemExit("bench_spec.py: --curve-method mtp needs a checkpoint with an MTP head (mtp.* tensors)")
+        drafter = MtpDrafter()
+    else:
+        drafter = NgramDrafter()
+    sampling = SamplingConfig()
     max_len = prompt_len + new_tokens + max(gammas) + 1
     from specdec_jax.api import qwen_ops
     ops = qwen_ops()
@@ -227,7 +237,7 @@ def cost_curve_markdown(result, header, args) -> str:
     md = [f"# Speculative cost curve, forced acceptance ({result['model']})", "",
           f"{header['device']} · jax {header['jax']} · commit {header['commit']} · {header['date']}", "",
           f"`{header['command']}`", "",
-          "n-gram drafts whose accepted count follows a seeded schedule (each draft kept with probability p, "
+          f"{result.get('method', 'ngram')} drafts whose accepted count follows a seeded schedule (each draft kept with probability p, "
           "stopping at the first rejection); the real acceptance still runs on the verifier's logits. The outputs "
           "are meaningless: the rows measure time per token against tokens per step. Greedy, batch 1, prompt "
           f"{args.prompt_len} random tokens, {args.max_new_tokens} new tokens, median of {args.repeats} runs, AR "
@@ -288,6 +298,8 @@ def main():
                     help="cost curve only: acceptance probabilities in [0, 1] that replace the real acceptance "
                          "outcome (n-gram drafts; outputs meaningless); writes spec_cost_curve_<model>")
     ap.add_argument("--rollbacks", default="replay,pseudo,snapshot", help="with --forced-acceptance")
+    ap.add_argument("--curve-method", default="ngram", help="with --forced-acceptance: the drafter, one of "
+                    f"{CURVE_METHODS} (a method without an acceptance step, such as ar, is refused)")
     ap.add_argument("--time-budget-s", type=float, default=1e9, help="with --forced-acceptance")
     ap.add_argument("--skip-e2e", action="store_true")
     ap.add_argument("--skip-steps", action="store_true", help="no step-cost table (end to end only)")
@@ -306,6 +318,9 @@ def main():
             ap.error(f"--forced-acceptance: a comma list of probabilities in [0, 1]; got {args.forced_acceptance!r}")
         if not ps or not all(0.0 <= p <= 1.0 for p in ps):
             ap.error(f"--forced-acceptance: every probability must lie in [0, 1]; got {args.forced_acceptance!r}")
+        if args.curve_method not in CURVE_METHODS:
+            ap.error(f"--forced-acceptance needs a chain speculative method with an acceptance step; "
+                     f"--curve-method {args.curve_method!r} is not one of {CURVE_METHODS}")
         from specdec_jax.decoding.speculative import ROLLBACK_MODES
         bad = [rb for rb in args.rollbacks.split(",") if rb not in ROLLBACK_MODES]
         if bad:
@@ -317,7 +332,7 @@ def main():
         model, name = sj.load(args.model, dtype="bfloat16"), os.path.basename(os.path.normpath(args.model))
     if ps is not None:
         stem = f"spec_cost_curve_{name}{args.tag}"
-        head = {**header, "commit": header["git_commit"], "model": name, "stem": stem}
+        head = {**header, "commit": header["git_commit"], "model": name, "stem": stem, "method": args.curve_method}
 
         def save_curve(res):
             full = {**head, **res}
@@ -326,7 +341,8 @@ def main():
                 plot_cost_curve(full, os.path.join(args.out, stem + ".png"))
 
         res = forced_cost_curve(model, ps, gammas, args.rollbacks.split(","), args.prompt_len or 256,
-                                args.max_new_tokens, max(1, args.repeats), args.time_budget_s, on_row=save_curve)
+                                args.max_new_tokens, max(1, args.repeats), args.time_budget_s, on_row=save_curve,
+                                method=args.curve_method)
         save_curve(res)
         return
     result = {**header, "model": name, "xla_flags": os.environ.get("XLA_FLAGS", ""),

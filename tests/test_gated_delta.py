@@ -376,13 +376,14 @@ def test_block_v_must_be_a_power_of_two():
 
 
 def test_default_implementation_rule_and_env_override(monkeypatch):
-    """Measured ops only: on GPU the chunk, recurrent and commit ops are Pallas, elsewhere the reference; the
-    replay follows the recurrent op; the env var overrides every op or a listed few, and a bad value is one
-    clear error."""
+    """Measured ops only: on GPU the chunk and recurrent ops are Pallas, the pseudo-value commit XLA, elsewhere
+    the reference; the replay follows the recurrent op; the env var overrides every op or a listed few, and a
+    bad value is one clear error."""
     monkeypatch.delenv(gd.ENV_VAR, raising=False)
     on_gpu = jax.default_backend() == "gpu" and gd.pallas_available()
-    for op in ("chunk", "recurrent", "commit", "replay"):
+    for op in ("chunk", "recurrent", "replay"):
         assert gd.default_implementation(op) == ("pallas" if on_gpu else "reference"), op
+    assert gd.default_implementation("commit") == "reference"
     monkeypatch.setenv(gd.ENV_VAR, "recurrent=naive")
     assert gd.default_implementation("replay") == "naive"  # the replay runs the recurrent op's arithmetic
     monkeypatch.setenv(gd.ENV_VAR, "naive")

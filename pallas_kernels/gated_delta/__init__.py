@@ -5,8 +5,9 @@
                      "naive"      the per-step recurrence (ground truth)
                      "pallas"     GPU kernels (interpret=True runs them on CPU for tests)
 
-`default_implementation(op)` picks, on GPU, the implementation measured fastest for that op: the
-Pallas kernels for every op (measurements named at `_PALLAS_BY_DEFAULT`). Elsewhere: reference.
+`default_implementation(op)` picks, on GPU, the implementation measured fastest for that op (the
+measurements are named at `_PALLAS_BY_DEFAULT`): Pallas for the chunk, recurrent and replay ops, XLA for
+the pseudo-value commit. Elsewhere: reference.
 The environment variable SPECDEC_GDN_IMPLEMENTATION overrides it: one implementation for every op
 ("reference"), or per op ("recurrent=pallas,commit=pallas"; ops: chunk, recurrent, commit, replay, tree).
 """
@@ -39,11 +40,15 @@ def pallas_available() -> bool:
     return _pallas_module() is not None
 
 
-# Ops whose Pallas kernel has been measured faster than the XLA path on the GPU (H200): the chunk op
-# (benchmarks/results/gdn_h200.md); the recurrent op, in decode and in verification of up to 64 tokens,
-# and the replay and pseudo-value commits (benchmarks/results/profile_spec_step_qwen35_9b_random.md and
-# profile_spec_step_tiny-qwen35-code.md). The replay op always follows the recurrent op's choice.
-_PALLAS_BY_DEFAULT = frozenset({"chunk", "recurrent", "commit"})
+# Ops whose Pallas kernel has been measured faster than the XLA path on the GPU (H200):
+# - chunk (prefill, long verification): benchmarks/results/gdn_h200.md (5.6x the XLA path at T = 8192);
+# - recurrent, in decode and in verification of up to 64 tokens, and so the replay commit that re-runs it:
+#   benchmarks/results/profile_spec_step_qwen35_9b_random.md (verify of 9 tokens 5.63 ms against 6.76 ms
+#   for the chunk kernels and 7.47 ms as an XLA loop; replay commit 0.34 ms against 3.3 ms) and
+#   profile_spec_step_tiny-qwen35-code.md (verify 201 us against 425 / 507 us).
+# The pseudo-value commit stays on XLA: its Pallas kernel measured slower (9B: 0.37 / 2.14 ms against
+# 0.30 / 0.35 ms at gamma 8 / 16; tiny: 52 against 43 us), same files.
+_PALLAS_BY_DEFAULT = frozenset({"chunk", "recurrent"})
 
 
 def env_override(op: str) -> str | None:

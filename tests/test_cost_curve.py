@@ -1,0 +1,73 @@
+"""The forced-acceptance mode behind `scripts/bench_spec.py --forced-acceptance` (a benchmark of step cost
+against tokens per step): the accepted count follows the seeded schedule, the real acceptance still runs,
+generate() cannot reach it, and the script refuses bad flags with one clear error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specdec_jax as sj
+from specdec_jax.decoding import speculative as sp
+from specdec_jax.decoding.sampling import SamplingConfig
+from specdec_jax.drafters.ngram import NgramDrafter
+from specdec_jax.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "checkpoints" / "tiny-qwen35-code"
+
+
+def test_forced_acceptance_follows_the_schedule():
+    logits = jax.random.normal(jax.random.PRNGKey(0), (3, 6, 11))
+    key = jax.random.PRNGKey(1)
+    real = jnp.asarray([2, 0, 5])
+    for p, want in ((1.0, [5, 5, 5]), (0.0, [0, 0, 0])):
+        n, tok = sp.forced_acceptance(real, logits, jnp.float32(p), key)
+        np.testing.assert_array_equal(np.asarray(n), want)
+        np.testing.assert_array_equal(np.asarray(tok), np.argmax(np.asarray(logits)[np.arange(3), want], axis=-1))
+    # Intermediate p: leading successes of seeded Bernoulli draws, so the mean is sum_{i<=G} p^i - 1.
+    keys = jax.random.split(jax.random.PRNGKey(2), 4000)
+    n = jax.vmap(lambda k: sp.forced_acceptance(real, logits, jnp.float32(0.6), k)[0])(keys)
+    expected = sum(0.6 ** i for i in range(1, 6))
+    assert abs(float(n.mean()) - expected) < 0.05
+
+
+def test_forced_loop_runs_and_counts_tokens_per_step():
+    model = sj.load(TINY, dtype="float32")
+    cfg, params = model.config, model.params
+    prompt = jnp.asarray([[1542, 12, 290, 1239, 11, 2023]], jnp.int32)
+    static_p = dict(cfg=cfg, max_len=64, sampling=SamplingConfig(), eos_ids=(), state_dtype=jnp.float32, gamma=4,
+                    max_new_tokens=41, drafter=NgramDrafter(), impl="auto")
+    static_l = dict(cfg=cfg, sampling=SamplingConfig(), eos_ids=(), gamma=4, max_new_tokens=41, drafter=NgramDrafter(),
+                    rollback="replay", impl="auto")
+    key = jax.random.PRNGKey(0)
+    state, dstate = sp._spec_prefill(params, prompt, key, **static_p)
+    _, state, _ = sp._spec_loop(params, state, dstate, key, jnp.float32(1.0), **static_l)
+    accepted = np.asarray(state.accepted)[:int(state.steps), 0]
+    assert (accepted == 4).all() and int(state.steps) == 8  # 40 tokens after the first, 5 per step
+
+
+def test_generate_cannot_reach_forced_acceptance():
+    model = sj.load(TINY, dtype="float32")
+    with pytest.raises(InputError, match="unknown options"):
+        sj.generate(model, np.asarray([[1, 2, 3]]), 4, method="ngram", accept_p=0.5)
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--forced-acceptance", "1.5"], "must lie in [0, 1]"),
+    (["--forced-acceptance", "x"], "comma list of probabilities"),
+    (["--forced-acceptance", "0.5", "--curve-method", "ar"], "needs a chain speculative method"),
+    (["--forced-acceptance", "0.5", "--rollbacks", "undo"], "--rollbacks: unknown"),
+])
+def test_bad_forced_acceptance_flags_are_one_clear_error(flags, needle):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_spec.py"), "--random-9b", "--tiny", *flags],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr and "--" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,69 @@
+"""Parameters reach every jitted decode and benchmark function as arguments, never as closed-over constants:
+closed over, a 7 GB model becomes XLA constants that the compiler folds for minutes (seen at the Huginn-0125
+shape). Checked on tiny models by reading the programs: no constant larger than LIMIT elements."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+import specdec_jax as sj
+from specdec_jax.decoding import compiled
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMIT = 256  # elements: the tiny models' smallest weight (a norm) has 256; index constants are far smaller
+_HLO_CONSTANT = re.compile(r"= \w+\[([\d,]*)\][^ ]* constant\(")
+_STABLEHLO_CONSTANT = re.compile(r"stablehlo\.constant [^\n]*: tensor<((?:\d+x)*)\w+>")
+
+
+def _largest_hlo_constant(text: str) -> int:
+    return max([int(np.prod([int(d) for d in dims.split(",") if d])) for dims in _HLO_CONSTANT.findall(text)] + [0])
+
+
+def _largest_stablehlo_constant(text: str) -> int:
+    return max([int(np.prod([int(d) for d in dims.split("x") if d])) for dims in _STABLEHLO_CONSTANT.findall(text)]
+               + [0])
+
+
+def test_generation_programs_take_parameters_as_arguments():
+    compiled.clear()
+    ids = np.asarray([[1542, 12, 290, 1239]])
+    qwen = sj.load(ROOT / "checkpoints" / "tiny-qwen35-code", dtype="float32")
+    for method in ("ar", "ngram", "mtp", "mtp-tree"):
+        sj.generate(qwen, ids, 6, method=method)
+    huginn = sj.load(ROOT / "checkpoints" / "tiny-huginn-code", dtype="float32")
+    sj.generate(huginn, ids, 6, num_steps=2)
+    sj.generate(huginn, ids, 6, method="das-wave", num_steps=2, gamma=3)
+    programs = list(compiled._cache.items())
+    assert len(programs) >= 12
+    for key, exe in programs:
+        assert _largest_hlo_constant(exe.as_text()) < LIMIT, f"{key[0].__name__} embeds a large constant"
+    # The check can fail: a function that closes over a weight embeds it.
+    w = qwen.params["layers"][0]["mlp"]["down_proj"]
+    closed = jax.jit(lambda x: x @ w.T).lower(np.ones((1, w.shape[1]), np.float32)).compile()
+    assert _largest_hlo_constant(closed.as_text()) >= LIMIT
+
+
+def test_looped_benchmark_round_functions_take_parameters_as_arguments(monkeypatch):
+    """scripts/bench_looped_spec.py's per-round timings (the run that stalled in constant folding)."""
+    sys.path.insert(0, str(ROOT))
+    from scripts import bench_looped_spec
+    real_jit, largest = jax.jit, []
+
+    def recording_jit(fn, *a, **kw):
+        jitted = real_jit(fn, *a, **kw)
+
+        def call(*args, **kwargs):
+            largest.append(_largest_stablehlo_constant(jitted.lower(*args, **kwargs).as_text()))
+            return jitted(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(jax, "jit", recording_jit)
+    args = bench_looped_spec.parse_args(["--tiny", "--costs", "--skip-e2e", "--cost-gammas", "3", "--cost-ks", "1",
+                                         "--cost-ds", "2", "--cost-repeats", "1"])
+    bench_looped_spec.round_costs(args)
+    assert len(largest) >= 5 and max(largest) < LIMIT, largest
