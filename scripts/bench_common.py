@@ -45,16 +45,7 @@ def chain_seconds(fn, args: tuple, feed: int, chain: int, repeats: int) -> float
     gets a (numerically nil) dependence on one element of the previous call's first output, so XLA
     can neither hoist, merge nor reorder the calls, and no output is read in full. The arrays are
     jit arguments, not closed-over constants (which XLA could fold at compile time)."""
-    def run(arrays):
-        def body(_, eps):
-            a = list(arrays)
-            a[feed] = a[feed] + (eps * 0.0).astype(a[feed].dtype)
-            first = jax.tree.leaves(fn(*a))[0]
-            return first.reshape(-1)[0].astype(jnp.float32)
-        return jax.lax.fori_loop(0, chain, body, jnp.zeros((), jnp.float32))
-
-    looped = jax.jit(run)
-    return median_time(lambda: looped(tuple(args)), repeats) / chain
+    return time_chain(chain_lowered(fn, args, feed, chain).compile(), args, chain, repeats)
 
 
 def write_results(out_dir: str, stem: str, result: dict, markdown: str, echo: bool = True) -> None:
@@ -68,8 +59,8 @@ def write_results(out_dir: str, stem: str, result: dict, markdown: str, echo: bo
 
 
 def chain_lowered(fn, args: tuple, feed: int, chain: int):
-    """`chain_seconds` split in two: the lowered loop of `chain` dependent fn(*args) calls (lower it under
-    the settings to compare, compile several on a thread pool with `compile_all`), timed by `time_chain`."""
+    """The lowered loop of `chain` dependent fn(*args) calls behind `chain_seconds` (lower it under the
+    settings to compare, compile several on a thread pool with `compile_all`, time with `time_chain`)."""
     def run(arrays):
         def body(_, eps):
             a = list(arrays)
