@@ -33,13 +33,12 @@ def test_generation_programs_take_parameters_as_arguments():
     compiled.clear()
     ids = np.asarray([[1542, 12, 290, 1239]])
     qwen = sj.load(ROOT / "checkpoints" / "tiny-qwen35-code", dtype="float32")
-    for method in ("ar", "ngram", "mtp", "mtp-tree"):
+    for method in ("ar", "ngram", "mtp-tree"):  # AR, chain and tree loops (every drafter shares the chain loop)
         sj.generate(qwen, ids, 6, method=method)
     huginn = sj.load(ROOT / "checkpoints" / "tiny-huginn-code", dtype="float32")
-    sj.generate(huginn, ids, 6, num_steps=2)
-    sj.generate(huginn, ids, 6, method="das-wave", num_steps=2, gamma=3)
+    sj.generate(huginn, ids, 6, method="das-wave", num_steps=2, gamma=3)  # looped prefill and loop
     programs = list(compiled._cache.items())
-    assert len(programs) >= 12
+    assert len(programs) >= 8
     for key, exe in programs:
         assert _largest_hlo_constant(exe.as_text()) < LIMIT, f"{key[0].__name__} embeds a large constant"
     # The check can fail: a function that closes over a weight embeds it.
@@ -55,10 +54,12 @@ def test_looped_benchmark_round_functions_take_parameters_as_arguments(monkeypat
     real_jit, largest = jax.jit, []
 
     def recording_jit(fn, *a, **kw):
-        jitted = real_jit(fn, *a, **kw)
+        jitted, checked = real_jit(fn, *a, **kw), []
 
         def call(*args, **kwargs):
-            largest.append(_largest_stablehlo_constant(jitted.lower(*args, **kwargs).as_text()))
+            if not checked:  # the first call's program (the timings repeat the same shapes)
+                largest.append(_largest_stablehlo_constant(jitted.lower(*args, **kwargs).as_text()))
+                checked.append(True)
             return jitted(*args, **kwargs)
         return call
 
