@@ -207,7 +207,9 @@ def _generate_speculative_qwen(model, ids, max_new_tokens, method, gamma, max_le
     if unknown:
         raise InputError(f"generate(method={method!r}): unknown options {sorted(unknown)}; "
                          f"accepted: {sorted(_SPEC_OPTIONS[method])}")
-    rollback = options.get("rollback", DEFAULT_ROLLBACK)
+    # Replay verifies through the step recurrence (at most MAX_RECURRENT_VERIFY positions); longer drafts
+    # default to the pseudo-value commit, which has no limit.
+    rollback = options.get("rollback", DEFAULT_ROLLBACK if gamma + 1 <= MAX_RECURRENT_VERIFY else "pseudo")
     if rollback not in ROLLBACK_MODES:
         raise InputError(f"rollback must be one of {ROLLBACK_MODES}; got {rollback!r}")
     if rollback in ("snapshot", "replay") and gamma + 1 > MAX_RECURRENT_VERIFY:

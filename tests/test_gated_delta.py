@@ -240,18 +240,18 @@ def test_unrolled_recurrent_kernel_with_and_without_preload(monkeypatch):
     fp32 rounding of the recurrence, both within rounding of the naive recurrence."""
     from pallas_kernels.gated_delta import recurrent_kernel
     monkeypatch.setattr(recurrent_kernel, "_unroll", lambda t, interpret: True)
-    x = make_inputs(2, 6, 1, 2, 16, 16, jnp.bfloat16, seed=77, normalize_k=False)
+    x = make_inputs(2, 4, 1, 2, 16, 16, jnp.bfloat16, seed=77, normalize_k=False)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     outs = {}
     for preload in (False, True):
         run = pallas_ops.fused_recurrent_gated_delta_rule(*args, initial_state=x["s0"], return_all_states=True,
                                                           return_pseudo_values=True, use_qk_l2norm=True,
                                                           interpret=True, preload=preload)
-        replayed = pallas_ops.replay_state(x["s0"], x["k"], x["v"], x["g"], x["beta"], jnp.asarray([4, 6]),
+        replayed = pallas_ops.replay_state(x["s0"], x["k"], x["v"], x["g"], x["beta"], jnp.asarray([2, 4]),
                                            use_qk_l2norm=True, interpret=True, preload=preload)
         # Bit-equality of replay and recurrence in this form is checked on the GPU (tune_recurrent.py): in
         # interpret mode XLA's CPU compiler fuses the two unrolled bodies differently (last-bit FMA differences).
-        _check("replay", replayed, run.all_states[jnp.arange(2), jnp.asarray([3, 5])], 1e-6)
+        _check("replay", replayed, run.all_states[jnp.arange(2), jnp.asarray([1, 3])], 1e-6)
         outs[preload] = run
     for name in ("o", "final_state", "v_new", "all_states"):
         np.testing.assert_array_equal(np.asarray(getattr(outs[True], name)), np.asarray(getattr(outs[False], name)))

@@ -33,12 +33,11 @@ def test_generation_programs_take_parameters_as_arguments():
     compiled.clear()
     ids = np.asarray([[1542, 12, 290, 1239]])
     qwen = sj.load(ROOT / "checkpoints" / "tiny-qwen35-code", dtype="float32")
-    for method in ("ar", "ngram", "mtp-tree"):  # AR, chain and tree loops (every drafter shares the chain loop)
-        sj.generate(qwen, ids, 6, method=method)
+    sj.generate(qwen, ids, 6, method="ngram", gamma=2)  # the chain loop every drafter shares, with its prefill
     huginn = sj.load(ROOT / "checkpoints" / "tiny-huginn-code", dtype="float32")
     sj.generate(huginn, ids, 6, method="das-wave", num_steps=2, gamma=3)  # looped prefill and loop
     programs = list(compiled._cache.items())
-    assert len(programs) >= 8
+    assert len(programs) >= 4
     for key, exe in programs:
         assert _largest_hlo_constant(exe.as_text()) < LIMIT, f"{key[0].__name__} embeds a large constant"
     # The check can fail: a function that closes over a weight embeds it.

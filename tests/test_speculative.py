@@ -222,3 +222,13 @@ def test_single_jitted_step_driven_from_python(model):
         assert emitted.shape == (1, gamma + 1)
         tokens += np.asarray(emitted[0, : int(n[0])]).tolist()
     np.testing.assert_array_equal(tokens[:12], ar)
+
+
+def test_rollback_default_and_limits(model):
+    """Replay by default; drafts longer than the step recurrence verifies fall back to pseudo-values unless
+    replay is asked for by name, which is one clear error."""
+    ids = np.random.default_rng(5).integers(0, model.vocab_size, size=(1, 5))
+    assert sj.generate(model, ids, 3, method="ngram", gamma=2).stats["rollback"] == "replay"
+    assert sj.generate(model, ids, 3, method="ngram", gamma=64).stats["rollback"] == "pseudo"
+    with pytest.raises(sj.SpecdecError, match="replay rollback verifies at most 64 positions"):
+        sj.generate(model, ids, 3, method="ngram", gamma=64, rollback="replay")
