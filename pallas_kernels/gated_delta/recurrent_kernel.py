@@ -105,6 +105,17 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
     st_ref[...] = state
 
 
+def _block_specs(t: int, hv: int, group: int, kp: int, bv: int):
+    """Blocks of program (batch * value head i, value block j), shared by the recurrent and replay kernels
+    (same blocks, same reduction order): keys [T, Kp] of key head (i % HV) // group, values [T, BV], gates
+    [T] read in their [B, T, HV] layout (one scalar per step, no transpose launch), state [Kp, BV]."""
+    key_spec = pl.BlockSpec((None, t, None, kp), lambda i, j: (i // hv, 0, (i % hv) // group, 0))
+    val_spec = pl.BlockSpec((None, t, None, bv), lambda i, j: (i // hv, 0, i % hv, j))
+    gate_spec = pl.BlockSpec((None, t, None), lambda i, j: (i // hv, 0, i % hv))
+    state_spec = pl.BlockSpec((None, None, kp, bv), lambda i, j: (i // hv, i % hv, 0, j))
+    return key_spec, val_spec, gate_spec, state_spec
+
+
 def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states, block_v, interpret,
                   num_warps=1, num_stages=2, preload=None):
     """q, k [B, T, H, Kp]; v [B, T, HV, Vp]; g, beta [B, T, HV]; s0 [B, HV, Kp, Vp] fp32 or None.
@@ -118,11 +129,7 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     bv = min(block_v, vp)
     nv = vp // bv
     has_s0 = s0 is not None
-    key_spec = pl.BlockSpec((None, t, None, kp), lambda i, j: (i // hv, 0, (i % hv) // group, 0))
-    val_spec = pl.BlockSpec((None, t, None, bv), lambda i, j: (i // hv, 0, i % hv, j))
-    # g and beta are read in their [B, T, HV] layout (one scalar per step): no transpose launch.
-    gate_spec = pl.BlockSpec((None, t, None), lambda i, j: (i // hv, 0, i % hv))
-    state_spec = pl.BlockSpec((None, None, kp, bv), lambda i, j: (i // hv, i % hv, 0, j))
+    key_spec, val_spec, gate_spec, state_spec = _block_specs(t, hv, group, kp, bv)
     in_specs = [key_spec, key_spec, val_spec, gate_spec, gate_spec]
     args = [q, k, v, g, beta]
     if has_s0:
@@ -167,10 +174,7 @@ def replay_fwd(k, v, g, beta, s0, counts, *, l2norm, block_v, interpret, num_war
     hv, vp = v.shape[2], v.shape[3]
     group = hv // h
     bv = min(block_v, vp)
-    key_spec = pl.BlockSpec((None, t, None, kp), lambda i, j: (i // hv, 0, (i % hv) // group, 0))
-    val_spec = pl.BlockSpec((None, t, None, bv), lambda i, j: (i // hv, 0, i % hv, j))
-    gate_spec = pl.BlockSpec((None, t, None), lambda i, j: (i // hv, 0, i % hv))
-    state_spec = pl.BlockSpec((None, None, kp, bv), lambda i, j: (i // hv, i % hv, 0, j))
+    key_spec, val_spec, gate_spec, state_spec = _block_specs(t, hv, group, kp, bv)
     return pl.pallas_call(
         functools.partial(_recurrent_kernel, n_steps=t, scale=1.0, has_s0=True, want_vnew=False,
                           want_states=False, l2norm=l2norm, replay=True, n_heads=hv,
