@@ -30,8 +30,13 @@ import numpy as np  # noqa: E402
 from scripts.bench_common import median_time, result_header, write_results  # noqa: E402
 
 
-def random_9b_model(tiny: bool, dtype: str = "bfloat16"):
-    """Random bf16 weights made on the device in the fused layout (no file, no transformers)."""
+RESIDUAL_WRITES = ("o_proj", "out_proj", "down_proj")  # the projections that write into the residual stream
+
+
+def random_9b_model(tiny: bool, dtype: str = "bfloat16", damp: float = 1.0):
+    """Random bf16 weights made on the device in the fused layout (no file, no transformers).
+    damp: every residual write (attention / GDN output, MLP down projection) scaled by it; 0.02 keeps the
+    embedding dominant, so top-1 margins are wide and greedy outputs are stable text-like sequences."""
     from specdec_jax.config import qwen35_config_from_dict
     from specdec_jax.loading import build_tree
     from specdec_jax.model import Model
@@ -54,6 +59,8 @@ def random_9b_model(tiny: bool, dtype: str = "bfloat16"):
         if leaf.groups[0][0][0].endswith("conv1d.weight"):
             shape = (shape[0], shape[2])
         scale = shape[-1] ** -0.5 if len(shape) > 1 else 0.1
+        if leaf.groups[0][0][0].split(".")[-2] in RESIDUAL_WRITES:
+            scale *= damp
         return (jax.random.normal(next(keys), shape, jnp.float32) * scale).astype(dtype)
 
     return Model(config=cfg, params=build_tree(specs, make), dtype=jnp.dtype(dtype))
@@ -117,12 +124,14 @@ CURVE_METHODS = ("ngram", "mtp")
 
 
 def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens: int, repeats: int,
-                      time_budget_s: float, on_row=None, method: str = "ngram") -> dict:
+                      time_budget_s: float, on_row=None, method: str = "ngram", exact_modes=(True,)) -> dict:
     """End-to-end time per token of AR and of n-gram speculation whose accepted count follows a seeded
     schedule (each draft kept with probability p, stopping at the first rejection; the real acceptance
     still runs on the verifier's logits: `speculative.forced_acceptance`). One compile per (gamma,
     rollback); p is a traced argument. Outputs are meaningless: this measures step cost against tokens
-    per step, independently of the weights. Compiles run in parallel; each job's seconds are reported."""
+    per step, independently of the weights. Compiles run in parallel; each job's seconds are reported.
+    exact_modes: True (AR and verification at the decode shape, the default path), False (AR at one row,
+    verification at gamma + 1 rows), or both; every row is paired with AR of its own setting."""
     from concurrent.futures import ThreadPoolExecutor
 
     from specdec_jax.decoding import autoregressive as ar_mod
@@ -142,16 +151,24 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
     else:
         drafter = NgramDrafter()
     sampling = SamplingConfig()
-    max_len = prompt_len + new_tokens + max(gammas) + 1
     from specdec_jax.api import qwen_ops
-    ops = qwen_ops()
-    static_ap = dict(ops=ops, cfg=cfg, max_len=max_len, state_dtype=model.dtype)
-    static_ad = dict(ops=ops, cfg=cfg, max_new_tokens=new_tokens, sampling=sampling, eos_ids=())
+    from specdec_jax.decoding.decode_shape import choose_decode_rows
+    rows_of = {g: choose_decode_rows(g, None, "qwen3_5") for g in gammas}
+    ar_rows = choose_decode_rows(0, None, "qwen3_5")
+    max_len = prompt_len + new_tokens + max(max(gammas) + 1, *rows_of.values())
+    static_ap = dict(ops=qwen_ops(), cfg=cfg, max_len=max_len, state_dtype=model.dtype)
     logits_s, state_s = jax.eval_shape(functools.partial(ar_mod._prefill, **static_ap), params, prompt)
-    jobs = {"ar_prefill": lambda: ar_mod._prefill.lower(params, prompt, **static_ap),
-            "ar_loop": lambda: ar_mod._decode_loop.lower(params, state_s, logits_s, key, **static_ad)}
-    configs = [(g, rb) for rb in rollbacks for g in gammas  # rollback-major: the default's rows first
-               if not (rb in ("replay", "snapshot") and g + 1 > qwen35.MAX_RECURRENT_VERIFY)]
+    jobs = {"ar_prefill": lambda: ar_mod._prefill.lower(params, prompt, **static_ap)}
+    static_ad = {}
+    for ex in exact_modes:
+        static_ad[ex] = dict(ops=qwen_ops(ar_rows if ex else 0), cfg=cfg, max_new_tokens=new_tokens,
+                             sampling=sampling, eos_ids=())
+        jobs["ar_loop", ex] = functools.partial(ar_mod._decode_loop.lower, params, state_s, logits_s, key,
+                                                **static_ad[ex])
+    # rollback-major, exact first: the default's rows come first
+    configs = [(g, rb, ex) for rb in rollbacks for ex in exact_modes for g in gammas
+               if not (rb in ("replay", "snapshot") and g + 1 > qwen35.MAX_RECURRENT_VERIFY)
+               and not (ex and rb == "pseudo")]
     statics = {}
     for g in gammas:
         static_p = dict(cfg=cfg, max_len=max_len, sampling=sampling, eos_ids=(), state_dtype=model.dtype, gamma=g,
@@ -159,13 +176,14 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
         shapes = jax.eval_shape(functools.partial(sp._spec_prefill, **static_p), params, prompt, key)
         jobs["prefill", g] = functools.partial(sp._spec_prefill.lower, params, prompt, key, **static_p)
         for rb in rollbacks:
-            if (g, rb) not in configs:
-                continue
-            static_l = dict(cfg=cfg, sampling=sampling, eos_ids=(), gamma=g, max_new_tokens=new_tokens,
-                            drafter=drafter, rollback=rb, impl="auto")
-            statics[g, rb] = static_l
-            jobs["loop", g, rb] = functools.partial(sp._spec_loop.lower, params, shapes[0], shapes[1], key,
-                                                    jnp.float32(0.5), **static_l)
+            for ex in exact_modes:
+                if (g, rb, ex) not in configs:
+                    continue
+                static_l = dict(cfg=cfg, sampling=sampling, eos_ids=(), gamma=g, max_new_tokens=new_tokens,
+                                drafter=drafter, rollback=rb, impl="auto", decode_rows=rows_of[g] if ex else 0)
+                statics[g, rb, ex] = static_l
+                jobs["loop", g, rb, ex] = functools.partial(sp._spec_loop.lower, params, shapes[0], shapes[1], key,
+                                                            jnp.float32(0.5), **static_l)
     lowered = {name: make() for name, make in jobs.items()}
     print(f"lowered {len(lowered)} functions in {time.perf_counter() - t_start:.0f} s", flush=True)
 
@@ -180,19 +198,19 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
     compile_s = {str(k): v[1] for k, v in done.items()}
     print(f"compiled in {time.perf_counter() - t0:.0f} s (pool of 12)", flush=True)
 
-    def ar_run():
+    def ar_run(ex):
         logits, state = exe["ar_prefill"](params, prompt)
         jax.block_until_ready(state)
         t0 = time.perf_counter()
-        tokens, state, steps = exe["ar_loop"](params, state, logits, key)
+        tokens, state, steps = exe["ar_loop", ex](params, state, logits, key)
         jax.block_until_ready(tokens)
         return (time.perf_counter() - t0) / (new_tokens - 1)
 
-    def spec_run(g, rb, p):
+    def spec_run(g, rb, ex, p):
         state, dstate = exe["prefill", g](params, prompt, key)
         jax.block_until_ready(state)
         t0 = time.perf_counter()
-        tokens, state, dstate = exe["loop", g, rb](params, state, dstate, key, jnp.float32(p))
+        tokens, state, dstate = exe["loop", g, rb, ex](params, state, dstate, key, jnp.float32(p))
         jax.block_until_ready(tokens)
         sec = time.perf_counter() - t0
         steps = int(state.steps)
@@ -201,32 +219,43 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
         returned = min(emitted, new_tokens - 1)
         return sec, float((acc + 1).mean()), steps, emitted, returned
 
-    ar_run()  # warm-up (autotuning)
-    ar_times = [ar_run() for _ in range(repeats)]
+    ar_times = {}
+    for ex in exact_modes:
+        ar_run(ex)  # warm-up (autotuning)
+        ar_times[ex] = [ar_run(ex) for _ in range(repeats)]
     rows = []
-    result = {"ar_s_per_token": float(np.median(ar_times)), "ar_tok_s": float(1 / np.median(ar_times)),
-              "compile_seconds": compile_s, "rows": rows}
-    for g, rb in configs:
-        spec_run(g, rb, 1.0)  # warm-up
+    result = {"compile_seconds": compile_s, "rows": rows, "decode_rows": rows_of, "ar_decode_rows": ar_rows}
+
+    def ar_summary():
+        for ex in exact_modes:
+            sec = float(np.median(ar_times[ex]))
+            result["ar_exact" if ex else "ar_fast"] = {"s_per_token": sec, "tok_s": 1 / sec}
+        default = result["ar_exact" if True in exact_modes else "ar_fast"]
+        result["ar_s_per_token"], result["ar_tok_s"] = default["s_per_token"], default["tok_s"]
+
+    ar_summary()
+    for g, rb, ex in configs:
+        spec_run(g, rb, ex, 1.0)  # warm-up
         for p in ps:
             if time.perf_counter() - t_start > time_budget_s:
                 print("time budget reached", flush=True)
                 return result
             runs = []
             for _ in range(repeats):
-                runs.append(spec_run(g, rb, p))
-                ar_times.append(ar_run())  # AR alternates with speculation: drift hits both
+                runs.append(spec_run(g, rb, ex, p))
+                ar_times[ex].append(ar_run(ex))  # AR alternates with speculation: drift hits both
             per_emitted = float(np.median([r[0] / r[3] for r in runs]))  # seconds per token the steps made
             per_returned = float(np.median([r[0] / r[4] for r in runs]))
             tps = float(np.mean([r[1] for r in runs]))
-            ar_sec = float(np.median(ar_times))
-            row = {"gamma": g, "rollback": rb, "p": p, "tokens_per_step": tps, "seconds": per_emitted,
+            ar_sec = float(np.median(ar_times[ex]))
+            row = {"gamma": g, "rollback": rb, "exact": ex, "decode_rows": rows_of[g] if ex else g + 1, "p": p,
+                   "tokens_per_step": tps, "seconds": per_emitted,
                    "seconds_per_step": float(np.median([r[0] / r[2] for r in runs])),
                    "speedup": ar_sec / per_emitted, "speedup_over_tokens_per_step": ar_sec / per_emitted / tps,
                    "speedup_returned": ar_sec / per_returned, "steps": int(np.median([r[2] for r in runs])),
-                   "default": rb == sp.DEFAULT_ROLLBACK, "compile_seconds": compile_s[str(("loop", g, rb))]}
+                   "default": rb == sp.DEFAULT_ROLLBACK and ex, "compile_seconds": compile_s[str(("loop", g, rb, ex))]}
             rows.append(row)
-            result["ar_s_per_token"], result["ar_tok_s"] = ar_sec, 1 / ar_sec
+            ar_summary()
             print(json.dumps(row), flush=True)
             if on_row:
                 on_row(result)
@@ -242,16 +271,22 @@ def cost_curve_markdown(result, header, args) -> str:
           "are meaningless: the rows measure time per token against tokens per step. Greedy, batch 1, prompt "
           f"{args.prompt_len} random tokens, {args.max_new_tokens} new tokens, median of {args.repeats} runs, AR "
           f"alternating with speculation in the same process. AR: **{result['ar_tok_s']:.1f} tok/s** "
-          f"({result['ar_s_per_token'] * 1e3:.3f} ms per token).", "",
+          f"({result['ar_s_per_token'] * 1e3:.3f} ms per token) on the default (exact) path"
+          + (f", {result['ar_fast']['tok_s']:.1f} tok/s at one row (exact=False; the exact path's AR costs "
+             f"{result['ar_fast']['tok_s'] / result['ar_exact']['tok_s']:.3f}× its time per token)"
+             if 'ar_fast' in result and 'ar_exact' in result else "") + ". Each row's speedup is over AR of its "
+          "own setting (exact: every decode forward at the decode shape, `decode rows`; fast: verification at "
+          "gamma + 1 rows, AR at one).", "",
           "`speedup` is per token the steps produced (AR time per token ÷ decode time per emitted token): the "
           "step-cost measure, so `speedup ÷ tokens per step` = AR token time ÷ step time. `returned` counts only "
           f"the {args.max_new_tokens - 1} tokens after the prefill's that the call returns: the last step can "
           "overshoot the budget (up to gamma tokens thrown away), which costs short generations a few percent at "
           "high acceptance.", "",
-          "| gamma | rollback | default | p | tokens / step | steps | ms / step | speedup over AR | speedup ÷ tokens per step | speedup, returned tokens | compile s |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| gamma | rollback | exact (decode rows) | default | p | tokens / step | steps | ms / step | speedup over AR | speedup ÷ tokens per step | speedup, returned tokens | compile s |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        md.append(f"| {r['gamma']} | {r['rollback']} | {'yes' if r['default'] else 'no'} | {r['p']:.2f} | "
+        exact = f"yes ({r['decode_rows']})" if r.get("exact") else "no"
+        md.append(f"| {r['gamma']} | {r['rollback']} | {exact} | {'yes' if r['default'] else 'no'} | {r['p']:.2f} | "
                   f"{r['tokens_per_step']:.2f} | {r['steps']} | {r['seconds_per_step'] * 1e3:.3f} | "
                   f"{r['speedup']:.2f}× | {r['speedup_over_tokens_per_step']:.3f} | {r['speedup_returned']:.2f}× | "
                   f"{r['compile_seconds']:.0f} |")
@@ -268,9 +303,11 @@ def plot_cost_curve(result, path: str) -> None:
     ax = fig.add_subplot(1, 1, 1)
     top = max([r["tokens_per_step"] for r in result["rows"]] + [2.0])
     ax.plot([1, top], [1, top], "k--", lw=1, label="ideal y = x")
-    for key in dict.fromkeys((r["gamma"], r["rollback"]) for r in result["rows"]):
-        pts = sorted((r["tokens_per_step"], r["speedup"]) for r in result["rows"] if (r["gamma"], r["rollback"]) == key)
-        ax.plot([a for a, _ in pts], [b for _, b in pts], "o-", ms=3, label=f"gamma {key[0]}, {key[1]}")
+    for key in dict.fromkeys((r["gamma"], r["rollback"], r.get("exact", False)) for r in result["rows"]):
+        pts = sorted((r["tokens_per_step"], r["speedup"]) for r in result["rows"]
+                     if (r["gamma"], r["rollback"], r.get("exact", False)) == key)
+        ax.plot([a for a, _ in pts], [b for _, b in pts], "o-" if key[2] else "x:", ms=3,
+                label=f"gamma {key[0]}, {key[1]}{', exact' if key[2] else ''}")
     ax.set_xlabel("tokens per step")
     ax.set_ylabel("speedup over AR")
     ax.set_title(f"{result['model']}: forced-acceptance cost curve")
@@ -301,6 +338,8 @@ def main():
     ap.add_argument("--curve-method", default="ngram", help="with --forced-acceptance: the drafter, one of "
                     f"{CURVE_METHODS} (a method without an acceptance step, such as ar, is refused)")
     ap.add_argument("--time-budget-s", type=float, default=1e9, help="with --forced-acceptance")
+    ap.add_argument("--exact", default="both", choices=("both", "on", "off"),
+                    help="with --forced-acceptance: the exact path (default), the fast one, or both")
     ap.add_argument("--skip-e2e", action="store_true")
     ap.add_argument("--skip-steps", action="store_true", help="no step-cost table (end to end only)")
     ap.add_argument("--tag", default="", help="suffix of the result files")
@@ -342,7 +381,8 @@ def main():
 
         res = forced_cost_curve(model, ps, gammas, args.rollbacks.split(","), args.prompt_len or 256,
                                 args.max_new_tokens, max(1, args.repeats), args.time_budget_s, on_row=save_curve,
-                                method=args.curve_method)
+                                method=args.curve_method,
+                                exact_modes={"both": (True, False), "on": (True,), "off": (False,)}[args.exact])
         save_curve(res)
         return
     result = {**header, "model": name, "xla_flags": os.environ.get("XLA_FLAGS", ""),

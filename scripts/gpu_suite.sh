@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The GPU measurements still owed by open issues, in parts that each fit one 10-minute device command.
 #
-#   bash scripts/gpu_suite.sh PART OUT_DIR        PART in: decode, curve, final, tiny, gdn, qwen, ab, tune, looped, looped-grid
+#   bash scripts/gpu_suite.sh PART OUT_DIR        PART in: decode, curve, final, tiny, exact, exact-curve, gdn, qwen,
+#                                                  ab, tune, looped, looped-grid
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | gdn | qwen | ab | tune | looped | looped-grid}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -87,6 +88,15 @@ looped)  # issue 6: Huginn-0125 per-round costs, then the das-wave / component g
 looped-grid)  # issue 6: sequential self-spec / mature-spec grid
     step 560 looped_seq python scripts/bench_looped_spec.py --grid full --methods self-spec,mature-spec \
         --num-prompts 8 --time-budget-s 520 --out "$dir"
+    ;;
+exact)  # issue 13: bf16 outputs against AR (shipped checkpoints, 9B shape damped), the exact path's AR cost
+    step 290 exact_tiny python scripts/bench_exact.py --part tiny --out "$dir"
+    step 270 exact_9b python scripts/bench_exact.py --part 9b --num-prompts 2 --out "$dir"
+    ;;
+exact-curve)  # issues 12/13: the 9B forced-acceptance cost curve, exact (default) and fast paths paired
+    step 540 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.6,0.8,1.0 --exact both \
+        --rollbacks replay --gammas 2,4,8,16 --repeats 3 --max-new-tokens 128 --prompt-len 256 --time-budget-s 520 \
+        --out "$dir"
     ;;
 *)
     echo "unknown part $part" >&2

@@ -10,6 +10,7 @@ import numpy as np
 
 from .config import read_config
 from .decoding.autoregressive import FamilyOps, generate_autoregressive
+from .decoding.decode_shape import exact_rows
 from .decoding.looped_spec import LOOPED_SPEC_METHODS
 from .decoding.sampling import SamplingConfig
 from .errors import InputError
@@ -87,14 +88,21 @@ def validate_input_ids(input_ids, vocab_size: int) -> np.ndarray:
 
 
 @functools.cache
-def qwen_ops() -> FamilyOps:
+def qwen_ops(decode_rows: int = 0) -> FamilyOps:
+    """Qwen3.5 AR operations; decode_rows > 0: each decode step at that padded row count (exact path)."""
+    from .decoding.decode_shape import pad_rows
     from .models import qwen35
 
     def step(params, cfg, state, ids):
         logits, state, _ = qwen35.forward(params, cfg, state, ids, logits_for="last")
         return logits[:, 0], state
 
-    return FamilyOps(init_state=qwen35.init_state, step=step)
+    def decode(params, cfg, state, ids):  # ids [B, 1]; logits of every row, as a verification computes them
+        n_valid = jnp.ones((ids.shape[0],), jnp.int32)
+        logits, state, _ = qwen35.forward(params, cfg, state, pad_rows(ids, decode_rows), n_valid=n_valid)
+        return logits[:, 0], state
+
+    return FamilyOps(init_state=qwen35.init_state, step=step, decode=decode if decode_rows else None)
 
 
 def forward_logits(model: Model, input_ids, **options):
@@ -149,32 +157,55 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
         return _generate_tree_qwen(model, ids, int(max_new_tokens), method, max_len, sampling, seed, eos_ids,
                                    method_options)
     gamma = int_option(method_options, "gamma", DEFAULT_GAMMA, 0, None, " (the draft length)") if method != "ar" else 0
-    needed = ids.shape[1] + int(max_new_tokens) + gamma
+    if model.family != "looped":
+        rows = exact_rows(method_options, gamma, "qwen3_5", _not_exact_because(method_options, gamma))
+    else:
+        compressed = method_options.get("cache_mode") == "compressed"
+        rows = exact_rows(method_options, 0, "looped", "a compressed cache is another model (cache_mode='full' "
+                                                       "is exact)" if compressed else None)
+    extra, extra_what = (rows, f"decode_rows ({rows})") if rows else (gamma, f"gamma ({gamma})")
+    needed = ids.shape[1] + int(max_new_tokens) + extra
     check_context_length(needed, model.config.max_position_embeddings,
                          f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens})"
-                         + (f" + gamma ({gamma})" if gamma else ""))
+                         + (f" + {extra_what}" if extra else ""))
     if max_len is None:
         max_len = needed
     if needed > max_len:
         raise InputError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens})"
-                         + (f" + gamma ({gamma})" if gamma else "") + f" = {needed} exceeds the cache length "
+                         + (f" + {extra_what}" if extra else "") + f" = {needed} exceeds the cache length "
                          f"max_len={max_len}")
     if model.family == "looped":
         from .models import looped
-        unknown = sorted(set(method_options) - {"num_steps", "cache_mode"})
+        unknown = sorted(set(method_options) - {"num_steps", "cache_mode", "exact", "decode_rows"})
         if unknown:
             raise InputError(f"generate(method='ar') on a looped model: unknown options {unknown}; accepted: "
-                             f"['cache_mode', 'num_steps']")
+                             f"['cache_mode', 'decode_rows', 'exact', 'num_steps']")
+        options = {k: v for k, v in method_options.items() if k not in ("exact", "decode_rows")}
         return looped.generate(model, ids, int(max_new_tokens), sampling=sampling, seed=seed, eos_ids=eos_ids,
-                               max_len=max_len, **method_options)
+                               max_len=max_len, decode_rows=rows, **options)
     if method != "ar":
         return _generate_speculative_qwen(model, ids, int(max_new_tokens), method, gamma, max_len, sampling, seed,
-                                          eos_ids, method_options)
-    if method_options:
-        raise InputError(f"generate(method={method!r}): unknown options {sorted(method_options)}")
-    return generate_autoregressive(qwen_ops(), model.params, model.config, ids, int(max_new_tokens),
-                                   max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
-                                   state_dtype=model.dtype)
+                                          eos_ids, method_options, rows)
+    unknown = set(method_options) - {"exact", "decode_rows"}
+    if unknown:
+        raise InputError(f"generate(method={method!r}): unknown options {sorted(unknown)}; accepted: "
+                         f"['decode_rows', 'exact']")
+    result = generate_autoregressive(qwen_ops(rows), model.params, model.config, ids, int(max_new_tokens),
+                                     max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
+                                     state_dtype=model.dtype)
+    result.stats.update(exact=bool(rows), decode_rows=rows or 1)
+    return result
+
+
+def _not_exact_because(options: dict, gamma: int) -> str | None:
+    """Why a Qwen3.5 chain generation with these options cannot take the exact path (None: it can)."""
+    from .decoding.decode_shape import MAX_DECODE_ROWS
+    if options.get("rollback") == "pseudo":
+        return ("rollback='pseudo' rebuilds the GDN state from pseudo-values, exact only in exact arithmetic "
+                "(use rollback='replay' or 'snapshot')")
+    if gamma + 1 > MAX_DECODE_ROWS:
+        return f"gamma + 1 = {gamma + 1} exceeds the {MAX_DECODE_ROWS} rows the step recurrence verifies"
+    return None
 
 
 def _eos_ids(eos_token_id, model: Model) -> tuple[int, ...]:
@@ -192,12 +223,13 @@ def _eos_ids(eos_token_id, model: Model) -> tuple[int, ...]:
 
 
 DEFAULT_GAMMA = 4
-_SPEC_OPTIONS = {"ngram": {"gamma", "rollback", "max_n", "min_n"}, "ngram-table": {"gamma", "rollback"},
-                 "mtp": {"gamma", "rollback"}, "mtp-shortlist": {"gamma", "rollback", "shortlist_size"}}
+_CHAIN_OPTIONS = {"gamma", "rollback", "exact", "decode_rows"}
+_SPEC_OPTIONS = {"ngram": _CHAIN_OPTIONS | {"max_n", "min_n"}, "ngram-table": _CHAIN_OPTIONS,
+                 "mtp": _CHAIN_OPTIONS, "mtp-shortlist": _CHAIN_OPTIONS | {"shortlist_size"}}
 
 
 def _generate_speculative_qwen(model, ids, max_new_tokens, method, gamma, max_len, sampling, seed, eos_ids,
-                               options) -> GenerateResult:
+                               options, rows: int) -> GenerateResult:
     from .decoding.speculative import DEFAULT_ROLLBACK, ROLLBACK_MODES, generate_speculative
     from .drafters.mtp import MtpDrafter
     from .models.qwen35 import MAX_RECURRENT_VERIFY
@@ -230,7 +262,7 @@ def _generate_speculative_qwen(model, ids, max_new_tokens, method, gamma, max_le
         drafter = MtpDrafter(shortlist_size=size)
     return generate_speculative(model.params, model.config, ids, max_new_tokens, drafter=drafter, gamma=gamma,
                                 max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
-                                state_dtype=model.dtype, rollback=rollback)
+                                state_dtype=model.dtype, rollback=rollback, decode_rows=rows)
 
 
 TREE_METHODS = ("ngram-tree", "mtp-tree")
@@ -243,10 +275,13 @@ def _generate_tree_qwen(model, ids, max_new_tokens, method, max_len, sampling, s
     exact sampling (multi-draft recursive rejection sampling over the tree)."""
     from .decoding.tree_spec import ROLLBACK_MODES, generate_tree, tree_from_branching
     from .drafters.tree import TreeMtpDrafter, TreeNgramDrafter
-    unknown = set(options) - {"tree", "rollback"}
+    unknown = set(options) - {"tree", "rollback", "exact"}
     if unknown:
         raise InputError(f"generate(method={method!r}): unknown options {sorted(unknown)}; accepted: "
-                         f"['rollback', 'tree']")
+                         f"['exact', 'rollback', 'tree']")
+    exact_rows(options, 0, "qwen3_5", "tree verification is not bit-exact: its GDN state runs through the tree-WY "
+                                      "form and its attention through a tree mask, neither of which is the "
+                                      "arithmetic of an AR step (use a chain method for exact output)")
     tree = options.get("tree", DEFAULT_TREE)
     if (isinstance(tree, (str, bytes)) or not hasattr(tree, "__len__") or not len(tree)
             or not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b >= 1 for b in tree)):

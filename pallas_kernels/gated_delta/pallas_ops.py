@@ -22,8 +22,8 @@ import jax.numpy as jnp
 
 from . import chunk_kernel, commit_kernel, recurrent_kernel
 from ._kernel_utils import F32, check_block_v, dot_precisions, is_low_precision, next_pow2, pad_axis
-from .reference import (GatedDeltaOutput, check_commit_inputs, check_gated_delta_inputs, check_replay_inputs,
-                        compensated_cumsum)
+from .reference import (GatedDeltaOutput, check_accepted_counts, check_commit_inputs, check_gated_delta_inputs,
+                        check_replay_inputs, compensated_cumsum)
 
 CHUNK = chunk_kernel.CHUNK
 
@@ -111,9 +111,14 @@ def _use_mosaic(backend, k_dim, v_dim, hv, block_v, return_all_states) -> bool:
 @functools.partial(jax.jit, static_argnames=("scale", "output_final_state", "return_pseudo_values",
                                              "return_all_states", "use_qk_l2norm", "interpret", "block_v",
                                              "num_warps", "backend", "preload"))
-def _recurrent(q, k, v, g, beta, initial_state, *, scale, output_final_state, return_pseudo_values,
+def _recurrent(q, k, v, g, beta, initial_state, state_steps, *, scale, output_final_state, return_pseudo_values,
                return_all_states, use_qk_l2norm, interpret, block_v, num_warps, backend, preload):
     b, _, _, hv, k_dim, v_dim = check_gated_delta_inputs(q, k, v, g, beta, initial_state)
+    counts = None
+    if state_steps is not None:  # Triton kernel only (the Mosaic kernel has no counted form)
+        counts = jnp.broadcast_to(jnp.asarray(state_steps, jnp.int32).reshape(-1), (b,))
+        counts = pad_axis(counts, 0, next_pow2(b, 1))  # Triton blocks are powers of two
+        backend = "triton"
     if _use_mosaic(backend, k_dim, v_dim, hv, block_v, return_all_states):
         from . import recurrent_mgpu
         s0 = (jnp.zeros((b, hv, k_dim, v_dim), F32) if initial_state is None else initial_state.astype(F32))
@@ -127,7 +132,8 @@ def _recurrent(q, k, v, g, beta, initial_state, *, scale, output_final_state, re
     q, k, v, s0 = _pad_kv(q, k, v, initial_state, kp, vp)
     o, final, u, states = recurrent_kernel.recurrent_fwd(
         q, k, v, g, beta, s0, scale=scale, l2norm=use_qk_l2norm, want_vnew=return_pseudo_values,
-        want_states=return_all_states, block_v=block_v, interpret=interpret, num_warps=num_warps, preload=preload)
+        want_states=return_all_states, block_v=block_v, interpret=interpret, num_warps=num_warps, preload=preload,
+        counts=counts)
     return GatedDeltaOutput(
         o=o[..., :v_dim],
         final_state=final[:, :, :k_dim, :v_dim] if output_final_state else None,
@@ -140,7 +146,7 @@ def _recurrent(q, k, v, g, beta, initial_state, *, scale, output_final_state, re
 def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=True,
                                      return_pseudo_values=False, return_all_states=False, use_qk_l2norm=False,
                                      interpret=False, block_v=8, num_warps=1, backend="triton",
-                                     preload=None) -> GatedDeltaOutput:
+                                     preload=None, state_steps=None) -> GatedDeltaOutput:
     """Step recurrence for small T (decode, chain verification) from an initial state, Pallas kernel.
 
     Shapes as `chunk_gated_delta_rule`. Rollback modes: `return_pseudo_values` (v_new = u_t and
@@ -149,9 +155,13 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
     (recurrent_mgpu.py, Mosaic GPU; falls back to Triton for snapshots or unsupported sizes).
     `preload`: load every position's inputs before the first state update (None: when 1 < T <= 32);
     the arithmetic, and so every result, is the same either way.
+    `state_steps` [B] int (traced) or None: the final state is the state after that many positions
+    (a decode step at a padded row count); outputs past them are meaningless.
     """
     check_gated_delta_inputs(q, k, v, g, beta, initial_state)
-    return _recurrent(q, k, v, g, beta, initial_state, scale=_scale(scale, q.shape[-1]),
+    if state_steps is not None:
+        check_accepted_counts(state_steps, q.shape[0], q.shape[1], name="state_steps")
+    return _recurrent(q, k, v, g, beta, initial_state, state_steps, scale=_scale(scale, q.shape[-1]),
                       output_final_state=output_final_state, return_pseudo_values=return_pseudo_values,
                       return_all_states=return_all_states, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
                       block_v=check_block_v(block_v), num_warps=num_warps, backend=backend, preload=preload)

@@ -8,8 +8,12 @@ positions (T <= 64 in practice; any T works):
 Rollback outputs: `u_t` (pseudo-values, [T, BV] per program: 1/K of a state per position) and,
 for the snapshot baseline, the state after every position ([T, K, BV] per program).
 
-Replay (`counts` given, no outputs but the state): the same step, with the update of position t kept
-only where t < counts[b]. It is the commit of the replay rollback: the state after the accepted
+Counted (`counts` given): the update of position t is kept only where t < counts[b], so the final state
+is the state after the first counts[b] positions (outputs past them are computed and meaningless). With
+outputs it is a decode step at a padded row count (one valid row: the state after it); without outputs
+(replay) it is the commit of the replay rollback.
+
+Replay (`counts` given, no outputs but the state): It is the commit of the replay rollback: the state after the accepted
 prefix, recomputed from the old state by the very arithmetic that verification (and AR decode) ran,
 so it equals the recurrence's state bit for bit (one read and one write of the state).
 """
@@ -51,16 +55,18 @@ def gated_delta_step(state, k, v, g, beta):
 
 
 def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2norm, unroll, replay, n_heads,
-                      preload):
-    if replay:
+                      preload, counted=False):
+    n_valid = None
+    if replay or counted:
         n_ref, refs = refs[0], refs[1:]
+        n_valid = n_ref[pl.program_id(0) // n_heads]  # leading positions whose update is kept
+    if replay:
         q_ref = None
         k_ref, v_ref, g_ref, beta_ref = refs[:4]
         rest = list(refs[4:])
         s0_ref = rest.pop(0)
         st_ref = rest.pop(0)
         o_ref = vnew_ref = states_ref = None
-        n_valid = n_ref[pl.program_id(0) // n_heads]  # positions of this batch row to replay
     else:
         q_ref, k_ref, v_ref, g_ref, beta_ref = refs[:5]
         rest = list(refs[5:])
@@ -82,14 +88,13 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
     def step(t, state, x):  # state [K, BV] fp32
         q, k, v, g, beta = x
         new, u = gated_delta_step(state, k, v, g, beta)
-        if replay:
-            return jnp.where(t < n_valid, new, state)
-        o_ref[t, :] = jnp.sum(new * (q * scale)[:, None], axis=0).astype(o_ref.dtype)
-        if want_vnew:
-            vnew_ref[t, :] = u
-        if want_states:
-            states_ref[t, :, :] = new
-        return new
+        if not replay:
+            o_ref[t, :] = jnp.sum(new * (q * scale)[:, None], axis=0).astype(o_ref.dtype)
+            if want_vnew:
+                vnew_ref[t, :] = u
+            if want_states:
+                states_ref[t, :, :] = new
+        return new if n_valid is None else jnp.where(t < n_valid, new, state)
 
     if unroll and preload:
         # Every position's loads (and key / query normalisation) are issued before the chain of state
@@ -117,8 +122,10 @@ def _block_specs(t: int, hv: int, group: int, kp: int, bv: int):
 
 
 def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states, block_v, interpret,
-                  num_warps=1, num_stages=2, preload=None):
-    """q, k [B, T, H, Kp]; v [B, T, HV, Vp]; g, beta [B, T, HV]; s0 [B, HV, Kp, Vp] fp32 or None.
+                  num_warps=1, num_stages=2, preload=None, counts=None):
+    """q, k [B, T, H, Kp]; v [B, T, HV, Vp]; g, beta [B, T, HV]; s0 [B, HV, Kp, Vp] fp32 or None;
+    counts [Bp] int32 (Bp >= B a power of two) or None: the final state is the state after counts[b]
+    positions (None: after all T).
 
     Returns o [B, T, HV, Vp] (v.dtype), final state [B, HV, Kp, Vp] fp32, u [B, T, HV, Vp] fp32 or
     None, states [B, T, HV, Kp, Vp] fp32 or None.
@@ -132,6 +139,9 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     key_spec, val_spec, gate_spec, state_spec = _block_specs(t, hv, group, kp, bv)
     in_specs = [key_spec, key_spec, val_spec, gate_spec, gate_spec]
     args = [q, k, v, g, beta]
+    if counts is not None:
+        in_specs.insert(0, pl.BlockSpec((counts.shape[0],), lambda i, j: (0,)))
+        args.insert(0, counts)
     if has_s0:
         in_specs.append(state_spec)
         args.append(s0)
@@ -146,7 +156,7 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     outs = pl.pallas_call(
         functools.partial(_recurrent_kernel, n_steps=t, scale=scale, has_s0=has_s0, want_vnew=want_vnew,
                           want_states=want_states, l2norm=l2norm, replay=False, n_heads=hv,
-                          preload=_preload(preload, t),
+                          preload=_preload(preload, t), counted=counts is not None,
                           unroll=_unroll(t, interpret)),
         grid=(b * hv, nv),
         in_specs=in_specs,

@@ -132,18 +132,27 @@ def _step(state, k_t, v_t, g_t, b_t):
 
 def naive_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
                                      output_final_state=True, return_pseudo_values=False,
-                                     return_all_states=False, use_qk_l2norm=False) -> GatedDeltaOutput:
-    """The per-step recurrence, fp32. Ground truth for every other implementation."""
+                                     return_all_states=False, use_qk_l2norm=False,
+                                     state_steps=None) -> GatedDeltaOutput:
+    """The per-step recurrence, fp32. Ground truth for every other implementation.
+
+    state_steps [B] int (traced) or None: the final state is the state after that many positions
+    (a decode step at a padded row count); outputs past them are meaningless."""
+    B, T = q.shape[:2]
+    if state_steps is not None:
+        check_accepted_counts(state_steps, B, T, name="state_steps")
+        n = jnp.broadcast_to(jnp.asarray(state_steps, jnp.int32).reshape(-1), (B,))
     out_dtype = v.dtype
     q, k, v, g, beta, s0 = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
 
     def step(state, xs):  # state [B, HV, K, V]
-        q_t, k_t, v_t, g_t, b_t = xs  # [B, HV, K], [B, HV, K], [B, HV, V], [B, HV], [B, HV]
+        t, q_t, k_t, v_t, g_t, b_t = xs  # [], [B, HV, K], [B, HV, K], [B, HV, V], [B, HV], [B, HV]
         new, u_t = _step(state, k_t, v_t, g_t, b_t)
         o_t = jnp.einsum("bhkv,bhk->bhv", new, q_t, precision=_HIGHEST)
-        return new, (o_t, u_t, new if return_all_states else None)
+        carry = new if state_steps is None else jnp.where((t < n)[:, None, None, None], new, state)
+        return carry, (o_t, u_t, new if return_all_states else None)
 
-    xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, beta))
+    xs = (jnp.arange(T),) + tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, beta))
     final, (o, u, states) = lax.scan(step, s0, xs)
     return GatedDeltaOutput(
         o=jnp.moveaxis(o, 0, 1).astype(out_dtype),

@@ -1,7 +1,9 @@
 """Autoregressive generation fully on device: one jitted prefill, one jitted `lax.while_loop` decode.
 
-Family-agnostic: a family supplies `init_state(cfg, batch, max_len, dtype)` and
-`step(params, cfg, state, ids [B, T]) -> (last-position logits [B, vocab], new state)`.
+Family-agnostic: a family supplies `init_state(cfg, batch, max_len, dtype)`,
+`step(params, cfg, state, ids [B, T]) -> (last-position logits [B, vocab], new state)` (the prefill, and
+decode unless given) and optionally `decode(params, cfg, state, ids [B, 1])`, the decode step (the exact
+path's runs at the generation's decode shape).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .sampling import SamplingConfig, select_token
 class FamilyOps(NamedTuple):
     init_state: Callable
     step: Callable  # (params, cfg, state, ids) -> (logits [B, V], state)
+    decode: Callable | None = None  # as step, for one token per row; None: step
 
 
 def _eos_hit(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
@@ -55,7 +58,7 @@ def _decode_loop(params, state, first_logits, key, *, ops: FamilyOps, cfg, max_n
 
     def body(carry):
         i, state, tokens, done, last, key = carry
-        logits, state = ops.step(params, cfg, state, last[:, None])
+        logits, state = (ops.decode or ops.step)(params, cfg, state, last[:, None])
         key, sub = jax.random.split(key)
         nxt = jnp.where(done, pad, select_token(logits, sub, sampling))
         tokens = lax.dynamic_update_slice_in_dim(tokens, nxt[:, None], i, axis=1)

@@ -70,6 +70,7 @@ from ..models import layers as L
 from ..models import looped
 from .acceptance import _leading_true, accept
 from .compiled import compiled
+from .decode_shape import exact_rows, pad_rows
 from .speculative import _append, _eos_mask, emit_accepted
 from .sampling import SamplingConfig, probabilities, select_token
 
@@ -77,10 +78,10 @@ LOOPED_SPEC_METHODS = ("self-spec", "mature-spec", "das-wave", "parallel-sampler
 READ_MODES = ("aligned", "deep")
 
 _OPTIONS = {
-    "self-spec": ("draft_steps", "gamma"),
-    "mature-spec": ("draft_steps", "gamma", "read_k", "read_v"),
-    "das-wave": ("gamma", "k", "read_k", "read_v", "carry", "window_init", "rounds"),
-    "parallel-sampler": ("gamma", "inner_steps", "epsilon", "ema"),
+    "self-spec": ("draft_steps", "gamma", "exact", "decode_rows"),
+    "mature-spec": ("draft_steps", "gamma", "read_k", "read_v", "exact", "decode_rows"),
+    "das-wave": ("gamma", "k", "read_k", "read_v", "carry", "window_init", "rounds", "exact", "decode_rows"),
+    "parallel-sampler": ("gamma", "inner_steps", "epsilon", "ema", "exact"),
 }
 _DEFAULT_GAMMA = {"self-spec": 4, "mature-spec": 4, "das-wave": 16, "parallel-sampler": 16}
 
@@ -104,6 +105,7 @@ class LoopedSpecPlan:
     inner_steps: int = 4  # r' (parallel-sampler)
     epsilon: float = 0.03
     ema: float = 0.1
+    decode_rows: int = 0  # > 0: the exact path (the verifier a decode_forward of this many rows)
 
     @property
     def window(self) -> int:
@@ -115,8 +117,9 @@ class LoopedSpecPlan:
         return {"das-wave": self.k, "parallel-sampler": self.inner_steps}.get(self.method, self.draft_steps)
 
     def describe(self) -> dict:
-        keys = ("num_steps", "gamma") + _OPTIONS[self.method]
+        keys = ("num_steps", "gamma") + tuple(k for k in _OPTIONS[self.method] if k != "exact")
         out = {name: getattr(self, name) for name in dict.fromkeys(keys)}
+        out["exact"] = bool(self.decode_rows)
         if out.get("rounds") == 0:
             out["rounds"] = "fill"
         return out
@@ -137,7 +140,10 @@ def make_plan(method: str, num_steps: int, **options) -> LoopedSpecPlan:
     (True), window_init (2), rounds (gamma - window_init + 1; a fixed count >= that, or "fill":
     each block runs until its window is full, gamma - max(window_init, carried) + 1 rounds).
     parallel-sampler: gamma (16, wavefront width), inner_steps (4), epsilon (0.03),
-    ema (0.1).
+    ema (0.1). Every method but the sampler: exact (True: the verifier runs at the decode shape of
+    exact AR, `looped.decode_forward`, so greedy output equals exact AR bit for bit in any dtype;
+    False: the faster-to-write two-block verifier) and decode_rows (the exact path's row count;
+    default max(32, next power of two >= gamma + 1)).
     """
     if method not in LOOPED_SPEC_METHODS:
         raise InputError(f"unknown looped speculative method {method!r}; supported: {', '.join(LOOPED_SPEC_METHODS)}")
@@ -148,6 +154,14 @@ def make_plan(method: str, num_steps: int, **options) -> LoopedSpecPlan:
     if unknown:
         raise InputError(f"method {method!r}: unknown options {unknown}; accepted: {list(_OPTIONS[method])}")
     gamma = int_option(options, "gamma", _DEFAULT_GAMMA[method], 1)
+    rows = exact_rows(options, gamma, "looped", "the parallel sampler is not lossless: it commits what has "
+                                                "converged, not what a verifier accepted"
+                      if method == "parallel-sampler" else None)
+    plan = _make_plan(method, R, gamma, options)
+    return dataclasses.replace(plan, decode_rows=rows)
+
+
+def _make_plan(method: str, R: int, gamma: int, options: dict) -> LoopedSpecPlan:
     if method in ("self-spec", "mature-spec"):
         d = int_option(options, "draft_steps", max(1, R // 8), 1, R, f" (the draft depth cannot exceed num_steps={R})")
         deep = "deep" if method == "mature-spec" else "aligned"
@@ -448,7 +462,12 @@ def spec_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPlan,
         drafts, q, cache = _sequential_propose(params, cfg, state.cache, state.anchor, k_draft, plan, sampling)
         rounds = jnp.full_like(length, G)  # one draft forward per token
     verify_ids = jnp.concatenate([state.anchor[:, None], drafts], axis=1)  # [B, G + 1]
-    logits, verified, _ = looped.forward(params, cfg, cache, verify_ids, num_steps=R)
+    if plan.decode_rows:  # the exact path: the decode shape every exact AR step runs at
+        logits, verified = looped.decode_forward(params, cfg, cache, pad_rows(verify_ids, plan.decode_rows),
+                                                 jnp.full_like(length, plan.decode_rows), num_steps=R)
+        logits = logits[:, :G + 1]
+    else:
+        logits, verified, _ = looped.forward(params, cfg, cache, verify_ids, num_steps=R)
     n_acc, next_token = accept(drafts, q, logits, k_accept, sampling)
     # Keep anchor + accepted drafts (the verifier wrote every slot for them); a finished row keeps nothing.
     emitted, n_emit, n_keep, hit_eos = emit_accepted(drafts, n_acc, next_token, active, eos_ids)
@@ -605,13 +624,14 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be a positive integer; got {max_new_tokens!r}")
     N = int(max_new_tokens)
-    needed = ids.shape[1] + N + plan.gamma
-    check_context_length(needed, cfg.max_position_embeddings,
-                         f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({N}) + gamma ({plan.gamma})")
+    extra, extra_what = ((plan.decode_rows, f"decode_rows ({plan.decode_rows})") if plan.decode_rows
+                         else (plan.gamma, f"gamma ({plan.gamma})"))
+    needed = ids.shape[1] + N + extra
+    what = f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({N}) + {extra_what}"
+    check_context_length(needed, cfg.max_position_embeddings, what)
     max_len = needed if max_len is None else int(max_len)
     if needed > max_len:
-        raise InputError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({N}) + gamma ({plan.gamma}) = {needed} "
-                         f"exceeds the cache length max_len={max_len}")
+        raise InputError(f"{what} = {needed} exceeds the cache length max_len={max_len}")
     sampling = SamplingConfig() if sampling is None else sampling
     eos_ids = tuple(cfg.eos_token_id) if eos_ids is None else tuple(int(i) for i in eos_ids)
     dtype = model.params["wte"].dtype

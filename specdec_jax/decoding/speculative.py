@@ -30,6 +30,7 @@ from ..model import GenerateResult
 from .compiled import compiled
 from ..models import qwen35
 from .acceptance import accept
+from .decode_shape import pad_rows
 from .sampling import SamplingConfig, select_token
 
 ROLLBACK_MODES = ("replay", "pseudo", "snapshot")
@@ -120,13 +121,30 @@ def forced_acceptance(n_real: jax.Array, logits: jax.Array, accept_p: jax.Array,
     return n_acc, jnp.argmax(at, axis=-1).astype(jnp.int32)
 
 
+def verify_forward(params, cfg, model: qwen35.Qwen35State, verify_ids: jax.Array, *, rollback: str, impl: str,
+                   decode_rows: int = 0):
+    """The verifier's forward of anchor + drafts [B, G + 1]: (logits [B, G + 1, V], verified state, extras).
+
+    decode_rows > 0: the exact path. The rows are padded to that count and run as a decode-shape forward
+    (`qwen35.forward(n_valid=...)`), the shape every AR step of an exact generation runs at, so each
+    token's logits are computed by the same kernels, in the same reduction order, as AR computes them."""
+    B, G1 = verify_ids.shape
+    if not decode_rows:
+        return qwen35.forward(params, cfg, model, verify_ids, impl=impl, collect=rollback)
+    padded = pad_rows(verify_ids, decode_rows)
+    logits, verified, extras = qwen35.forward(params, cfg, model, padded, impl=impl, collect=rollback,
+                                              n_valid=jnp.full((B,), decode_rows, jnp.int32))
+    return logits[:, :G1], verified, dict(extras, hidden=extras["hidden"][:, :G1])
+
+
 def spec_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gamma: int,
               sampling: SamplingConfig, rollback: str, max_new_tokens: int, eos_ids: tuple[int, ...],
-              impl: str = "auto", accept_p=None):
+              impl: str = "auto", accept_p=None, decode_rows: int = 0):
     """One speculative step. Returns (state, drafter_state, emitted [B, gamma+1], n_emitted [B]).
 
     accept_p: None, or a traced probability that replaces the acceptance outcome by a seeded schedule
-    (`forced_acceptance`; benchmarks of the step cost at a known tokens-per-step only)."""
+    (`forced_acceptance`; benchmarks of the step cost at a known tokens-per-step only).
+    decode_rows: 0, or the exact path's row count (>= gamma + 1; see `verify_forward`)."""
     B = state.anchor.shape[0]
     k_draft, k_accept = jax.random.split(key)
     active = ~state.done
@@ -136,7 +154,8 @@ def spec_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gam
     else:
         drafts, draft_probs = jnp.zeros((B, 0), jnp.int32), None
     verify_ids = jnp.concatenate([state.anchor[:, None], drafts], axis=1)  # [B, gamma + 1]
-    logits, verified, extras = qwen35.forward(params, cfg, state.model, verify_ids, impl=impl, collect=rollback)
+    logits, verified, extras = verify_forward(params, cfg, state.model, verify_ids, rollback=rollback, impl=impl,
+                                              decode_rows=decode_rows)
     n_acc, next_token = accept(drafts, draft_probs, logits, k_accept, sampling)
     if accept_p is not None:
         n_acc, next_token = forced_acceptance(n_acc, logits, accept_p, jax.random.fold_in(k_accept, 1))
@@ -151,7 +170,7 @@ def spec_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gam
 # The step alone as one jitted call (state and drafter state donated), for callers that drive their own
 # loop; generation uses the same function inside `lax.while_loop` (_spec_loop).
 spec_step_jit = jax.jit(spec_step, static_argnames=("cfg", "drafter", "gamma", "sampling", "rollback",
-                                                     "max_new_tokens", "eos_ids", "impl"),
+                                                     "max_new_tokens", "eos_ids", "impl", "decode_rows"),
                         donate_argnames=("state", "drafter_state"))
 
 
@@ -177,13 +196,13 @@ def _spec_prefill(params, prompt, key, *, cfg, max_len, sampling, eos_ids, state
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "sampling", "eos_ids", "gamma", "max_new_tokens", "drafter",
-                                             "rollback", "impl"),
+                                             "rollback", "impl", "decode_rows"),
                    donate_argnames=("state", "drafter_state"))
 def _spec_loop(params, state, drafter_state, key, accept_p=None, *, cfg, sampling, eos_ids, gamma, max_new_tokens,
-               drafter, rollback, impl):
+               drafter, rollback, impl, decode_rows=0):
     step = functools.partial(spec_step, params, cfg, drafter=drafter, gamma=gamma, sampling=sampling,
                              rollback=rollback, max_new_tokens=max_new_tokens, eos_ids=eos_ids, impl=impl,
-                             accept_p=accept_p)
+                             accept_p=accept_p, decode_rows=decode_rows)
 
     def cond(carry):
         return ~jnp.all(carry[0].done)
@@ -203,23 +222,27 @@ def _spec_loop(params, state, drafter_state, key, accept_p=None, *, cfg, samplin
 
 def generate_speculative(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, drafter, gamma: int,
                          max_len: int, sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...], state_dtype,
-                         rollback: str = DEFAULT_ROLLBACK, impl: str = "auto",
+                         rollback: str = DEFAULT_ROLLBACK, impl: str = "auto", decode_rows: int = 0,
                          return_state: bool = False) -> GenerateResult:
     """Compile, then time prefill and the speculative loop (compile time reported apart).
 
-    max_len must leave room for the last verification: prompt + max_new_tokens + gamma.
+    max_len must leave room for the last verification: prompt + max_new_tokens + gamma, or + decode_rows
+    on the exact path (decode_rows > 0: every verification padded to that many rows, as exact AR runs).
     """
     if rollback not in ROLLBACK_MODES:
         raise ValueError(f"rollback must be one of {ROLLBACK_MODES}; got {rollback!r}")
+    if decode_rows and decode_rows < gamma + 1:
+        raise ValueError(f"decode_rows={decode_rows} must be >= gamma + 1 = {gamma + 1}")
     prompt = jnp.asarray(prompt, jnp.int32)
     # The first token is drawn with the key AR uses for it, so seeded runs start identically.
     key_loop, key_first = jax.random.split(jax.random.PRNGKey(seed))
     static_p = dict(cfg=cfg, max_len=max_len, sampling=sampling, eos_ids=eos_ids, state_dtype=state_dtype,
                     gamma=gamma, max_new_tokens=max_new_tokens, drafter=drafter, impl=impl)
     static_l = dict(cfg=cfg, sampling=sampling, eos_ids=eos_ids, gamma=gamma, max_new_tokens=max_new_tokens,
-                    drafter=drafter, rollback=rollback, impl=impl)
+                    drafter=drafter, rollback=rollback, impl=impl, decode_rows=decode_rows)
     return run_spec_loop(params, prompt, key_first, key_loop, static_p, _spec_loop, static_l, max_new_tokens,
-                         {"method": drafter.name, "gamma": gamma, "rollback": rollback}, return_state)
+                         {"method": drafter.name, "gamma": gamma, "rollback": rollback, "exact": bool(decode_rows),
+                          "decode_rows": decode_rows or gamma + 1}, return_state)
 
 
 def run_spec_loop(params, prompt, key_first, key_loop, static_p: dict, loop, static_l: dict, max_new_tokens: int,

@@ -506,8 +506,11 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, prefix: tuple | None, leng
 
 
 def _attention(ap: dict, cfg: LoopedConfig, h: jax.Array, cos: jax.Array, sin: jax.Array,
-               prefix: tuple | None, length: jax.Array):
-    """h [B, T, D] -> (out [B, T, D], k, v [B, T, NKV, hd] of the new tokens, post-RoPE)."""
+               prefix: tuple | None, length: jax.Array, attend=None):
+    """h [B, T, D] -> (out [B, T, D], k, v [B, T, NKV, hd] of the new tokens, post-RoPE).
+
+    attend: None (`_attend` over prefix + new tokens), or attend(q, k, v) -> [B, T, H, hd] (the exact
+    path's write-then-attend over the cache slot)."""
     B, T, _ = h.shape
     qkv = L.linear(h, ap["Wqkv"])
     q, k, v = jnp.split(qkv, [cfg.q_dim, cfg.q_dim + cfg.kv_dim], axis=-1)
@@ -521,7 +524,10 @@ def _attention(ap: dict, cfg: LoopedConfig, h: jax.Array, cos: jax.Array, sin: j
         q = q + ap["qk_bias"][0].astype(q.dtype)  # [1, H, hd] broadcast over B, T
         k = k + ap["qk_bias"][1].astype(k.dtype)
     q, k = _rope(cfg, q, cos, sin), _rope(cfg, k, cos, sin)
-    out = _attend(q, k, v, prefix, length, cfg.head_dim ** -0.5)  # SDPA default scale
+    if attend is None:
+        out = _attend(q, k, v, prefix, length, cfg.head_dim ** -0.5)  # SDPA default scale
+    else:
+        out = attend(q, k, v)
     return L.linear(out.reshape(B, T, cfg.q_dim), ap["proj"]), k, v
 
 
@@ -530,18 +536,18 @@ def _mlp(mp: dict, x: jax.Array) -> jax.Array:
     return L.linear(jax.nn.silu(gate) * up, mp["proj"])
 
 
-def _block(lp: dict, cfg: LoopedConfig, x: jax.Array, cos, sin, prefix, length):
-    """One transformer block of the variant: x [B, T, D] -> (x, k, v)."""
+def _block(lp: dict, cfg: LoopedConfig, x: jax.Array, cos, sin, prefix, length, attend=None):
+    """One transformer block of the variant: x [B, T, D] -> (x, k, v). attend: see `_attention`."""
     if cfg.variant == "huginn":
-        a, k, v = _attention(lp["attn"], cfg, _norm(cfg, x, lp["norm_1"]), cos, sin, prefix, length)
+        a, k, v = _attention(lp["attn"], cfg, _norm(cfg, x, lp["norm_1"]), cos, sin, prefix, length, attend)
         x = _norm(cfg, a + x, lp["norm_2"])
         x = _norm(cfg, _mlp(lp["mlp"], _norm(cfg, x, lp["norm_3"])) + x, lp["norm_4"])
     elif cfg.variant == "raven_llama":
-        a, k, v = _attention(lp["attn"], cfg, _norm(cfg, x, lp["norm_1"]), cos, sin, prefix, length)
+        a, k, v = _attention(lp["attn"], cfg, _norm(cfg, x, lp["norm_1"]), cos, sin, prefix, length, attend)
         x = a + x
         x = _mlp(lp["mlp"], _norm(cfg, x, lp["norm_2"])) + x
     else:  # raven_olmo2: post-norms inside the residual branches
-        a, k, v = _attention(lp["attn"], cfg, x, cos, sin, prefix, length)
+        a, k, v = _attention(lp["attn"], cfg, x, cos, sin, prefix, length, attend)
         x = _norm(cfg, a, lp["norm_1"]) + x
         x = _norm(cfg, _mlp(lp["mlp"], x), lp["norm_2"]) + x
     return x, k, v
@@ -761,6 +767,69 @@ def forward(params: dict, cfg: LoopedConfig, cache: LoopedCache | None, input_id
     return logits, new_cache, extras
 
 
+def _write_layer(buf: jax.Array, new: jax.Array, lead: tuple, start: jax.Array) -> jax.Array:
+    """buf [*lead_dims, B, S, N, hd] with new [B, T, N, hd] written into buf[lead] at token offsets start [B]
+    (one in-place dynamic_update_slice per row)."""
+    zero = jnp.zeros((), jnp.int32)
+    lead = tuple(jnp.asarray(i, jnp.int32) for i in lead)
+    for b in range(new.shape[0]):
+        row = new[b][(None,) * (len(lead) + 1)].astype(buf.dtype)
+        buf = lax.dynamic_update_slice(buf, row, lead + (jnp.int32(b), start[b].astype(jnp.int32), zero, zero))
+    return buf
+
+
+def decode_forward(params: dict, cfg: LoopedConfig, cache: LoopedCache, input_ids: jax.Array, n_valid: jax.Array,
+                   *, num_steps: int):
+    """The exact path's decode-shape forward at full depth: input_ids [B, T] (T = the generation's decode
+    row count; rows past n_valid [B] are padding) -> (logits [B, T, V] float32, cache with length + n_valid).
+
+    Aligned reads (step s reads and writes slot s, the official semantics), the initial state zeros. Each
+    layer writes its new K/V into its cache slot first and then attends over the whole slot with a causal
+    position mask, so a token's keys are reduced in one order -- by cache position -- whether it is an AR
+    step's first row or a verification's j-th: with every decode forward of a generation at the same row
+    count, AR and speculation compute the same logits bit for bit (the prefix-plus-new two-block softmax
+    of `forward` splits the reduction where the committed prefix ends, which differs between the two).
+    """
+    if cache.mode != "full":
+        raise InputError("the exact decode path needs a 'full' cache (one slot per recurrence step)")
+    B, T = input_ids.shape
+    start = cache.length
+    positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+    cos, sin = rope_tables(cfg, positions)
+    mask = L.causal_cache_mask(positions, cache.max_len)
+    scale = cfg.head_dim ** -0.5
+
+    def run(blocks, x, kbuf, vbuf, lead):  # blocks in order; layer i writes slot lead + (i,)
+        for i, lp in enumerate(blocks):
+            bufs = {}
+
+            def attend(q, k, v, at=lead + (i,)):
+                bufs["k"], bufs["v"] = _write_layer(kbuf, k, at, start), _write_layer(vbuf, v, at, start)
+                return L.attention(q, bufs["k"][at], bufs["v"][at], mask, scale)
+
+            x, _, _ = _block(lp, cfg, x, cos, sin, None, start, attend)
+            kbuf, vbuf = bufs["k"], bufs["v"]
+        return x, kbuf, vbuf
+
+    e = embed(params, cfg, input_ids)
+    e, pk, pv = run(params.get("prelude", []), e, cache.prelude_k, cache.prelude_v, ())
+
+    def core(carry, step):
+        x, ck, cv = carry
+        h = inject(params, cfg, x, e, step == 0)
+        return run(params["core_block"], h, ck, cv, (step,)), None
+
+    (x, ck, cv), _ = lax.scan(core, (initial_state(cfg, e), cache.core_k, cache.core_v),
+                              jnp.arange(num_steps, dtype=jnp.int32))
+    latent = _norm(cfg, x, params["ln_f"]) if cfg.variant == "huginn" else x
+    h, dk, dv = run(params.get("coda", []), latent, cache.coda_k, cache.coda_v, ())
+    h = _norm(cfg, h, params["ln_f"])
+    head = params["wte"] if cfg.tie_embeddings else params["lm_head"]
+    logits = L.linear(h, head).astype(jnp.float32)
+    return logits, cache.replace(prelude_k=pk, prelude_v=pv, core_k=ck, core_v=cv, coda_k=dk, coda_v=dv,
+                                 length=start + n_valid)
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "num_steps", "exit_depths", "init_scale", "logits_for"),
                    donate_argnames=("cache",))
 def _forward_jit(params, cfg, cache, input_ids, read_k, read_v, init_key, *, num_steps, exit_depths, init_scale,
@@ -813,9 +882,11 @@ def forward_logits(model, input_ids, num_steps: int | None = None, *, exit_depth
 
 
 @functools.cache
-def _ar_ops(num_steps: int, mode: str):
-    """FamilyOps for the shared on-device AR loop; cached so compiled loops are reused."""
+def _ar_ops(num_steps: int, mode: str, decode_rows: int = 0):
+    """FamilyOps for the shared on-device AR loop; cached so compiled loops are reused. decode_rows > 0:
+    each decode step is a `decode_forward` at that row count (the exact path)."""
     from ..decoding.autoregressive import FamilyOps
+    from ..decoding.decode_shape import pad_rows
 
     def init_state(cfg, batch, max_len, dtype):
         return init_cache(cfg, batch, max_len, num_steps, mode, dtype)
@@ -824,12 +895,17 @@ def _ar_ops(num_steps: int, mode: str):
         logits, cache, _ = forward(params, cfg, cache, ids, num_steps=num_steps, logits_for="last")
         return logits[:, 0], cache
 
-    return FamilyOps(init_state=init_state, step=step)
+    def decode(params, cfg, cache, ids):  # ids [B, 1]
+        logits, cache = decode_forward(params, cfg, cache, pad_rows(ids, decode_rows),
+                                       jnp.ones((ids.shape[0],), jnp.int32), num_steps=num_steps)
+        return logits[:, 0], cache
+
+    return FamilyOps(init_state=init_state, step=step, decode=decode if decode_rows else None)
 
 
 def generate(model, input_ids, max_new_tokens: int, num_steps: int | None = None, sampling=None, seed: int = 0,
              eos_token_id=None, max_len: int | None = None, *, eos_ids: tuple[int, ...] | None = None,
-             cache_mode: str = "full"):
+             cache_mode: str = "full", decode_rows: int = 0):
     """KV-cached generation on device: one jitted prefill, one jitted lax.while_loop decode.
 
     input_ids [B, T]; returns GenerateResult(tokens [B, max_new_tokens] new tokens only, stats with
@@ -837,7 +913,9 @@ def generate(model, input_ids, max_new_tokens: int, num_steps: int | None = None
     decode_tokens_per_second). num_steps: recurrence depth (default mean_recurrence); the initial
     state is zeros (deterministic). sampling: SamplingConfig (default greedy). eos_token_id: None =
     the config's, int or list; `eos_ids` is the same as an already-resolved tuple (api.generate).
-    After its EOS a row is padded with the first EOS id. max_len: cache length (default prompt + max_new_tokens).
+    After its EOS a row is padded with the first EOS id. max_len: cache length (default prompt + max_new_tokens,
+    + decode_rows on the exact path). decode_rows > 0: the exact path (every decode step a `decode_forward` of
+    that many rows, as the self-speculative verifier runs; needs cache_mode "full").
     """
     from ..decoding.autoregressive import generate_autoregressive
     from ..decoding.sampling import SamplingConfig
@@ -846,15 +924,17 @@ def generate(model, input_ids, max_new_tokens: int, num_steps: int | None = None
     num_steps = _check_steps(num_steps, cfg)
     if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be a positive integer; got {max_new_tokens!r}")
-    needed = ids.shape[1] + int(max_new_tokens)
-    check_context_length(needed, cfg.max_position_embeddings,
-                         f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens})")
+    needed = ids.shape[1] + int(max_new_tokens) + decode_rows
+    what = f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens})" + (
+        f" + decode_rows ({decode_rows})" if decode_rows else "")
+    check_context_length(needed, cfg.max_position_embeddings, what)
     max_len = needed if max_len is None else int(max_len)
     if needed > max_len:
-        raise InputError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) = {needed} exceeds "
-                         f"the cache length max_len={max_len}")
+        raise InputError(f"{what} = {needed} exceeds the cache length max_len={max_len}")
     if cache_mode not in CACHE_MODES:
         raise InputError(f"cache_mode {cache_mode!r} is not supported; use one of {', '.join(CACHE_MODES)}")
+    if decode_rows and cache_mode != "full":
+        raise InputError("the exact path (exact=True) needs cache_mode='full'; a compressed cache is another model")
     if eos_ids is not None and eos_token_id is not None:
         raise InputError("give eos_token_id or eos_ids, not both")
     if eos_ids is None:
@@ -862,8 +942,9 @@ def generate(model, input_ids, max_new_tokens: int, num_steps: int | None = None
             np.atleast_1d(np.asarray(eos_token_id, np.int64)).tolist())
     sampling = SamplingConfig() if sampling is None else sampling
     dtype = model.params["wte"].dtype
-    result = generate_autoregressive(_ar_ops(num_steps, cache_mode), model.params, cfg, ids, int(max_new_tokens),
-                                     max_len=max_len, sampling=sampling, seed=seed, eos_ids=tuple(eos_ids),
-                                     state_dtype=dtype)
-    result.stats.update(num_steps=num_steps, cache_mode=cache_mode)
+    result = generate_autoregressive(_ar_ops(num_steps, cache_mode, decode_rows), model.params, cfg, ids,
+                                     int(max_new_tokens), max_len=max_len, sampling=sampling, seed=seed,
+                                     eos_ids=tuple(eos_ids), state_dtype=dtype)
+    result.stats.update(num_steps=num_steps, cache_mode=cache_mode, exact=bool(decode_rows),
+                        decode_rows=decode_rows or 1)
     return result

@@ -265,9 +265,16 @@ def gdn_gates(p: dict, b: jax.Array, a: jax.Array):
     return jax.nn.sigmoid(b), g
 
 
+def conv_window_at(window: jax.Array, n: jax.Array, width: int) -> jax.Array:
+    """The conv state after the first n [B] of the new inputs: window [B, W-1+T, C] -> [B, width=W-1, C]."""
+    return jax.vmap(lambda w, a: lax.dynamic_slice_in_dim(w, a, width, axis=0))(window, n)
+
+
 def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, rec_state: jax.Array,
-              impl: str, collect):
-    """Gated DeltaNet token mixer. x [B, T, D] -> out [B, T, D], new conv/recurrent state, extras."""
+              impl: str, collect, n_valid=None):
+    """Gated DeltaNet token mixer. x [B, T, D] -> out [B, T, D], new conv/recurrent state, extras.
+
+    n_valid [B] or None: rows past it are padding (decode shape); the new states are those after n_valid."""
     B, T, _ = x.shape
     H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
     K, V, W = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
@@ -277,7 +284,7 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
     w = p["conv"].astype(jnp.float32)  # [C, W]
     conv = sum(window[:, i:i + T].astype(jnp.float32) * w[:, i] for i in range(W))  # [B, T, C]
     conv = jax.nn.silu(conv.astype(qkv.dtype))
-    new_conv = window[:, T:]  # the last W-1 inputs  [B, W-1, C]
+    new_conv = window[:, T:] if n_valid is None else conv_window_at(window, n_valid, W - 1)  # [B, W-1, C]
 
     key_dim = H * K
     q = conv[..., :key_dim].reshape(B, T, H, K)
@@ -288,9 +295,15 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
     snapshots, replay = collect == "snapshot", collect == "replay"
     kwargs = dict(initial_state=rec_state, output_final_state=True,
                   return_pseudo_values=bool(collect) and not replay, use_qk_l2norm=True, implementation=impl)
-    if (snapshots or replay) and T > MAX_RECURRENT_VERIFY:
-        raise ValueError(f"{collect} rollback verifies at most {MAX_RECURRENT_VERIFY} positions; got T={T}")
-    if snapshots:
+    if (snapshots or replay or n_valid is not None) and T > MAX_RECURRENT_VERIFY:
+        raise ValueError(f"{collect or 'a decode-shape forward'} runs at most {MAX_RECURRENT_VERIFY} positions "
+                         f"through the step recurrence; got T={T}")
+    if n_valid is not None:
+        # Decode shape: every row, AR step or verification, through the same step kernel; the state is
+        # the one after the valid rows.
+        res = gated_delta.fused_recurrent_gated_delta_rule(q, k, v, g, beta, return_all_states=snapshots,
+                                                           state_steps=n_valid, **kwargs)
+    elif snapshots:
         res = gated_delta.fused_recurrent_gated_delta_rule(q, k, v, g, beta, return_all_states=True, **kwargs)
     elif T == 1 or replay or (collect and T <= MAX_RECURRENT_VERIFY
                               and gated_delta.resolve(impl, "recurrent") == "pallas"):
@@ -391,7 +404,7 @@ def mlp(p: dict, cfg: Qwen35Config, x: jax.Array) -> jax.Array:
 # --------------------------------------------------------------------------------------- forward
 
 def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.Array, *,
-            impl: str = "auto", collect=None, logits_for: str = "all"):
+            impl: str = "auto", collect=None, logits_for: str = "all", n_valid=None):
     """Run T >= 1 new tokens [B, T] from `state`; returns (logits, new_state, extras).
 
     logits: [B, T, vocab] float32 ("all") or [B, 1, vocab] for the last position ("last").
@@ -399,6 +412,11 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     k, v, g, beta ("replay": the commit re-runs the recurrence's step), k, g, v_new ("pseudo" or True:
     rebuild from pseudo-values), or those plus per-position recurrent states ("snapshot", the
     baseline); and the final-normed hidden states (for MTP drafters; "hidden" collects only those).
+    n_valid: None, or [B] int32 (traced): a decode-shape forward (T <= MAX_RECURRENT_VERIFY) whose rows
+    past n_valid are padding. Every row runs the same kernels whatever its index, so a token's logits
+    do not depend on how many real rows share its forward; the state advances by n_valid (GDN state by
+    the step recurrence, conv window at that boundary, length + n_valid). The padding rows' K/V land
+    past the new length: masked, and overwritten by later tokens.
     """
     B, T = input_ids.shape
     dtype = params["embed"].dtype
@@ -417,7 +435,7 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
                                                           positions, mask)
         else:
             h, conv[slot], rec[slot], ex = gdn_mixer(p["mixer"], cfg, h, conv[slot], rec[slot], impl,
-                                                     None if collect == "hidden" else collect)
+                                                     None if collect == "hidden" else collect, n_valid)
             gdn_extras.append(ex)
         x = x + h
         x = x + mlp(p["mlp"], cfg, L.rms_norm(x, p["post_norm"], cfg.rms_norm_eps, zero_centered=True))
@@ -426,7 +444,7 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     logits = lax.dot_general(head_in, lm_head_weight(params).astype(dtype), (((2,), (1,)), ((), ())),
                              preferred_element_type=jnp.float32)
     new_state = Qwen35State(keys=tuple(keys), values=tuple(values), conv=tuple(conv), recurrent=tuple(rec),
-                            length=state.length + T)
+                            length=state.length + (T if n_valid is None else n_valid))
     extras = {"gdn": gdn_extras, "hidden": hidden} if collect else {}
     return logits, new_state, extras
 
@@ -465,8 +483,7 @@ def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax
     conv, rec = [], []
     for s0, ex in zip(before.recurrent, extras["gdn"]):
         window = ex["conv_window"]  # [B, W-1+T, C]
-        W1 = window.shape[1] - ex["k"].shape[1]
-        conv.append(jax.vmap(lambda w, a: lax.dynamic_slice_in_dim(w, a, W1, axis=0))(window, n_keep))
+        conv.append(conv_window_at(window, n_keep, window.shape[1] - ex["k"].shape[1]))
         if "beta" in ex:
             rec.append(gated_delta.replay_state(s0, ex["k"], ex["v"], ex["g"], ex["beta"], n_keep, use_qk_l2norm=True,
                                                 implementation=impl))

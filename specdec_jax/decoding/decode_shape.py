@@ -1,0 +1,70 @@
+"""The decode shape of an exact generation: every decode-time forward at one padded row count.
+
+A GPU (or CPU) matrix product does not compute a row the same way at every row count: a 1-row AR step
+and a (gamma + 1)-row verification run different GEMM algorithms, with different reduction orders, so
+in bfloat16 their logits differ in the last bits and greedy outputs drift apart. On the exact path every
+decode-time forward of a generation -- each AR step and each verification -- runs at the same row count
+D >= gamma + 1 with a traced count of valid rows, so a token meets the same kernels, in the same order,
+wherever it sits; the recurrent state advances by the valid rows only (step recurrence with a count).
+In the memory-bound regime the padding costs little: the weights are read once either way
+(benchmarks/results/exact_decode_*.md measures it).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import InputError
+
+# Row counts: the smallest power of two >= max(default, gamma + 1). A generation is bit-identical to
+# AR run at the same row count; the defaults cover every default draft length (Qwen3.5: gamma <= 15;
+# looped models: gamma <= 31, das-wave and the sampler default to 16).
+DEFAULT_DECODE_ROWS = {"qwen3_5": 16, "looped": 32}
+MAX_DECODE_ROWS = 64  # the step recurrence's longest run (qwen35.MAX_RECURRENT_VERIFY)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def choose_decode_rows(gamma: int, requested, family: str) -> int:
+    """The row count of an exact generation drafting `gamma` tokens (`requested`: the user's
+    `decode_rows`, or None for the default); InputError when it cannot hold anchor + drafts."""
+    need = gamma + 1
+    if requested is None:
+        rows = max(DEFAULT_DECODE_ROWS[family], _next_pow2(need))
+    else:
+        if isinstance(requested, bool) or not isinstance(requested, int):
+            raise InputError(f"decode_rows must be an integer; got {requested!r}")
+        rows = requested
+    if not need <= rows <= MAX_DECODE_ROWS:
+        raise InputError(f"decode_rows={rows} must lie in [gamma + 1 = {need}, {MAX_DECODE_ROWS}] (the exact path "
+                         f"verifies anchor + gamma drafts in one forward of decode_rows rows)")
+    return rows
+
+
+def pad_rows(ids: jax.Array, rows: int) -> jax.Array:
+    """ids [B, G] -> [B, rows]: the last id repeated (padding rows are computed and never read)."""
+    extra = rows - ids.shape[1]
+    if extra < 0:
+        raise ValueError(f"pad_rows: {ids.shape[1]} ids do not fit in {rows} rows")
+    return jnp.concatenate([ids, jnp.repeat(ids[:, -1:], extra, axis=1)], axis=1) if extra else ids
+
+
+def exact_rows(options: dict, gamma: int, family: str, why_not: str | None) -> int:
+    """The exact path's decode row count from options "exact" (default: True where possible) and
+    "decode_rows", or 0 (not exact). why_not: None when these settings can be exact, else the reason."""
+    exact = options.get("exact")
+    if exact is not None and not isinstance(exact, (bool, np.bool_)):
+        raise InputError(f"exact must be True or False; got {exact!r}")
+    if exact and why_not:
+        raise InputError(f"exact=True is not available: {why_not}")
+    if exact is None:
+        exact = why_not is None
+    if not exact:
+        if options.get("decode_rows") is not None:
+            raise InputError("decode_rows sets the exact path's row count; it needs exact=True")
+        return 0
+    return choose_decode_rows(gamma, options.get("decode_rows"), family)
