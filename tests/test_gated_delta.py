@@ -234,6 +234,40 @@ def test_replay_equals_the_recurrence_bit_for_bit(impl, case):
     np.testing.assert_array_equal(np.asarray(run.final_state), np.asarray(states[:, t]))
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", REPLAY_CASES[:3], ids=lambda c: "B{}_T{}_H{}_HV{}_K{}_V{}_{}".format(
+    *c[:6], jnp.dtype(c[6]).name))
+def test_counted_recurrence_is_the_recurrence_bit_for_bit(impl, case):
+    """state_steps=n (the decode shape: rows past n are padding): the final state is the state the uncounted
+    recurrence reached after n steps and the outputs of the first n rows are its outputs, bit for bit, for
+    every n and ragged rows, from one compilation; the replay commit of those n reaches the same state."""
+    b, t, h, hv, k_dim, v_dim, dtype = case
+    x = make_inputs(b, t, h, hv, k_dim, v_dim, dtype, seed=400 + t, normalize_k=False)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    full = jax.jit(functools.partial(gd.fused_recurrent_gated_delta_rule, return_all_states=True, use_qk_l2norm=True,
+                                     **_kw(impl)))(*args, initial_state=x["s0"])
+    states = jnp.concatenate([x["s0"][:, None], full.all_states], axis=1)  # [B, T+1, HV, K, V]
+    counted = jax.jit(lambda s0, n, *a: gd.fused_recurrent_gated_delta_rule(
+        *a, initial_state=s0, state_steps=n, use_qk_l2norm=True, **_kw(impl)))
+    replay = jax.jit(functools.partial(gd.replay_state, use_qk_l2norm=True, **_kw(impl)))
+    all_rows = counted(x["s0"], jnp.full((b,), t, jnp.int32), *args)
+    _check("outputs", all_rows.o, full.o, TOL[dtype])
+    for a in range(t + 1):
+        n = jnp.asarray([(a + i) % (t + 1) for i in range(b)], jnp.int32)
+        got = counted(x["s0"], n, *args)
+        np.testing.assert_array_equal(np.asarray(got.final_state), np.asarray(states[jnp.arange(b), n]),
+                                      err_msg=f"state, n={n.tolist()}")
+        # A row's output does not depend on how many rows are valid (AR step vs verification).
+        valid = np.arange(t)[None, :] < np.asarray(n)[:, None]  # [B, T]
+        np.testing.assert_array_equal(np.asarray(got.o)[valid], np.asarray(all_rows.o)[valid], err_msg="outputs")
+        np.testing.assert_array_equal(np.asarray(replay(x["s0"], x["k"], x["v"], x["g"], x["beta"], n)),
+                                      np.asarray(got.final_state), err_msg="replay")
+    assert counted._cache_size() == 1, "state_steps must be traced: one compilation for every n"
+    with pytest.raises(ValueError, match="state_steps"):
+        gd.fused_recurrent_gated_delta_rule(*args, initial_state=x["s0"], state_steps=jnp.full((b,), t + 1),
+                                            **_kw(impl))
+
+
 def test_unrolled_recurrent_kernel_with_and_without_preload(monkeypatch):
     """The GPU form of the small-T kernels (steps unrolled; inputs loaded before the chain or per step) in
     interpret mode: every state, output and pseudo-value bit-identical between the two, the replay within
