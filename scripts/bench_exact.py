@@ -70,16 +70,21 @@ def _method(spec: str) -> tuple[str, dict]:
 def tiny_part(args, header, save) -> dict:
     import specdec_jax as sj
     from specdec_jax.bench import load_tokenizer
-    prompts_text = json.load(open(args.prompts))[:args.num_prompts]
+    prompts_text = json.load(open(args.prompts))
     out = {**header, "max_new_tokens": args.max_new_tokens, "prompts": args.prompts, "models": {}}
-    for folder, methods in ((args.qwen, QWEN_METHODS), (args.huginn, LOOPED_METHODS)):
+    folders = {"qwen": (args.qwen, QWEN_METHODS), "huginn": (args.huginn, LOOPED_METHODS)}
+    for folder, methods in (folders[m] for m in args.models.split(",")):
         model = sj.load(folder, dtype="bfloat16")
         tok = load_tokenizer(folder)
         available = set(sj.supported_methods(model))
         methods = [m for m in methods if _method(m)[0] in available]
+        # The first --num-prompts prompts of at least --prompt-len tokens, cut to their last --prompt-len: one
+        # prompt shape, so every setting compiles once.
+        encoded = [tok.encode(t, add_special_tokens=False) for t in prompts_text]
+        encoded = [e[-args.prompt_len:] for e in encoded if len(e) >= args.prompt_len][:args.num_prompts]
         rows = []
-        for text in prompts_text:
-            ids = np.asarray([tok.encode(text, add_special_tokens=False)[-args.prompt_len:]])
+        for ids in encoded:
+            ids = np.asarray([ids])
             row = {"prompt_tokens": int(ids.shape[1])}
             for exact in (True, False):
                 mode = "exact" if exact else "fast"
@@ -149,13 +154,24 @@ def nine_b_part(args, header) -> dict:
            "gamma": gamma, "decode_rows": rows, "max_new_tokens": N, "prompt_len": args.prompt_len,
            "miss": args.miss, "compile_seconds": {f"ar/{'exact' if e else 'fast'}": r.stats["compile_seconds"]
                                                   for e, r in first.items()}}
-    times = {True: [], False: []}
-    for _ in range(args.repeats):  # alternate: drift hits both
+    sweep = [r for r in (int(x) for x in args.ar_rows.split(",") if x) if r != rows]
+
+    def ar_rows(ids, r):
+        return generate_autoregressive(qwen_ops(r), params, cfg, ids, N, **common)
+
+    with ThreadPoolExecutor(max_workers=max(len(sweep), 1)) as pool:
+        list(pool.map(lambda r: ar_rows(prompts[0], r), sweep))
+    times = {True: [], False: [], **{r: [] for r in sweep}}
+    for _ in range(args.repeats):  # alternate: drift hits all
         for exact in (True, False):
             times[exact].append(ar(prompts[0], exact).stats["decode_tokens_per_second"])
+        for r in sweep:
+            times[r].append(ar_rows(prompts[0], r).stats["decode_tokens_per_second"])
     out["ar_tok_s"] = {"exact": float(np.median(times[True])), "fast": float(np.median(times[False]))}
     out["ar_exact_time_ratio"] = out["ar_tok_s"]["fast"] / out["ar_tok_s"]["exact"]
-    print(json.dumps(out["ar_tok_s"]), flush=True)
+    out["ar_tok_s_by_rows"] = {1: out["ar_tok_s"]["fast"], rows: out["ar_tok_s"]["exact"],
+                               **{r: float(np.median(times[r])) for r in sweep}}
+    print(json.dumps(out["ar_tok_s_by_rows"]), flush=True)
     out["rows"] = []
     for i, ids in enumerate(prompts):
         refs = {e: ar(ids, e).tokens for e in (True, False)}
@@ -186,8 +202,9 @@ def markdown(result, args) -> str:
     md = [f"# Exactness in bfloat16: speculative output against AR ({args.part})", "",
           f"{result['device']} · jax {result['jax']} · commit {result['git_commit']}", "", f"`{result['command']}`", ""]
     if args.part == "tiny":
-        md += [f"Greedy, bfloat16, {args.num_prompts} held-out prompts ({args.prompts}, last {args.prompt_len} "
-               f"tokens) x {result['max_new_tokens']} new tokens, EOS off. exact: every decode forward (AR step and "
+        md += [f"Greedy, bfloat16, held-out prompts ({args.prompts}: the first {args.num_prompts} of at least "
+               f"{args.prompt_len} tokens, cut to their last {args.prompt_len}) x {result['max_new_tokens']} new "
+               f"tokens, EOS off. Compile seconds: the first prompt's run (later runs reuse it). exact: every decode forward (AR step and "
                f"verification) at one padded row count; fast: AR at 1 row, verification at gamma + 1 rows. Each "
                f"speculative run is compared with AR of the same setting; decode tok/s median over prompts.", ""]
         for name, m in result["models"].items():
@@ -208,6 +225,10 @@ def markdown(result, args) -> str:
                f"AR decode: exact (at {result['decode_rows']} rows) {a['exact']:.1f} tok/s, fast (1 row) "
                f"{a['fast']:.1f} tok/s: the exact path costs {result['ar_exact_time_ratio']:.3f}× the time per token "
                f"(median of {args.repeats}, alternating).", "",
+               "| decode rows | AR decode tok/s | time per token vs 1 row |", "|---|---|---|"]
+        for r, tps in sorted(result["ar_tok_s_by_rows"].items(), key=lambda kv: int(kv[0])):
+            md.append(f"| {r} | {tps:.1f} | {a['fast'] / tps:.3f}× |")
+        md += ["",
                "| prompt | drafts | setting | equal to AR | first difference | tokens / step |", "|---|---|---|---|---|---|"]
         for r in result["rows"]:
             for k, v in r.items():
@@ -227,7 +248,9 @@ def main():
     ap.add_argument("--huginn", default="checkpoints/tiny-huginn-code")
     ap.add_argument("--prompts", default="benchmarks/prompts/heldout_stdlib.json")
     ap.add_argument("--num-prompts", type=int, default=8)
-    ap.add_argument("--prompt-len", type=int, default=96, help="tiny: last tokens of each prompt; 9b: prompt length")
+    ap.add_argument("--prompt-len", type=int, default=64, help="tiny: last tokens of each prompt; 9b: prompt length")
+    ap.add_argument("--models", default="qwen,huginn", help="tiny: which shipped checkpoints (qwen, huginn)")
+    ap.add_argument("--ar-rows", default="8,16", help="9b: decode row counts at which AR is also timed")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tiny-shape", action="store_true", help="9b: a tiny shape (CPU smoke run)")
     ap.add_argument("--damp", type=float, default=0.02)

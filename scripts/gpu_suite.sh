@@ -90,8 +90,9 @@ looped-grid)  # issue 6: sequential self-spec / mature-spec grid
         --num-prompts 8 --time-budget-s 520 --out "$dir"
     ;;
 exact)  # issue 13: bf16 outputs against AR (shipped checkpoints, 9B shape damped), the exact path's AR cost
-    step 290 exact_tiny python scripts/bench_exact.py --part tiny --out "$dir"
-    step 270 exact_9b python scripts/bench_exact.py --part 9b --num-prompts 2 --out "$dir"
+    step 150 exact_9b python scripts/bench_exact.py --part 9b --num-prompts 2 --ar-rows 4,8 --out "$dir"
+    step 190 exact_tiny_qwen python scripts/bench_exact.py --part tiny --models qwen --tag _qwen --out "$dir"
+    step 190 exact_tiny_huginn python scripts/bench_exact.py --part tiny --models huginn --tag _huginn --out "$dir"
     ;;
 exact-curve)  # issues 12/13: the 9B forced-acceptance cost curve, exact (default) and fast paths paired
     step 540 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.6,0.8,1.0 --exact both \
