@@ -95,9 +95,10 @@ exact)  # issue 13: bf16 outputs against AR (shipped checkpoints, 9B shape dampe
     step 190 exact_tiny_huginn python scripts/bench_exact.py --part tiny --models huginn --tag _huginn --out "$dir"
     ;;
 exact-curve)  # issues 12/13: the 9B forced-acceptance cost curve, exact (default) and fast paths paired
-    step 540 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.6,0.8,1.0 --exact both \
-        --rollbacks replay --gammas 2,4,8,16 --repeats 3 --max-new-tokens 128 --prompt-len 256 --time-budget-s 520 \
+    step 470 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.6,0.8,1.0 --exact both \
+        --rollbacks replay --gammas 2,4,8,16 --repeats 3 --max-new-tokens 128 --prompt-len 256 --time-budget-s 450 \
         --out "$dir"
+    step 110 exact_tiny_qwen python scripts/bench_exact.py --part tiny --models qwen --tag _qwen --out "$dir"
     ;;
 *)
     echo "unknown part $part" >&2

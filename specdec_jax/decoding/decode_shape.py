@@ -19,9 +19,11 @@ import numpy as np
 from ..errors import InputError
 
 # Row counts: the smallest power of two >= max(default, gamma + 1). A generation is bit-identical to
-# AR run at the same row count; the defaults cover every default draft length (Qwen3.5: gamma <= 15;
-# looped models: gamma <= 31, das-wave and the sampler default to 16).
-DEFAULT_DECODE_ROWS = {"qwen3_5": 16, "looped": 32}
+# AR run at the same row count. Qwen3.5: 8 rows (gamma <= 7: the default 4, MTP's 3-4): at the 9B shape
+# on an H200 an AR step at 8 rows took 0.956x the time of a 1-row step, at 4 rows 0.936x, at 16 rows
+# 1.077x (benchmarks/results/exact_qwen35_9b_random.md). Looped models: 32 rows, so das-wave's default
+# gamma of 16 shares AR's shape.
+DEFAULT_DECODE_ROWS = {"qwen3_5": 8, "looped": 32}
 MAX_DECODE_ROWS = 64  # the step recurrence's longest run (qwen35.MAX_RECURRENT_VERIFY)
 
 
