@@ -94,6 +94,13 @@ exact)  # issue 13: bf16 outputs against AR (shipped checkpoints, 9B shape dampe
     step 190 exact_tiny_qwen python scripts/bench_exact.py --part tiny --models qwen --tag _qwen --out "$dir"
     step 190 exact_tiny_huginn python scripts/bench_exact.py --part tiny --models huginn --tag _huginn --out "$dir"
     ;;
+exact-final)  # issue 13: the exact path's cost curve at its row rule, then both shipped checkpoints end to end
+    step 200 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.6,0.8,1.0 --exact on \
+        --rollbacks replay --gammas 2,4,8,16 --repeats 3 --max-new-tokens 128 --prompt-len 256 --time-budget-s 185 \
+        --tag _exact --out "$dir"
+    step 160 exact_tiny_qwen python scripts/bench_exact.py --part tiny --models qwen --tag _qwen --out "$dir"
+    step 100 exact_tiny_huginn python scripts/bench_exact.py --part tiny --models huginn --tag _huginn --out "$dir"
+    ;;
 exact-curve)  # issues 12/13: the 9B forced-acceptance cost curve, exact (default) and fast paths paired
     step 470 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.6,0.8,1.0 --exact both \
         --rollbacks replay --gammas 2,4,8,16 --repeats 3 --max-new-tokens 128 --prompt-len 256 --time-budget-s 450 \

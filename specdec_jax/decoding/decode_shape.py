@@ -18,17 +18,14 @@ import numpy as np
 
 from ..errors import InputError
 
-# Row counts: the smallest power of two >= max(default, gamma + 1). A generation is bit-identical to
-# AR run at the same row count. Qwen3.5: 8 rows (gamma <= 7: the default 4, MTP's 3-4): at the 9B shape
-# on an H200 an AR step at 8 rows took 0.956x the time of a 1-row step, at 4 rows 0.936x, at 16 rows
-# 1.077x (benchmarks/results/exact_qwen35_9b_random.md). Looped models: 32 rows, so das-wave's default
-# gamma of 16 shares AR's shape.
-DEFAULT_DECODE_ROWS = {"qwen3_5": 8, "looped": 32}
+# Row count: max(default, gamma + 1). A generation is bit-identical to AR run at the same row count (its
+# stats say which: `decode_rows`). Padding rows are not free at the 9B shape (H200, XLA GEMMs at 9-32 rows:
+# a 32-row verification took 8.3 ms against 6.0 ms at 17 rows, benchmarks/results/spec_cost_curve_qwen35_
+# 9b_random.md), so rows are not rounded up. Qwen3.5: 8 rows cover gamma <= 7 (the default 4, MTP's 3-4),
+# and an AR step at 8 rows took 0.956x the time of a 1-row step (16 rows 1.077x; exact_qwen35_9b_random.md).
+# Looped models: 17 rows, so das-wave's and the sampler's default gamma of 16 share AR's shape.
+DEFAULT_DECODE_ROWS = {"qwen3_5": 8, "looped": 17}
 MAX_DECODE_ROWS = 64  # the step recurrence's longest run (qwen35.MAX_RECURRENT_VERIFY)
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
 
 
 def choose_decode_rows(gamma: int, requested, family: str) -> int:
@@ -36,7 +33,7 @@ def choose_decode_rows(gamma: int, requested, family: str) -> int:
     `decode_rows`, or None for the default); InputError when it cannot hold anchor + drafts."""
     need = gamma + 1
     if requested is None:
-        rows = max(DEFAULT_DECODE_ROWS[family], _next_pow2(need))
+        rows = max(DEFAULT_DECODE_ROWS[family], need)
     else:
         if isinstance(requested, bool) or not isinstance(requested, int):
             raise InputError(f"decode_rows must be an integer; got {requested!r}")

@@ -143,7 +143,7 @@ def make_plan(method: str, num_steps: int, **options) -> LoopedSpecPlan:
     ema (0.1). Every method but the sampler: exact (True: the verifier runs at the decode shape of
     exact AR, `looped.decode_forward`, so greedy output equals exact AR bit for bit in any dtype;
     False: the faster-to-write two-block verifier) and decode_rows (the exact path's row count;
-    default max(32, next power of two >= gamma + 1)).
+    default max(17, gamma + 1)).
     """
     if method not in LOOPED_SPEC_METHODS:
         raise InputError(f"unknown looped speculative method {method!r}; supported: {', '.join(LOOPED_SPEC_METHODS)}")
