@@ -1,0 +1,137 @@
+"""The exact path in bfloat16: speculative output equals AR's bit for bit, because every decode-time forward of
+a generation runs at one row count (AR steps and verifications alike).
+
+On the shipped checkpoints, greedy bf16: every chain method (Qwen3.5) and every lossless looped method (Huginn)
+equals AR at the same decode row count; a recorder asserts that no decode-time forward runs at another row
+count; the options that cannot be exact are one clear error.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+import specdec_jax as sj
+from specdec_jax.decoding import compiled
+from specdec_jax.decoding.decode_shape import choose_decode_rows, pad_rows
+from specdec_jax.errors import InputError
+
+QWEN = "checkpoints/tiny-qwen35-code"
+HUGINN = "checkpoints/tiny-huginn-code"
+NEW = 24
+# Held-out-style prompts (the checkpoints never saw these lines); ids come from each tokenizer.
+TEXTS = ['import os\n\n\ndef walk_tree(root):\n    """Yield every file below root."""\n    for',
+         'class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n']
+
+
+@functools.cache
+def _model(folder: str):
+    return sj.load(folder, dtype="bfloat16")
+
+
+@functools.cache
+def _prompts(folder: str) -> tuple:
+    from specdec_jax.bench import load_tokenizer
+    tok = load_tokenizer(folder)
+    return tuple(np.asarray([tok.encode(t, add_special_tokens=False)]) for t in TEXTS)
+
+
+@functools.cache
+def _ar(folder: str, i: int, rows: int) -> np.ndarray:
+    return sj.generate(_model(folder), _prompts(folder)[i], NEW, eos_token_id=False, decode_rows=rows).tokens
+
+
+@pytest.mark.parametrize("method,options", [("ngram", {}), ("ngram-table", {}), ("mtp", {}), ("mtp-shortlist", {}),
+                                            ("mtp", {"rollback": "snapshot"}), ("ngram", {"gamma": 8})],
+                         ids=["ngram", "ngram-table", "mtp", "mtp-shortlist", "mtp-snapshot", "ngram-gamma8"])
+def test_qwen_chain_methods_equal_ar_in_bfloat16(method, options):
+    model = _model(QWEN)
+    for i, ids in enumerate(_prompts(QWEN)):
+        out = sj.generate(model, ids, NEW, method=method, eos_token_id=False, **options)
+        assert out.stats["exact"] and out.stats["decode_rows"] == choose_decode_rows(options.get("gamma", 4), None,
+                                                                                     "qwen3_5")
+        np.testing.assert_array_equal(out.tokens, _ar(QWEN, i, out.stats["decode_rows"]), err_msg=f"prompt {i}")
+
+
+@pytest.mark.parametrize("method", ["self-spec", "mature-spec", "das-wave"])
+def test_looped_methods_equal_ar_in_bfloat16(method):
+    model = _model(HUGINN)
+    for i, ids in enumerate(_prompts(HUGINN)):
+        out = sj.generate(model, ids, NEW, method=method, eos_token_id=False)
+        assert out.stats["exact"]
+        np.testing.assert_array_equal(out.tokens, _ar(HUGINN, i, choose_decode_rows(0, None, "looped")),
+                                      err_msg=f"prompt {i}")
+
+
+def test_every_decode_forward_runs_at_the_decode_shape(monkeypatch):
+    """A recorder on the model forwards: after the prompt, AR steps and verifications (chain: n-gram;
+    looped: das-wave) all run at decode_rows rows; the fast path (exact=False) does not."""
+    from specdec_jax.models import looped, qwen35
+    calls = []
+
+    def recording(fn, name):
+        def wrapped(params, cfg, state, ids, *args, **kwargs):
+            calls.append((name, ids.shape[1], kwargs.get("num_steps")))
+            return fn(params, cfg, state, ids, *args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(qwen35, "forward", recording(qwen35.forward, "qwen"))
+    monkeypatch.setattr(looped, "forward", recording(looped.forward, "looped"))
+    monkeypatch.setattr(looped, "decode_forward", recording(looped.decode_forward, "looped_decode"))
+    compiled.clear()
+    import jax
+    jax.clear_caches()  # every program traces again, through the recorder
+    qwen, huginn = _model(QWEN), _model(HUGINN)
+    q_ids, h_ids = _prompts(QWEN)[0][:, :7], _prompts(HUGINN)[0][:, :7]  # 7: not a decode row count
+    R = huginn.config.mean_recurrence
+    for method in ("ar", "ngram"):
+        calls.clear()
+        sj.generate(qwen, q_ids, 6, method=method, eos_token_id=False)
+        rows = {t for name, t, _ in calls if name == "qwen"} - {7}
+        assert rows == {8}, f"{method}: decode forwards at {rows}"
+    calls.clear()
+    sj.generate(qwen, q_ids, 6, method="ngram", eos_token_id=False, exact=False)
+    assert {t for _, t, _ in calls} - {7} == {5}, "the fast path verifies at gamma + 1"
+    for method in ("ar", "das-wave"):
+        calls.clear()
+        sj.generate(huginn, h_ids, 6, method=method, eos_token_id=False)
+        full_depth = {t for name, t, steps in calls if name == "looped" and steps == R} - {7}
+        decode = {t for name, t, _ in calls if name == "looped_decode"}
+        assert not full_depth and decode == {17}, f"{method}: full-depth forwards at {full_depth}, decode {decode}"
+    compiled.clear()
+    jax.clear_caches()
+
+
+def test_pad_rows_repeats_the_last_id():
+    ids = np.asarray([[3, 4], [5, 6]])
+    np.testing.assert_array_equal(np.asarray(pad_rows(ids, 4)), [[3, 4, 4, 4], [5, 6, 6, 6]])
+    with pytest.raises(ValueError, match="do not fit"):
+        pad_rows(ids, 1)
+
+
+@pytest.mark.parametrize("folder,method,options,match", [
+    (QWEN, "ngram", {"rollback": "pseudo", "exact": True}, "pseudo-values"),
+    (QWEN, "ngram", {"gamma": 70, "exact": True}, "exceeds the 64 rows"),
+    (QWEN, "ngram-tree", {"exact": True}, "tree verification is not bit-exact"),
+    (QWEN, "ngram", {"decode_rows": 4, "gamma": 4}, r"decode_rows=4 must lie in \[gamma \+ 1 = 5, 64\]"),
+    (QWEN, "ar", {"decode_rows": 65}, r"decode_rows=65 must lie in"),
+    (QWEN, "ngram", {"exact": False, "decode_rows": 8}, "needs exact=True"),
+    (QWEN, "ar", {"exact": "yes"}, "exact must be True or False"),
+    (QWEN, "ar", {"decode_rows": 8.0}, "decode_rows must be an integer"),
+    (HUGINN, "parallel-sampler", {"exact": True}, "not lossless"),
+    (HUGINN, "ar", {"cache_mode": "compressed", "exact": True}, "compressed cache"),
+    (HUGINN, "das-wave", {"decode_rows": 8}, r"decode_rows=8 must lie in \[gamma \+ 1 = 17"),
+])
+def test_options_that_cannot_be_exact_are_one_clear_error(folder, method, options, match):
+    with pytest.raises(InputError, match=match):
+        sj.generate(_model(folder), _prompts(folder)[0], 4, method=method, **options)
+
+
+def test_defaults_report_the_path_they_took():
+    """exact defaults to True where it applies, False where it cannot (pseudo rollback, trees, the sampler)."""
+    qwen, ids = _model(QWEN), _prompts(QWEN)[0]
+    assert not sj.generate(qwen, ids, 3, method="ngram", rollback="pseudo").stats["exact"]
+    out = sj.generate(qwen, ids, 3, method="ar", exact=False)
+    assert not out.stats["exact"] and out.stats["decode_rows"] == 1
