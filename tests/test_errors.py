@@ -121,7 +121,11 @@ def test_bad_token_ids(model, ids, pattern):
 
 def test_prompt_longer_than_cache(model):
     with pytest.raises(InputError, match=r"prompt \(10 tokens\) \+ max_new_tokens \(8\) = 18 exceeds .*max_len=12"):
-        sj.generate(model, np.ones((1, 10), np.int32), 8, max_len=12)
+        sj.generate(model, np.ones((1, 10), np.int32), 8, max_len=12, exact=False)
+    # The exact path (the default) writes decode_rows positions past the last token.
+    with pytest.raises(InputError, match=r"prompt \(10 tokens\) \+ max_new_tokens \(8\) \+ decode_rows \(8\) = 26 "
+                                         r"exceeds .*max_len=18"):
+        sj.generate(model, np.ones((1, 10), np.int32), 8, max_len=18)
 
 
 def test_bad_generation_options(model):
@@ -147,8 +151,10 @@ def test_bad_generation_options(model):
     ({"seed": -1}, r"seed must be in \[0, 4294967295\]"),
     ({"seed": 2 ** 32}, "a 32-bit PRNG seed"),
     ({"temperature": float("inf")}, r"temperature must be in .* \(finite\)"),
-    ({"max_new_tokens": 10 ** 6}, r"max_new_tokens \(1000000\) = 1000003 exceeds the model's context length "
-                                  r"\(max_position_embeddings=32768\)"),
+    ({"max_new_tokens": 10 ** 6, "exact": False}, r"max_new_tokens \(1000000\) = 1000003 exceeds the model's context "
+                                                  r"length \(max_position_embeddings=32768\)"),
+    ({"max_new_tokens": 10 ** 6}, r"max_new_tokens \(1000000\) \+ decode_rows \(8\) = 1000011 exceeds the model's "
+                                  r"context length \(max_position_embeddings=32768\)"),
     ({"method": "ngram", "gamma": 10 ** 6}, r"gamma \(1000000\) = 1000007 exceeds the model's context length"),
     ({"method": "ngram-tree", "max_new_tokens": 40000}, "exceeds the model's context length"),
     ({"max_len": "long"}, "max_len must be an integer"),

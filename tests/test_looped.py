@@ -306,7 +306,7 @@ def test_generate_eos_and_sampling(models, refs):
 def test_bad_inputs_raise_before_compute(models):
     model = models["huginn_tiny"]
     import specdec_jax
-    with pytest.raises(InputError, match=r"unknown options \['gamma'\]; accepted: \['cache_mode', 'num_steps'\]"):
+    with pytest.raises(InputError, match=r"unknown options \['gamma'\]; accepted: \['cache_mode', 'decode_rows', 'exact', 'num_steps'\]"):
         specdec_jax.generate(model, [[1, 2, 3]], 3, method="ar", num_steps=2, gamma=2)
     with pytest.raises(InputError, match=r"exceeds the model's context length \(max_position_embeddings=256\)"):
         looped.generate(model, [[1, 2, 3]], 254, 2)
