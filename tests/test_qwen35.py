@@ -218,12 +218,13 @@ def test_pallas_kernels_inside_the_model(small_model):
     cfg = model.config
     ids = jnp.asarray(np.random.default_rng(12).integers(0, model.vocab_size, size=(1, 70)))
     fresh = lambda: qwen35.init_state(cfg, 1, 80, jnp.float32)
-    want, want_state, _ = qwen35.forward(model.params, cfg, fresh(), ids, impl="reference")
-    got, got_state, _ = qwen35.forward(model.params, cfg, fresh(), ids, impl="pallas")
+    forward = jax.jit(qwen35.forward, static_argnames=("cfg", "impl"))  # jitted, as the model runs (and fast)
+    want, want_state, _ = forward(model.params, cfg, fresh(), ids, impl="reference")
+    got, got_state, _ = forward(model.params, cfg, fresh(), ids, impl="pallas")
     assert H.rel_err(got, want) <= 1e-5
     tok = ids[:, :1]
-    a, _, _ = qwen35.forward(model.params, cfg, want_state, tok, impl="reference")
-    b, _, _ = qwen35.forward(model.params, cfg, got_state, tok, impl="pallas")
+    a, _, _ = forward(model.params, cfg, want_state, tok, impl="reference")
+    b, _, _ = forward(model.params, cfg, got_state, tok, impl="pallas")
     assert H.rel_err(b, a) <= 1e-5
     prompt = np.tile(np.asarray(ids[:, :6]), (1, 3))
     spec = lambda impl: generate_speculative(model.params, cfg, prompt, 8, drafter=NgramDrafter(), gamma=3,

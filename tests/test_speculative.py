@@ -97,7 +97,7 @@ def test_state_after_generation_equals_ar_state(model):
             tokens = np.asarray(state.out)[row, : n_out - 1]  # every emitted token but the anchor was processed
             seq = np.concatenate([ids[row], tokens])[None]
             fresh = qwen35.init_state(model.config, 1, state.model.max_len, jnp.float32)
-            _, want, _ = qwen35.forward(model.params, model.config, fresh, jnp.asarray(seq))
+            _, want = qwen35.forward_jit(model.params, model.config, fresh, jnp.asarray(seq))
             got = jax.tree.map(lambda x: x[row:row + 1], state.model)
             np.testing.assert_array_equal(got.length, want.length)
             L = seq.shape[1]
