@@ -69,7 +69,7 @@ def _method(spec: str) -> tuple[str, dict]:
 
 def tiny_part(args, header, save) -> dict:
     import specdec_jax as sj
-    from specdec_jax.bench import load_tokenizer
+    from specdec_jax.text import load_tokenizer
     prompts_text = json.load(open(args.prompts))
     out = {**header, "max_new_tokens": args.max_new_tokens, "prompts": args.prompts, "models": {}}
     folders = {"qwen": (args.qwen, QWEN_METHODS), "huginn": (args.huginn, LOOPED_METHODS)}

@@ -33,6 +33,7 @@ from jax import lax  # noqa: E402
 
 from scripts.bench_common import median_time, result_header, write_results  # noqa: E402
 from specdec_jax.model import Model  # noqa: E402
+from specdec_jax.decoding import looped_ar  # noqa: E402
 from specdec_jax.models import looped  # noqa: E402
 
 
@@ -167,7 +168,7 @@ def main(argv=None) -> dict:
     prompt = np.asarray(jax.random.randint(key_prompt, (args.batch, prompt_len), 0, cfg.vocab_size))
     max_len = prompt_len + new_tokens
 
-    runs = [looped.generate(model, prompt, new_tokens, num_steps, max_len=max_len) for _ in range(1 + args.repeats)]
+    runs = [looped_ar.generate(model, prompt, new_tokens, num_steps, max_len=max_len) for _ in range(1 + args.repeats)]
     compile_s = runs[0].stats["compile_seconds"]
     timed = [run.stats for run in runs[1:]]
     ar = {k: float(np.median([s[k] for s in timed]))

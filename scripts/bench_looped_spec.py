@@ -52,6 +52,7 @@ from scripts.bench_common import median_time, result_header, write_results  # no
 from specdec_jax.decoding import looped_spec as ls  # noqa: E402
 from specdec_jax.decoding.sampling import SamplingConfig  # noqa: E402
 from specdec_jax.model import Model  # noqa: E402
+from specdec_jax.decoding import looped_ar  # noqa: E402
 from specdec_jax.models import looped  # noqa: E402
 
 GROUPS = ("self-spec", "mature-spec", "das-wave", "component", "parallel-sampler")
@@ -162,7 +163,7 @@ def run_config(model, prompts, method, opts, args) -> dict:
     plan = ls.make_plan(method, R, **opts)
     max_len = prompts.shape[1] + N + max(plan.gamma, 1)
     gen = functools.partial(ls.generate_looped_spec, model, num_steps=R, eos_ids=(), max_len=max_len, **opts)
-    ar_gen = functools.partial(looped.generate, model, max_new_tokens=N, num_steps=R, eos_ids=(), max_len=max_len)
+    ar_gen = functools.partial(looped_ar.generate, model, max_new_tokens=N, num_steps=R, eos_ids=(), max_len=max_len)
     warm = gen(prompts[:1], N, method)  # compile (cached for the rest)
     ar_gen(prompts[:1])
     rows = []

@@ -16,7 +16,7 @@ from .decoding.sampling import SamplingConfig
 from .errors import InputError
 from .loading import TensorSource, resolve_dtype
 from .model import GenerateResult, Model
-from .options import check_context_length, float_option, int_option
+from .options import check_context_length, float_option, int_option, validate_input_ids
 
 QWEN35_METHODS = ("ar", "ngram", "ngram-table", "mtp", "mtp-shortlist", "ngram-tree", "mtp-tree")
 DRAFT_TABLES_FILE = "draft_tables.safetensors"
@@ -63,28 +63,6 @@ def _method_requirement(method: str) -> str:
             "mtp-shortlist": f"the MTP head and a token shortlist ({DRAFT_TABLES_FILE}, "
                              "scripts/build_draft_tables.py)",
             "ngram-table": f"a model n-gram table ({DRAFT_TABLES_FILE}, scripts/build_draft_tables.py)"}.get(method, "")
-
-
-def validate_input_ids(input_ids, vocab_size: int) -> np.ndarray:
-    """[B, T] int array with 0 <= id < vocab and T >= 1, else InputError naming the problem."""
-    try:
-        ids = np.asarray(input_ids)
-    except Exception as e:  # ragged lists and the like
-        raise InputError(f"input_ids must be an integer array [batch, tokens]; could not convert: {e}") from None
-    if ids.ndim == 1:
-        raise InputError(f"input_ids must be 2-D [batch, tokens]; got shape {ids.shape} (wrap a single prompt "
-                         f"as [ids])")
-    if ids.ndim != 2:
-        raise InputError(f"input_ids must be 2-D [batch, tokens]; got shape {ids.shape}")
-    if ids.shape[0] == 0 or ids.shape[1] == 0:
-        raise InputError(f"input_ids is empty (shape {ids.shape}): a prompt needs at least one token")
-    if not np.issubdtype(ids.dtype, np.integer):
-        raise InputError(f"input_ids must hold integers; got dtype {ids.dtype}")
-    bad = (ids < 0) | (ids >= vocab_size)
-    if bad.any():
-        b, t = map(int, np.argwhere(bad)[0])
-        raise InputError(f"input_ids[{b}, {t}] = {int(ids[b, t])} is outside the vocabulary [0, {vocab_size})")
-    return ids.astype(np.int32)
 
 
 @functools.cache
@@ -175,14 +153,14 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
                          + (f" + {extra_what}" if extra else "") + f" = {needed} exceeds the cache length "
                          f"max_len={max_len}")
     if model.family == "looped":
-        from .models import looped
+        from .decoding import looped_ar
         unknown = sorted(set(method_options) - {"num_steps", "cache_mode", "exact", "decode_rows"})
         if unknown:
             raise InputError(f"generate(method='ar') on a looped model: unknown options {unknown}; accepted: "
                              f"['cache_mode', 'decode_rows', 'exact', 'num_steps']")
         options = {k: v for k, v in method_options.items() if k not in ("exact", "decode_rows")}
-        return looped.generate(model, ids, int(max_new_tokens), sampling=sampling, seed=seed, eos_ids=eos_ids,
-                               max_len=max_len, decode_rows=rows, **options)
+        return looped_ar.generate(model, ids, int(max_new_tokens), sampling=sampling, seed=seed, eos_ids=eos_ids,
+                                  max_len=max_len, decode_rows=rows, **options)
     if method != "ar":
         return _generate_speculative_qwen(model, ids, int(max_new_tokens), method, gamma, max_len, sampling, seed,
                                           eos_ids, method_options, rows)

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import CheckpointError, InputError
+from .text import load_tokenizer, unescape
 
 BASELINE = "ar"
 BOOTSTRAP_RESAMPLES = 10_000
@@ -103,32 +104,10 @@ def load_prompt_texts(spec: str | os.PathLike, limit: int | None = None) -> list
             raise InputError(f"prompts file '{spec}' must hold a JSON list of strings")
         texts = [t for t in texts if t]
     else:
-        from .cli import unescape
         texts = [unescape(line) for line in raw.splitlines() if line.strip()]
     if not texts:
         raise InputError(f"prompts file '{spec}' holds no prompts")
     return texts[:limit] if limit else texts
-
-
-def load_tokenizer(folder: str | os.PathLike):
-    """The checkpoint folder's tokenizer (transformers AutoTokenizer)."""
-    folder = os.fspath(folder)
-    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-    if not any(os.path.isfile(os.path.join(folder, n)) for n in names):
-        raise CheckpointError(f"no tokenizer in '{folder}' (expected tokenizer.json / tokenizer_config.json "
-                              f"beside config.json)")
-    try:
-        from transformers import AutoTokenizer
-        from transformers.utils import logging as hf_logging
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # it reads config.json and warns about model types it does not know
-        try:
-            return AutoTokenizer.from_pretrained(folder)
-        finally:
-            hf_logging.set_verbosity(verbosity)
-    except Exception as e:  # transformers raises many types; one line is enough to act on
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"could not load the tokenizer in '{folder}': {first}") from None
 
 
 def tokenize_prompts(tokenizer, texts: Sequence[str], max_prompt_tokens: int) -> list[dict]:

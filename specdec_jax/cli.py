@@ -14,15 +14,15 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import shlex
 import sys
 from pathlib import Path
 
+from .text import unescape
+
 EXIT_USAGE = 2
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "checkpoints" / "tiny-qwen35-code"
 DEFAULT_PROMPT = 'def fibonacci(n):\\n    """Return the n-th Fibonacci number."""\\n'
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
 
 
 class UsageError(Exception):
@@ -32,11 +32,6 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse prints usage + message on two or more lines; we want one
         raise UsageError(message)
-
-
-def unescape(text: str) -> str:
-    """Interpret \\n, \\t, \\r and \\\\ in a command-line prompt; other backslashes stay as they are."""
-    return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,7 +106,7 @@ def _known_methods() -> set[str]:
 
 
 def _load_tokenizer(folder: str):
-    from .bench import load_tokenizer  # CheckpointError is a SpecdecError: one line, exit 2
+    from .text import load_tokenizer  # lazy: transformers; CheckpointError is a SpecdecError: one line, exit 2
     return load_tokenizer(folder)
 
 

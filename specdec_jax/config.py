@@ -1,7 +1,7 @@
 """Hugging Face `config.json` -> frozen, hashable config dataclasses (jit-static).
 
 `read_config(folder)` recognises the model family from `model_type` and returns a
-`Qwen35Config` or a `LoopedConfig` (see models/looped.py for the looped parser).
+`Qwen35Config` or a `LoopedConfig` (looped_config.py parses the looped ones).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from .errors import CheckpointError
+from .looped_config import looped_config_from_dict
 
 QWEN35_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 LOOPED_MODEL_TYPES = ("huginn_raven",)
@@ -290,7 +291,6 @@ def read_config(folder: str):
         cfg = qwen35_config_from_dict(raw, where)
         return dataclasses.replace(cfg, eos_token_id=generation_eos_ids(folder, cfg.eos_token_id))
     if model_type in LOOPED_MODEL_TYPES:
-        from .models.looped import looped_config_from_dict
         return looped_config_from_dict(raw, where)
     raise CheckpointError(
         f"{where}: unknown model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")

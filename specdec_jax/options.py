@@ -1,4 +1,5 @@
-"""Typed option checks shared by the public calls: one InputError naming the option, the bound and the value."""
+"""Typed option and input checks shared by the public calls: one InputError naming the option (or input), the
+bound and the value."""
 
 from __future__ import annotations
 
@@ -32,3 +33,25 @@ def float_option(options: dict, name: str, default, lo: float, hi: float, why: s
     if not lo <= float(value) <= hi:  # also false for NaN
         raise InputError(f"{name} must be in [{lo}, {hi}]{why}; got {value}")
     return float(value)
+
+
+def validate_input_ids(input_ids, vocab_size: int) -> np.ndarray:
+    """[B, T] int array with 0 <= id < vocab and T >= 1, else InputError naming the problem."""
+    try:
+        ids = np.asarray(input_ids)
+    except Exception as e:  # ragged lists and the like
+        raise InputError(f"input_ids must be an integer array [batch, tokens]; could not convert: {e}") from None
+    if ids.ndim == 1:
+        raise InputError(f"input_ids must be 2-D [batch, tokens]; got shape {ids.shape} (wrap a single prompt "
+                         f"as [ids])")
+    if ids.ndim != 2:
+        raise InputError(f"input_ids must be 2-D [batch, tokens]; got shape {ids.shape}")
+    if ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise InputError(f"input_ids is empty (shape {ids.shape}): a prompt needs at least one token")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise InputError(f"input_ids must hold integers; got dtype {ids.dtype}")
+    bad = (ids < 0) | (ids >= vocab_size)
+    if bad.any():
+        b, t = map(int, np.argwhere(bad)[0])
+        raise InputError(f"input_ids[{b}, {t}] = {int(ids[b, t])} is outside the vocabulary [0, {vocab_size})")
+    return ids.astype(np.int32)

@@ -192,7 +192,7 @@ def init_huginn_params(cfg: looped.LoopedConfig, key: jax.Array) -> dict:
         s = std / math.sqrt(2 * depth) if k.endswith(("attn.proj.weight", "mlp.proj.weight")) else std
         return jax.random.normal(keys[k], shape, jnp.float32) * s
 
-    return build_tree({looped._param_path(k): k for k in shapes}, init)
+    return build_tree({looped.param_path(k): k for k in shapes}, init)
 
 
 def count_params(params) -> int:
@@ -252,7 +252,7 @@ def huginn_loss(params: dict, cfg: looped.LoopedConfig, tokens: jax.Array, n_no_
     cos, sin = looped.rope_tables(cfg, positions)
     length = jnp.zeros((B,), jnp.int32)
     e = looped.embed(p, cfg, ids)
-    e, _, _ = looped._stack(p.get("prelude", []), cfg, e, cos, sin, None, None, length)
+    e, _, _ = looped.run_blocks(p.get("prelude", []), cfg, e, cos, sin, None, None, length)
     x = jnp.zeros_like(e)  # zero initial state
     p_sg, e_sg = lax.stop_gradient(p), lax.stop_gradient(e)
 
@@ -267,7 +267,7 @@ def huginn_loss(params: dict, cfg: looped.LoopedConfig, tokens: jax.Array, n_no_
         return jnp.where(j >= skip, y, x), None
 
     x, _ = lax.scan(grad_step, x, jnp.arange(backprop_depth, dtype=jnp.int32))
-    logits, _, _, _ = looped._coda_head(p, cfg, None, x, cos, sin, "all")
+    logits, _, _, _ = looped.coda_head(p, cfg, None, x, cos, sin, "all")
     ce, acc = (jnp.mean(v) for v in _ce_rows(logits, labels))
     return ce, {"ce": ce, "acc": acc}
 

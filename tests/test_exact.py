@@ -34,7 +34,7 @@ def _model(folder: str):
 @functools.cache
 def _prompts(folder: str) -> tuple:
     """The prompts cut to one length (their last tokens): one compilation serves both."""
-    from specdec_jax.bench import load_tokenizer
+    from specdec_jax.text import load_tokenizer
     tok = load_tokenizer(folder)
     ids = [tok.encode(t, add_special_tokens=False) for t in TEXTS]
     n = min(map(len, ids))

@@ -16,6 +16,7 @@ from safetensors.numpy import load_file, save_file
 
 from specdec_jax.decoding.sampling import SamplingConfig
 from specdec_jax.errors import CheckpointError, InputError
+from specdec_jax.decoding import looped_ar
 from specdec_jax.models import looped
 
 FIXTURES = Path(__file__).parent / "fixtures" / "looped"
@@ -73,7 +74,7 @@ def test_forward_logits_match_official(models, refs, name, r):
 def test_cached_greedy_generation_matches_official(models, refs, name):
     prompt, expected = refs[name]["greedy_prompt"], refs[name]["greedy_r8"]
     n_new = expected.shape[1] - prompt.shape[1]  # Huginn 10, Raven 12
-    result = looped.generate(models[name], prompt, n_new, 8)
+    result = looped_ar.generate(models[name], prompt, n_new, 8)
     np.testing.assert_array_equal(result.tokens, expected[:, prompt.shape[1]:])
     stats = result.stats
     for key in ("new_tokens", "seconds", "tokens_per_second", "prefill_seconds", "decode_seconds",
@@ -270,7 +271,7 @@ def test_olmo2_variant_loads_and_caches(tmp_path):
     a, cache, _ = looped.forward_jit(model.params, cfg, cache, jnp.asarray(ids[:, :8]), 3)
     b, cache, _ = looped.forward_jit(model.params, cfg, cache, jnp.asarray(ids[:, 8:]), 3)
     assert rel(np.concatenate([a, b], axis=1), full) < 1e-5
-    result = looped.generate(model, ids[:1, :5], 4, 3)
+    result = looped_ar.generate(model, ids[:1, :5], 4, 3)
     assert result.tokens.shape == (1, 4)
 
 
@@ -291,12 +292,12 @@ def test_skip_adapter_mode_bypasses_adapter_at_step_zero(tmp_path):
 def test_generate_eos_and_sampling(models, refs):
     model, prompt = models["huginn_tiny"], refs["huginn_tiny"]["greedy_prompt"]
     greedy = refs["huginn_tiny"]["greedy_r8"][0, 10:]  # 460 267 267 ...
-    result = looped.generate(model, prompt, 10, 8, eos_token_id=int(greedy[1]))
+    result = looped_ar.generate(model, prompt, 10, 8, eos_token_id=int(greedy[1]))
     np.testing.assert_array_equal(result.tokens[0], [greedy[0]] + [greedy[1]] * 9)
     assert result.stats["new_tokens"] == 2  # the loop stopped once every row hit EOS
     sampling = SamplingConfig(temperature=1.0, top_k=20)
-    a = looped.generate(model, prompt, 6, 2, sampling=sampling, seed=3).tokens
-    b = looped.generate(model, prompt, 6, 2, sampling=sampling, seed=3).tokens
+    a = looped_ar.generate(model, prompt, 6, 2, sampling=sampling, seed=3).tokens
+    b = looped_ar.generate(model, prompt, 6, 2, sampling=sampling, seed=3).tokens
     np.testing.assert_array_equal(a, b)
     assert a.shape == (1, 6) and ((a >= 0) & (a < model.vocab_size)).all()
 
@@ -309,21 +310,21 @@ def test_bad_inputs_raise_before_compute(models):
     with pytest.raises(InputError, match=r"unknown options \['gamma'\]; accepted: \['cache_mode', 'decode_rows', 'exact', 'num_steps'\]"):
         specdec_jax.generate(model, [[1, 2, 3]], 3, method="ar", num_steps=2, gamma=2)
     with pytest.raises(InputError, match=r"exceeds the model's context length \(max_position_embeddings=256\)"):
-        looped.generate(model, [[1, 2, 3]], 254, 2)
+        looped_ar.generate(model, [[1, 2, 3]], 254, 2)
     with pytest.raises(InputError, match="exceeds the model's context length"):
         specdec_jax.generate(model, [[1, 2, 3]], 240, method="das-wave", num_steps=2, gamma=16)
     with pytest.raises(InputError, match="num_steps"):
         looped.forward_logits(model, [[1, 2, 3]], 0)
     with pytest.raises(InputError, match="num_steps"):
-        looped.generate(model, [[1, 2, 3]], 4, 0)
+        looped_ar.generate(model, [[1, 2, 3]], 4, 0)
     with pytest.raises(InputError, match="empty"):
         looped.forward_logits(model, np.zeros((1, 0), np.int32), 2)
     with pytest.raises(InputError, match="outside the vocabulary"):
-        looped.generate(model, [[1, 512]], 4, 2)
+        looped_ar.generate(model, [[1, 512]], 4, 2)
     with pytest.raises(InputError, match="2-D"):
         looped.forward_logits(model, [1, 2, 3], 2)
     with pytest.raises(InputError, match="max_len"):
-        looped.generate(model, [[1, 2, 3]], 8, 2, max_len=10)
+        looped_ar.generate(model, [[1, 2, 3]], 8, 2, max_len=10)
     cache = looped.init_cache(model.config, 1, 8, 2, "full", jnp.float32)
     with pytest.raises(InputError, match="step slots"):
         looped.forward(model.params, model.config, cache, jnp.ones((1, 2), jnp.int32), num_steps=4)

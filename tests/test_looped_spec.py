@@ -18,6 +18,7 @@ import pytest
 from specdec_jax.decoding import looped_spec as ls
 from specdec_jax.decoding.sampling import SamplingConfig
 from specdec_jax.errors import InputError
+from specdec_jax.decoding import looped_ar
 from specdec_jax.models import looped
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,7 +176,7 @@ def trained():
     encoded = [tok.encode(t).ids[-16:] for t in texts]
     assert min(len(e) for e in encoded) == 16
     prompts = np.asarray(encoded, np.int32)
-    ar = looped.generate(model, prompts, 20, 8, eos_ids=())
+    ar = looped_ar.generate(model, prompts, 20, 8, eos_ids=())
     return model, prompts, ar.tokens
 
 

@@ -76,3 +76,14 @@ def check_block_v(block_v) -> int:
     if isinstance(block_v, bool) or not isinstance(block_v, int) or block_v < 1 or block_v & (block_v - 1):
         raise ValueError(f"gated_delta: block_v must be a power of two >= 1; got {block_v!r}")
     return block_v
+
+
+def iota2(n: int):
+    """Row and column indices of an [n, n] block (int32)."""
+    return lax.broadcasted_iota(jnp.int32, (n, n), 0), lax.broadcasted_iota(jnp.int32, (n, n), 1)
+
+
+def inv_norms(x: jax.Array) -> jax.Array:
+    """1 / sqrt(sum(x^2) + eps) per row of x [C, K], fp32 [C]."""
+    xf = x.astype(F32)
+    return lax.rsqrt(jnp.sum(xf * xf, axis=1) + L2_EPS)

@@ -29,14 +29,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from ._kernel_utils import F32, L2_EPS, mm
+from ._kernel_utils import F32, L2_EPS, inv_norms, iota2, mm
 
 CHUNK = 64
 SUB = 16  # forward-substitution block (rows inside one block are solved sequentially)
-
-
-def _iota2(n: int):
-    return lax.broadcasted_iota(jnp.int32, (n, n), 0), lax.broadcasted_iota(jnp.int32, (n, n), 1)
 
 
 WY_SOLVERS = ("substitution", "merge")
@@ -47,7 +43,7 @@ def _merge_levels(x: jax.Array, a: jax.Array, first: int, merge_precision) -> ja
     block N of every pair of blocks is folded in with [[L11, 0], [L21, L22]]^{-1} = X - X N X
     (X = the block-diagonal inverse so far; products, never ratios)."""
     c = a.shape[0]
-    row, col = _iota2(c)
+    row, col = iota2(c)
     size = first
     while size < c:
         rb, cb = lax.div(row, size), lax.div(col, size)
@@ -73,7 +69,7 @@ def unit_lower_inverse(a: jax.Array, merge_precision, solver: str = "substitutio
     if solver != "substitution":
         raise ValueError(f"unit_lower_inverse: solver must be one of {WY_SOLVERS}; got {solver!r}")
     c = a.shape[0]
-    row, col = _iota2(c)
+    row, col = iota2(c)
     rb, cb = lax.div(row, SUB), lax.div(col, SUB)  # block row / column (non-negative: truncation ok)
     r_in = lax.rem(row, SUB)
     same_block = rb == cb
@@ -90,14 +86,8 @@ def unit_lower_inverse(a: jax.Array, merge_precision, solver: str = "substitutio
 
 
 def _eye(c: int) -> jax.Array:
-    row, col = _iota2(c)
+    row, col = iota2(c)
     return jnp.where(row == col, 1.0, 0.0).astype(F32)
-
-
-def _inv_norms(x: jax.Array) -> jax.Array:
-    """1 / sqrt(sum(x^2) + eps) per row of x [C, K], fp32 [C]."""
-    xf = x.astype(F32)
-    return lax.rsqrt(jnp.sum(xf * xf, axis=1) + L2_EPS)
 
 
 def _pair_decay(gam, lo, mask):
@@ -119,7 +109,7 @@ def _wy_kernel(k_ref, v_ref, gam_ref, lo_ref, beta_ref, w_ref, u_ref, *rk_ref, l
     k = k_ref[...]  # [C, K] input dtype
     gam, lo = gam_ref[...], lo_ref[...]  # [C] cumulative gate inside the chunk, as hi + lo
     beta = beta_ref[...]  # [C]
-    row, col = _iota2(CHUNK)
+    row, col = iota2(CHUNK)
     strict = row > col
     kk = mm(k, k, prec, trans_b=True)  # [C, C]
     if l2norm:  # normalised keys: diag(r) K K^T diag(r) with r_i = 1 / |k_i|
@@ -146,7 +136,7 @@ def _state_kernel(*refs, n_chunks, scale, has_s0, want_vnew, l2norm, prec, state
     kdim, bv = st_ref.shape
     sdt = state_dtype  # operand dtype of the products with the state (and with V_new)
     state = s0_ref[...].astype(F32) if has_s0 else jnp.zeros((kdim, bv), F32)
-    row, col = _iota2(CHUNK)
+    row, col = iota2(CHUNK)
     causal = row >= col
     last = lax.broadcasted_iota(jnp.int32, (CHUNK,), 0) == CHUNK - 1
 
@@ -156,7 +146,7 @@ def _state_kernel(*refs, n_chunks, scale, has_s0, want_vnew, l2norm, prec, state
         gam, lo = gam_ref[sl], lo_ref[sl]  # [C]
         g_last, to_end = _to_chunk_end(gam, lo, last)  # gamma_C: decay over the whole chunk
         if l2norm:  # fold 1/|q_i|, 1/|k_j| into row/column scalings of the small products
-            r_q, r_k = _inv_norms(q), _inv_norms(k)
+            r_q, r_k = inv_norms(q), inv_norms(k)
         else:
             r_q = r_k = jnp.ones((CHUNK,), F32)
         s_op = state.astype(sdt)
@@ -210,14 +200,14 @@ def _output_kernel(q_ref, k_ref, gam_ref, lo_ref, *refs, scale, l2norm, prec, st
     sdt = state_dtype
     q, k = q_ref[...].astype(sdt), k_ref[...].astype(sdt)  # [C, K]
     gam, lo = gam_ref[...], lo_ref[...]  # [C]
-    row, col = _iota2(CHUNK)
+    row, col = iota2(CHUNK)
     causal = row >= col
     qk = mm(q, k, prec, trans_b=True) * _pair_decay(gam, lo, causal)  # [C, C]
     if l2norm:
         qk = qk * rk_ref[...][None, :]
     o = (mm(q, h_ref[...].astype(sdt), prec) * jnp.exp(gam + lo)[:, None]
          + mm(qk.astype(sdt), vnew_ref[...].astype(sdt), prec))  # [C, V]
-    row_scale = scale * _inv_norms(q) if l2norm else jnp.full((CHUNK,), scale, F32)
+    row_scale = scale * inv_norms(q) if l2norm else jnp.full((CHUNK,), scale, F32)
     o_ref[...] = (o * row_scale[:, None]).astype(o_ref.dtype)
 
 

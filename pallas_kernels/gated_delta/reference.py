@@ -107,7 +107,7 @@ def check_commit_inputs(initial_state, k, g, v_new, n_accepted) -> tuple[int, in
     return B, T, H, HV, K, V
 
 
-def _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm):
+def prepare_inputs(q, k, v, g, beta, scale, initial_state, use_qk_l2norm):
     """fp32 copies with key heads expanded to value heads (the reference may materialise them)."""
     B, T, H, HV, K, V = check_gated_delta_inputs(q, k, v, g, beta, initial_state)
     scale = K ** -0.5 if scale is None else scale
@@ -143,7 +143,7 @@ def naive_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
         check_accepted_counts(state_steps, B, T, name="state_steps")
         n = jnp.broadcast_to(jnp.asarray(state_steps, jnp.int32).reshape(-1), (B,))
     out_dtype = v.dtype
-    q, k, v, g, beta, s0 = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
+    q, k, v, g, beta, s0 = prepare_inputs(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
 
     def step(state, xs):  # state [B, HV, K, V]
         t, q_t, k_t, v_t, g_t, b_t = xs  # [], [B, HV, K], [B, HV, K], [B, HV, V], [B, HV], [B, HV]
@@ -176,7 +176,7 @@ def replay_state_reference(initial_state, k, v, g, beta, n_steps, *, use_qk_l2no
     """
     B, T, H, HV, K, V = check_replay_inputs(initial_state, k, v, g, beta, n_steps)
     q = jnp.zeros_like(k)  # unused by the state
-    _, k, v, g, beta, s0 = _prepare(q, k, v, g, beta, None, initial_state, use_qk_l2norm)
+    _, k, v, g, beta, s0 = prepare_inputs(q, k, v, g, beta, None, initial_state, use_qk_l2norm)
     n = jnp.broadcast_to(jnp.asarray(n_steps, jnp.int32).reshape(-1), (B,))
 
     def step(state, xs):
@@ -249,7 +249,7 @@ def chunk_gated_delta_rule_reference(q, k, v, g, beta, *, scale=None, initial_st
     """Chunked WY form in jnp (any T; padded inside). Differentiable; the XLA path of the model."""
     out_dtype = v.dtype
     B, T, _, HV, _, _ = check_gated_delta_inputs(q, k, v, g, beta, initial_state)
-    q, k, v, g, beta, s0 = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
+    q, k, v, g, beta, s0 = prepare_inputs(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
     C = chunk_size
     n_chunks = -(-T // C)
     pad = n_chunks * C - T

@@ -33,10 +33,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
 from ._kernel_utils import F32, L2_EPS, check_block_v, dot_precisions, is_low_precision, mm, next_pow2, pad_axis
-from .chunk_kernel import SUB, _inv_norms, _iota2
+from ._kernel_utils import inv_norms, iota2
+from .chunk_kernel import SUB
 from .reference import GatedDeltaOutput, check_gated_delta_inputs
-from .tree_wy import MAX_PALLAS_NODES as MAX_NODES
-from .tree_wy import ancestor_matrix, check_parents, n_squarings, path_gammas
+from .tree_common import MAX_PALLAS_NODES as MAX_NODES
+from .tree_common import ancestor_matrix, check_parents, n_squarings, path_gammas
 
 def unit_lower_inverse(a: jax.Array, merge_precision) -> jax.Array:
     """(I + a)^{-1} for a strictly lower-triangular a [C, C] fp32, C in {16, 32, 64}, in registers.
@@ -46,7 +47,7 @@ def unit_lower_inverse(a: jax.Array, merge_precision) -> jax.Array:
     (N = the coupling blocks of that level), 16 -> 32 -> ... -> C.
     """
     c = a.shape[0]
-    row, col = _iota2(c)
+    row, col = iota2(c)
     rb, cb = lax.div(row, SUB), lax.div(col, SUB)
     r_in = lax.rem(row, SUB)
     same_block = rb == cb
@@ -92,7 +93,7 @@ def _path_exponents(on_path: jax.Array, reach: jax.Array) -> jax.Array:
 def _tree_kernel(par_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, s0_ref, o_ref, vnew_ref, *, scale, l2norm,
                  prec, merge_prec, state_dtype):
     n = g_ref.shape[0]
-    row, col = _iota2(n)
+    row, col = iota2(n)
     diag = row == col
     par = par_ref[...]  # [Np] int32, -1 for roots and padding
     # Ancestor matrix by repeated squaring of I + P. 0/1 operands and counts <= Np are exact in a
@@ -129,7 +130,7 @@ def _tree_kernel(par_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, s0_ref, o_ref, v
     q = q_ref[...].astype(sdt)  # [Np, Kp]
     qk = mm(q, k.astype(sdt), prec, trans_b=True) * decay * r_k[None, :]  # [Np, Np]
     o = mm(q, s_op, prec) * jnp.exp(gam)[:, None] + mm(qk, v_new, merge_prec)
-    row_scale = scale * _inv_norms(q) if l2norm else jnp.full((n,), scale, F32)
+    row_scale = scale * inv_norms(q) if l2norm else jnp.full((n,), scale, F32)
     o_ref[...] = (o * row_scale[:, None]).astype(o_ref.dtype)
 
 

@@ -37,68 +37,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .reference import GatedDeltaOutput, _prepare, check_accepted_counts, check_commit_inputs, \
-    check_gated_delta_inputs, l2_normalize, naive_recurrent_gated_delta_rule
+from .reference import GatedDeltaOutput, check_accepted_counts, check_commit_inputs, check_gated_delta_inputs, \
+    l2_normalize, naive_recurrent_gated_delta_rule, prepare_inputs
+from .tree_common import (MAX_PALLAS_NODES, batched_parents, ancestor_matrix, check_parents,  # noqa: F401
+                          n_squarings, path_gammas)
 
 _HIGHEST = lax.Precision.HIGHEST
 F32 = jnp.float32
-MAX_PALLAS_NODES = 64
 IMPLEMENTATIONS = ("reference", "naive", "pallas")
 STATE_MODES = ("tree-wy", "snapshots")
-
-
-# ----------------------------------------------------------------------------------------------
-# Tree structure helpers (traced parents)
-# ----------------------------------------------------------------------------------------------
-
-def n_squarings(n: int) -> int:
-    """Squarings of the one-step reach matrix (I + P) that cover every root path of an n-node tree.
-
-    After s squarings the matrix reaches ancestors up to 2^s steps away; the deepest node of an
-    n-node tree is n - 1 steps from the root.
-    """
-    return max(0, n - 2).bit_length()
-
-
-def ancestor_matrix(parents) -> jax.Array:
-    """M[..., i, j] = (j is an ancestor of i, i included): bool [N, N] or [B, N, N].
-
-    parents: int [N] or [B, N] (traced is fine), parents[i] < i, roots have -1. Computed by
-    repeated squaring of the one-step matrix I + P (log2 N small integer matmuls, no loop over nodes).
-    """
-    parents = jnp.asarray(parents, jnp.int32)
-    n = parents.shape[-1]
-    idx = jnp.arange(n, dtype=jnp.int32)
-    reach = (parents[..., :, None] == idx) | (idx[:, None] == idx[None, :])  # [..., N, N] one step or self
-    for _ in range(n_squarings(n)):
-        r = reach.astype(jnp.int32)
-        reach = jnp.einsum("...ij,...jl->...il", r, r) > 0
-    return reach
-
-
-def _batched_parents(parents, b: int, n: int) -> jax.Array:
-    parents = jnp.asarray(parents, jnp.int32)
-    if parents.shape not in ((n,), (b, n)):
-        raise ValueError(f"tree_wy: parents must be [N={n}] or [B={b}, N={n}]; got {parents.shape}")
-    return jnp.broadcast_to(parents, (b, n))
-
-
-def check_parents(parents, b: int, n: int) -> None:
-    """Shape check always; topological order (-1 <= parents[i] < i) checked when parents are concrete."""
-    _batched_parents(parents, b, n)
-    try:
-        p = np.asarray(parents)
-    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
-        return
-    if p.size and (np.any(p < -1) or np.any(p >= np.arange(n))):
-        raise ValueError("tree_wy: parents must be in topological order, -1 <= parents[i] < i "
-                         f"(roots have -1); got {p.tolist()}")
-
-
-def path_gammas(anc: jax.Array, g: jax.Array) -> jax.Array:
-    """gamma_i = sum_{j in anc(i)} g_j: anc bool [N, N] or [B, N, N], g [B, N, HV] -> [B, N, HV] fp32."""
-    anc = jnp.broadcast_to(anc, (g.shape[0],) + anc.shape[-2:]).astype(F32)
-    return jnp.einsum("bil,blh->bih", anc, g.astype(F32), precision=_HIGHEST)
 
 
 def path_decay_exponents(anc: jax.Array, g: jax.Array) -> jax.Array:
@@ -130,8 +77,8 @@ def _exp_masked(x: jax.Array, mask: jax.Array) -> jax.Array:
 def _tree_reference(q, k, v, g, beta, parents, initial_state, *, scale, use_qk_l2norm):
     out_dtype = v.dtype
     b, n = q.shape[:2]
-    parents = _batched_parents(parents, b, n)
-    q, k, v, g, beta, s0 = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)  # q scaled
+    parents = batched_parents(parents, b, n)
+    q, k, v, g, beta, s0 = prepare_inputs(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)  # q scaled
     anc = ancestor_matrix(parents)  # [B, N, N]
     gamma = path_gammas(anc, g)  # [B, N, HV]
     expo = path_decay_exponents(anc, g)  # [B, HV, N, N]
@@ -257,7 +204,7 @@ def tree_commit_state(initial_state, k, g, v_new, parents, accepted_node, *, use
     b, n, _, hv, _, _ = check_commit_inputs(initial_state, k, g, v_new, jnp.zeros((), jnp.int32))
     check_parents(parents, b, n)
     check_accepted_counts(accepted_node, b, n - 1, name="accepted_node", low=-1)
-    parents = _batched_parents(parents, b, n)
+    parents = batched_parents(parents, b, n)
     anc = ancestor_matrix(parents)  # [B, N, N]
     a = jnp.broadcast_to(jnp.asarray(accepted_node, jnp.int32).reshape(-1), (b,))
     pick = jnp.arange(n, dtype=jnp.int32)[None, :] == a[:, None]  # [B, N] one-hot (none for a = -1)
@@ -280,7 +227,7 @@ def tree_node_states(initial_state, k, v, g, beta, parents, *, use_qk_l2norm=Fal
     """
     b, n, _, _ = k.shape
     hv, k_dim, v_dim = v.shape[2], k.shape[3], v.shape[3]
-    parents = _batched_parents(parents, b, n)
+    parents = batched_parents(parents, b, n)
     kf = _expand_keys(k, hv, use_qk_l2norm)  # [B, N, HV, K]
     vf, gf, bf = v.astype(F32), g.astype(F32), beta.astype(F32)
     s0 = initial_state.astype(F32)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from .sampling import SamplingConfig, probabilities
 
 
-def _leading_true(mask: jax.Array) -> jax.Array:
+def leading_true(mask: jax.Array) -> jax.Array:
     """Number of leading True values along the last axis: [B, G] -> [B]."""
     return jnp.sum(jnp.cumprod(mask.astype(jnp.int32), axis=-1), axis=-1)
 
@@ -30,7 +30,7 @@ def _leading_true(mask: jax.Array) -> jax.Array:
 def greedy_accept(drafts: jax.Array, target_logits: jax.Array):
     """drafts [B, G]; target_logits [B, G + 1, V] -> (n_accepted [B], next_token [B])."""
     target = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B, G + 1]
-    n = _leading_true(drafts == target[:, :-1])
+    n = leading_true(drafts == target[:, :-1])
     return n, jnp.take_along_axis(target, n[:, None], axis=1)[:, 0]
 
 
@@ -47,7 +47,7 @@ def sampling_accept(drafts: jax.Array, draft_probs: jax.Array, target_probs: jax
     q_draft = jnp.take_along_axis(draft_probs, drafts[..., None], axis=-1)[..., 0]  # [B, G]
     u = jax.random.uniform(k_accept, (B, G))
     # u < p/q written as u*q < p: no division, and q = 0 (a draft q could not produce) rejects.
-    n = _leading_true(u * q_draft < p_draft)
+    n = leading_true(u * q_draft < p_draft)
     q_ext = jnp.concatenate([draft_probs, jnp.zeros((B, 1, V), draft_probs.dtype)], axis=1)  # bonus: q = 0
     p_n = jnp.take_along_axis(target_probs, n[:, None, None], axis=1)[:, 0]  # [B, V]
     q_n = jnp.take_along_axis(q_ext, n[:, None, None], axis=1)[:, 0]

@@ -64,14 +64,14 @@ from flax import struct
 from jax import lax
 
 from ..errors import InputError
-from ..options import check_context_length, float_option, int_option
+from ..options import check_context_length, float_option, int_option, validate_input_ids
 from ..model import GenerateResult
 from ..models import layers as L
 from ..models import looped
-from .acceptance import _leading_true, accept
+from .acceptance import leading_true, accept
 from .compiled import compiled
 from .decode_shape import exact_rows, pad_rows
-from .speculative import _append, _eos_mask, emit_accepted
+from .speculative import append_rows, eos_mask, emit_accepted
 from .sampling import SamplingConfig, probabilities, select_token
 
 LOOPED_SPEC_METHODS = ("self-spec", "mature-spec", "das-wave", "parallel-sampler")
@@ -314,31 +314,31 @@ def _attention_pp(ap, cfg, h, cos, sin, k_pre, v_pre, length):
     qkv = L.linear(h, ap["Wqkv"])
     q, k, v = jnp.split(qkv, [cfg.q_dim, cfg.q_dim + cfg.kv_dim], axis=-1)
     if cfg.variant == "raven_olmo2":
-        q = looped._norm(cfg, q, ap["q_norm"])
-        k = looped._norm(cfg, k, ap["k_norm"])
+        q = looped.block_norm(cfg, q, ap["q_norm"])
+        k = looped.block_norm(cfg, k, ap["k_norm"])
     q = q.reshape(B, T, cfg.n_heads, cfg.head_dim)
     k = k.reshape(B, T, cfg.num_key_value_heads, cfg.head_dim)
     v = v.reshape(B, T, cfg.num_key_value_heads, cfg.head_dim)
     if cfg.qk_bias:
         q = q + ap["qk_bias"][0].astype(q.dtype)
         k = k + ap["qk_bias"][1].astype(k.dtype)
-    q, k = looped._rope(cfg, q, cos, sin), looped._rope(cfg, k, cos, sin)
+    q, k = looped.apply_rope(cfg, q, cos, sin), looped.apply_rope(cfg, k, cos, sin)
     out = _attend_pp(q, k, v, k_pre, v_pre, length, cfg.head_dim ** -0.5)
     return L.linear(out.reshape(B, T, cfg.q_dim), ap["proj"])
 
 
 def _block_pp(lp, cfg, x, cos, sin, k_pre, v_pre, length):
     """looped._block with per-query prefix slots."""
-    norm = functools.partial(looped._norm, cfg)
+    norm = functools.partial(looped.block_norm, cfg)
     if cfg.variant == "huginn":
         x = norm(_attention_pp(lp["attn"], cfg, norm(x, lp["norm_1"]), cos, sin, k_pre, v_pre, length) + x,
                  lp["norm_2"])
-        return norm(looped._mlp(lp["mlp"], norm(x, lp["norm_3"])) + x, lp["norm_4"])
+        return norm(looped.block_mlp(lp["mlp"], norm(x, lp["norm_3"])) + x, lp["norm_4"])
     if cfg.variant == "raven_llama":
         x = _attention_pp(lp["attn"], cfg, norm(x, lp["norm_1"]), cos, sin, k_pre, v_pre, length) + x
-        return looped._mlp(lp["mlp"], norm(x, lp["norm_2"])) + x
+        return looped.block_mlp(lp["mlp"], norm(x, lp["norm_2"])) + x
     x = norm(_attention_pp(lp["attn"], cfg, x, cos, sin, k_pre, v_pre, length), lp["norm_1"]) + x
-    return norm(looped._mlp(lp["mlp"], x), lp["norm_2"]) + x
+    return norm(looped.block_mlp(lp["mlp"], x), lp["norm_2"]) + x
 
 
 def _gather_slots(buf: jax.Array, slot) -> jax.Array:
@@ -371,7 +371,7 @@ def window_update(params, cfg, cache: looped.LoopedCache, x, e, depth, cos, sin,
 def _window_prelude(params, cfg, cache, tokens, cos, sin):
     """Prelude over window input tokens [B, W] after the committed prefix -> (e [B, W, D], prelude K/V)."""
     e = looped.embed(params, cfg, tokens)
-    return looped._stack(params.get("prelude", []), cfg, e, cos, sin, cache.prelude_k, cache.prelude_v, cache.length)
+    return looped.run_blocks(params.get("prelude", []), cfg, e, cos, sin, cache.prelude_k, cache.prelude_v, cache.length)
 
 
 def _window_rope(cfg, cache, width: int):
@@ -430,7 +430,7 @@ def _das_wave_propose(params, cfg, state: LoopedSpecState, key, plan: LoopedSpec
             return jnp.where(active[..., None], x_new, x), depth + active
 
         x, depth = lax.fori_loop(0, plan.k, update, (x, depth), unroll=plan.k <= 4)
-        logits = looped._coda_head(params, cfg, cache, x, cos, sin, "all")[0]  # [B, G, V]
+        logits = looped.coda_head(params, cfg, cache, x, cos, sin, "all")[0]  # [B, G, V]
         props = jnp.where(active, select_token(logits, sub, sampling), props)
         if not sampling.greedy:
             last_logits = jnp.where((r < rounds)[:, None, None], logits, last_logits)
@@ -476,7 +476,7 @@ def spec_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPlan,
     state = state.replace(
         cache=verified.replace(length=length + n_keep),
         anchor=jnp.where(active, new_anchor, state.anchor),
-        out=_append(state.out, state.n_out, emitted),
+        out=append_rows(state.out, state.n_out, emitted),
         n_out=n_out,
         done=state.done | hit_eos | (n_out >= max_new_tokens),
         steps=state.steps + 1,
@@ -516,31 +516,31 @@ def sampler_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPl
         return jnp.where(active[..., None], x_new, x), depth + active, k.astype(zero_kv.dtype), v.astype(zero_kv.dtype)
 
     x, depth, ck, cv = lax.fori_loop(0, plan.inner_steps, inner, (x0, state.win_depth, zero_kv, zero_kv))
-    logits, _, dk, dv = looped._coda_head(params, cfg, cache, x, cos, sin, "all")
+    logits, _, dk, dv = looped.coda_head(params, cfg, cache, x, cos, sin, "all")
     props = jnp.where(active, select_token(logits, key, sampling), state.win_tok)
     x32, x032 = x.astype(jnp.float32), x0.astype(jnp.float32)
     moved = jnp.linalg.norm(x32 - x032, axis=-1) / jnp.maximum(jnp.linalg.norm(x32, axis=-1), 1e-12)
     # A frozen slot's input must be the token committed before it, so the cache matches the output.
     stable = jnp.concatenate([jnp.ones_like(anchor[:, None], bool), state.win_tok[:, :-1] == props[:, :-1]], axis=1)
     ready = active & stable & (((moved < plan.epsilon) & ~fresh[..., 0]) | (depth >= R))
-    n = jnp.where(live, _leading_true(ready), 0)
+    n = jnp.where(live, leading_true(ready), 0)
     col = jnp.arange(G)[None, :]
-    eos_here = _eos_mask(props, eos_ids) & (col < n[:, None])
+    eos_here = eos_mask(props, eos_ids) & (col < n[:, None])
     hit_eos = jnp.any(eos_here, axis=1)
     n = jnp.where(hit_eos, jnp.argmax(eos_here, axis=1) + 1, n)
     start = cache.length
     new_cache = cache.replace(
-        prelude_k=looped._write_tokens(cache.prelude_k, pk, start),
-        prelude_v=looped._write_tokens(cache.prelude_v, pv, start),
+        prelude_k=looped.write_tokens(cache.prelude_k, pk, start),
+        prelude_v=looped.write_tokens(cache.prelude_v, pv, start),
         core_k=_write_slot(cache.core_k, ck, R - 1, start), core_v=_write_slot(cache.core_v, cv, R - 1, start),
-        coda_k=looped._write_tokens(cache.coda_k, dk, start), coda_v=looped._write_tokens(cache.coda_v, dv, start),
+        coda_k=looped.write_tokens(cache.coda_k, dk, start), coda_v=looped.write_tokens(cache.coda_v, dv, start),
         length=start + n)
     new_anchor = jnp.take_along_axis(props, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
     n_out = state.n_out + n
     return state.replace(
         cache=new_cache,
         anchor=jnp.where(n > 0, new_anchor, anchor),
-        out=_append(state.out, state.n_out, props),
+        out=append_rows(state.out, state.n_out, props),
         n_out=n_out,
         done=state.done | hit_eos | (n_out >= max_new_tokens),
         steps=state.steps + 1,
@@ -567,7 +567,7 @@ def _prefill(params, prompt, key, *, cfg, plan: LoopedSpecPlan, max_len: int, sa
     return LoopedSpecState(
         cache=cache, anchor=first,
         out=jnp.zeros((B, max_new_tokens + plan.gamma + 1), jnp.int32).at[:, 0].set(first),
-        n_out=jnp.ones((B,), jnp.int32), done=_eos_mask(first, eos_ids) | (max_new_tokens <= 1),
+        n_out=jnp.ones((B,), jnp.int32), done=eos_mask(first, eos_ids) | (max_new_tokens <= 1),
         steps=jnp.int32(0), accepted=jnp.full((_record_len(plan, max_new_tokens), B), -1, jnp.int32),
         win_x=jnp.zeros((B, W, D), latent_dtype), win_e=jnp.zeros((B, W, D), latent_dtype),
         win_tok=jnp.zeros((B, W), jnp.int32), win_depth=jnp.zeros((B, W), jnp.int32),
@@ -614,7 +614,6 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
     (summed over rows). For the parallel sampler verify_steps is 0 and mean_accepted /
     tokens_per_step are committed tokens per round.
     """
-    from ..api import validate_input_ids
     cfg = model.config
     if getattr(cfg, "family", None) != "looped":
         raise InputError(f"generate_looped_spec needs a looped model; got a {getattr(cfg, 'family', '?')} model")

@@ -58,12 +58,12 @@ class SpecState:
     accepted: jax.Array
 
 
-def _append(buf: jax.Array, start: jax.Array, new: jax.Array) -> jax.Array:
+def append_rows(buf: jax.Array, start: jax.Array, new: jax.Array) -> jax.Array:
     """buf [B, N] with new [B, G] written at per-row offsets start [B]."""
     return jax.vmap(lambda b, s, n: lax.dynamic_update_slice_in_dim(b, n, s, axis=0))(buf, start, new)
 
 
-def _eos_mask(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
+def eos_mask(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
     if not eos_ids:
         return jnp.zeros(tokens.shape, bool)
     return jnp.any(tokens[..., None] == jnp.asarray(eos_ids, jnp.int32), axis=-1)
@@ -80,7 +80,7 @@ def emit_accepted(drafts: jax.Array, n_acc: jax.Array, next_token: jax.Array, ac
     slot = jnp.arange(drafts.shape[1] + 1)[None, :]
     emitted = jnp.where(slot < n_acc[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), next_token[:, None])
     n_emit = n_acc + 1
-    eos_here = _eos_mask(emitted, eos_ids) & (slot < n_emit[:, None])
+    eos_here = eos_mask(emitted, eos_ids) & (slot < n_emit[:, None])
     hit_eos = jnp.any(eos_here, axis=1)
     n_emit = jnp.where(hit_eos, jnp.argmax(eos_here, axis=1) + 1, n_emit)
     n_emit = jnp.where(active, n_emit, 0)
@@ -96,9 +96,9 @@ def advance(state: SpecState, model, emitted, n_emit, n_acc, hit_eos, active, ma
     return SpecState(
         model=model,
         anchor=jnp.where(active, new_anchor, state.anchor),
-        history=_append(state.history, state.hist_len, emitted),
+        history=append_rows(state.history, state.hist_len, emitted),
         hist_len=state.hist_len + n_emit,
-        out=_append(state.out, state.n_out, emitted),
+        out=append_rows(state.out, state.n_out, emitted),
         n_out=n_out,
         done=state.done | hit_eos | (n_out >= max_new_tokens),
         steps=state.steps + 1,
@@ -187,7 +187,7 @@ def _spec_prefill(params, prompt, key, *, cfg, max_len, sampling, eos_ids, state
     first = select_token(logits[:, 0], key, sampling)
     history = jnp.zeros((B, max_len + gamma + 1), jnp.int32).at[:, :T].set(prompt).at[:, T].set(first)
     out = jnp.zeros((B, max_new_tokens + gamma + 1), jnp.int32).at[:, 0].set(first)
-    done = _eos_mask(first, eos_ids) | (max_new_tokens <= 1)
+    done = eos_mask(first, eos_ids) | (max_new_tokens <= 1)
     state = SpecState(model=model, anchor=first, history=history, hist_len=jnp.full((B,), T + 1, jnp.int32),
                       out=out, n_out=jnp.ones((B,), jnp.int32), done=done, steps=jnp.int32(0),
                       accepted=jnp.full((max_new_tokens, B), -1, jnp.int32))

@@ -39,198 +39,14 @@ from flax import struct
 from jax import lax
 
 from ..errors import CheckpointError, InputError
-from ..options import check_context_length
+from ..looped_config import (INITIAL_STATE_MODES, VARIANTS, LoopedConfig, looped_config_from_dict,  # noqa: F401
+                             parse_eos_ids, settle_variant, validate_config)
+from ..options import check_context_length, validate_input_ids
 from ..loading import TensorSource, build_tree, flatten_tree, resolve_dtype
 from . import layers as L
 
-VARIANTS = ("huginn", "raven_llama", "raven_olmo2")
 CACHE_MODES = ("full", "compressed")
-INITIAL_STATE_MODES = ("random", "embed-init", "skip-adapter")
 _IGNORED_KEYS = ("freqs_cis",)  # Huginn's RoPE buffer: recomputed here
-
-
-# ------------------------------------------------------------------------------------------ config
-
-@dataclasses.dataclass(frozen=True)
-class LoopedConfig:
-    """Static (hashable) config of a looped model; names follow the official `RavenConfig`.
-
-    vocab_size is the padded vocabulary the weights have. rope_scaling is a sorted tuple of
-    (name, value) items. init_std is `init_values["std"]` (random initial state).
-    """
-
-    vocab_size: int
-    n_embd: int
-    n_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    n_layers_in_prelude: int
-    n_layers_in_recurrent_block: int
-    n_layers_in_coda: int
-    intermediate_size: int
-    norm_eps: float = 1e-6
-    qk_bias: bool = True
-    rope_base: float = 50_000.0  # Huginn's interleaved RoPE
-    rope_theta: float = 50_000.0  # the retrofits' HF RoPE
-    rope_scaling: tuple = ()
-    tie_embeddings: bool = True
-    embed_scale: float = 1.0
-    mean_recurrence: int = 32
-    init_std: float = 0.0
-    initial_state_mode: str = "random"
-    adapter_bias: bool = False  # config `bias`: the official code gives only the adapter a bias
-    variant: str = "huginn"
-    eos_token_id: tuple[int, ...] = ()
-    max_position_embeddings: int = 4096
-
-    family = "looped"
-
-    @property
-    def q_dim(self) -> int:
-        return self.n_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.num_key_value_heads * self.head_dim
-
-    @property
-    def rope_scaling_dict(self) -> dict | None:
-        return dict(self.rope_scaling) if self.rope_scaling else None
-
-
-def _freeze(value):
-    if isinstance(value, dict):
-        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
-    if isinstance(value, list):
-        return tuple(_freeze(v) for v in value)
-    return value
-
-
-def _eos_ids(value) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
-
-
-# RavenConfig.attribute_map: configs may spell these fields the transformers way.
-_ALIASES = {"n_heads": "num_attention_heads", "n_embd": "hidden_size"}
-
-
-def _need(raw: dict, key: str, where: str):
-    value = raw.get(key)
-    if value is None and key in _ALIASES:
-        value = raw.get(_ALIASES[key])
-    if value is None:
-        alias = f" (or '{_ALIASES[key]}')" if key in _ALIASES else ""
-        raise CheckpointError(f"{where}: config field '{key}'{alias} is missing")
-    return value
-
-
-def looped_config_from_dict(raw: dict, where: str = "config.json") -> LoopedConfig:
-    """Parse an official `huginn_raven` config.json (RavenConfig.to_dict()).
-
-    The variant recorded here is provisional (a non-official `variant` key if present; else
-    "raven_olmo2" when head_dim * n_heads != n_embd, "raven_llama" when the config carries the
-    retrofits' `rope_theta` / `rope_parameters`, else "huginn"); the loader settles it from the
-    weights (`detect_variant`). Huginn ignores rope_theta/rope_scaling, as its official code does.
-    """
-    fixed = {"block_class_name": "SandwichBlock", "norm_class_name": "RMSNorm_llama",
-             "mlp_class_name": "GatedMLP", "nonlin_name": "SiLU", "injection_type": "linear"}
-    for name, supported in fixed.items():
-        if raw.get(name, supported) != supported:
-            raise CheckpointError(f"{where}: {name}={raw[name]!r} is not supported (only {supported!r})")
-    if raw.get("test_time_noise", 0):
-        raise CheckpointError(f"{where}: test_time_noise={raw['test_time_noise']} is not supported "
-                              f"(it injects noise at inference; only 0)")
-    n_embd = int(_need(raw, "n_embd", where))
-    n_heads = int(_need(raw, "n_heads", where))
-    init_values = raw.get("init_values") or {}
-    head_dim = int(raw.get("head_dim") or n_embd // n_heads)
-    # Only OLMo-2 retrofits decouple head_dim from n_embd; only the retrofits write rope_theta.
-    # transformers >= 5 also writes the HF RoPE settings as one `rope_parameters` dict.
-    rope_params = raw.get("rope_parameters") or {}
-    retrofit = "rope_theta" in raw or bool(rope_params)
-    guess = "raven_olmo2" if head_dim * n_heads != n_embd else "raven_llama" if retrofit else "huginn"
-    variant = raw.get("variant") or guess
-    if variant not in VARIANTS:
-        raise CheckpointError(f"{where}: unknown looped variant {variant!r}; supported: {', '.join(VARIANTS)}")
-    mode = raw.get("initial_state_mode", "random")
-    if mode not in INITIAL_STATE_MODES:
-        raise CheckpointError(f"{where}: initial_state_mode={mode!r} is not supported; "
-                              f"supported: {', '.join(INITIAL_STATE_MODES)}")
-    rope_base = float(raw.get("rope_base", 50_000))
-    rope_scaling = raw.get("rope_scaling") or (
-        rope_params if rope_params.get("rope_type", "default") != "default" else {})
-    rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default")) if rope_scaling else "default"
-    if rope_type not in ("default", "llama3"):
-        raise CheckpointError(f"{where}: rope type {rope_type!r} is not supported (default or llama3)")
-    cfg = LoopedConfig(
-        vocab_size=int(raw.get("padded_vocab_size") or _need(raw, "vocab_size", where)),
-        n_embd=n_embd,
-        n_heads=n_heads,
-        num_key_value_heads=int(raw.get("num_key_value_heads") or n_heads),
-        head_dim=head_dim,
-        n_layers_in_prelude=int(_need(raw, "n_layers_in_prelude", where)),
-        n_layers_in_recurrent_block=int(_need(raw, "n_layers_in_recurrent_block", where)),
-        n_layers_in_coda=int(_need(raw, "n_layers_in_coda", where)),
-        intermediate_size=int(_need(raw, "intermediate_size", where)),
-        norm_eps=float(raw.get("norm_eps", 1e-6)),
-        qk_bias=bool(raw.get("qk_bias", True)),  # RavenConfig's defaults: qk_bias and tied embeddings
-        rope_base=rope_base,
-        rope_theta=float(raw.get("rope_theta") or rope_params.get("rope_theta") or rope_base),
-        rope_scaling=_freeze(rope_scaling if rope_type == "llama3" else {}),
-        tie_embeddings=bool(raw.get("tie_embeddings", raw.get("tie_word_embeddings", True))),
-        # RavenConfig's default (sqrt(D), Huginn); the retrofit converters write 1.0.
-        embed_scale=float(init_values.get("embed_scale", math.sqrt(n_embd))),
-        mean_recurrence=int(raw.get("mean_recurrence", 32)),
-        init_std=float(init_values.get("std", math.sqrt(2 / (5 * n_embd)))),
-        initial_state_mode=mode,
-        adapter_bias=bool(raw.get("bias", False)),
-        variant=variant,
-        eos_token_id=_eos_ids(raw.get("eos_token_id")),
-        max_position_embeddings=int(raw.get("max_position_embeddings") or raw.get("block_size") or 4096),
-    )
-    if "variant" in raw:
-        cfg = settle_variant(cfg, variant)
-    _validate_config(cfg, where, settled="variant" in raw)
-    return cfg
-
-
-def settle_variant(cfg: LoopedConfig, variant: str) -> LoopedConfig:
-    """cfg with its variant fixed and the fields that variant's official code ignores set as it does.
-
-    Only the OLMo-2 retrofit code reads `initial_state_mode` (the Huginn and Llama files always start
-    from the random / zero state and always run the adapter, whatever the config says), and Huginn's
-    code hard-codes the embedding scale to sqrt(n_embd) instead of reading `init_values.embed_scale`.
-    """
-    changes = {"variant": variant}
-    if variant != "raven_olmo2":
-        changes["initial_state_mode"] = "random"
-    if variant == "huginn":
-        changes["embed_scale"] = math.sqrt(cfg.n_embd)
-    return dataclasses.replace(cfg, **changes)
-
-
-def _validate_config(cfg: LoopedConfig, where: str, settled: bool = True) -> None:
-    """Raise on inconsistent fields; variant-specific rules only once the variant is settled."""
-    problems = []
-    if cfg.n_heads % cfg.num_key_value_heads:
-        problems.append(f"n_heads={cfg.n_heads} is not a multiple of num_key_value_heads={cfg.num_key_value_heads}")
-    if cfg.head_dim % 2:
-        problems.append(f"head_dim={cfg.head_dim} must be even (RoPE rotates pairs)")
-    if settled and cfg.variant != "raven_olmo2" and cfg.q_dim != cfg.n_embd:
-        # Huginn and Raven-Llama split Wqkv at n_embd and derive head_dim = n_embd // n_heads.
-        problems.append(f"variant {cfg.variant} needs n_heads*head_dim == n_embd; got {cfg.n_heads}*{cfg.head_dim} "
-                        f"!= {cfg.n_embd}")
-    if cfg.qk_bias and cfg.num_key_value_heads != cfg.n_heads:
-        problems.append("qk_bias [2, 1, n_heads, head_dim] is added to k too, so it needs num_key_value_heads == "
-                        f"n_heads; got {cfg.num_key_value_heads} != {cfg.n_heads}")
-    if cfg.n_layers_in_recurrent_block < 1:
-        problems.append("n_layers_in_recurrent_block must be >= 1")
-    if problems:
-        raise CheckpointError(f"{where}: " + "; ".join(problems))
 
 
 # -------------------------------------------------------------------------------------- parameters
@@ -297,7 +113,7 @@ def expected_shapes(cfg: LoopedConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _param_path(key: str) -> tuple:
+def param_path(key: str) -> tuple:
     """'transformer.core_block.0.attn.Wqkv.weight' -> ('core_block', 0, 'attn', 'Wqkv')."""
     if key == "transformer.adapter.bias":
         return ("adapter_bias",)
@@ -325,7 +141,7 @@ def load_looped_params(source: TensorSource, cfg: LoopedConfig, dtype) -> tuple[
     dtype = resolve_dtype(dtype)
     keys = source.keys()
     cfg = settle_variant(cfg, detect_variant(cfg, keys))
-    _validate_config(cfg, source.description)
+    validate_config(cfg, source.description)
     expected = expected_shapes(cfg)
     allowed = set(expected) | set(_IGNORED_KEYS) | {"lm_head.weight"}  # a tied head may still be stored
     unexpected = sorted(k for k in keys if k not in allowed)
@@ -334,7 +150,7 @@ def load_looped_params(source: TensorSource, cfg: LoopedConfig, dtype) -> tuple[
             f"{source.description} has tensors the {cfg.variant} config does not describe (layer counts or "
             f"options differ?): {', '.join(unexpected[:6])}{' ...' if len(unexpected) > 6 else ''}")
     source.check(expected)
-    spec = {_param_path(k): k for k in expected}
+    spec = {param_path(k): k for k in expected}
     return cfg, build_tree(spec, lambda key: source.read(key, dtype))
 
 
@@ -353,7 +169,7 @@ def init_random_params(cfg: LoopedConfig, key: jax.Array, dtype=jnp.bfloat16, st
         return (x + 1.0 if is_norm else x).astype(dtype)
 
     subkeys = dict(zip(shapes, jax.random.split(key, len(shapes))))
-    spec = {_param_path(k): k for k in shapes}
+    spec = {param_path(k): k for k in shapes}
     return build_tree(spec, lambda k: leaf(subkeys[k], shapes[k], "norm" in k or "ln_f" in k))
 
 
@@ -439,7 +255,7 @@ def cache_bytes(cfg: LoopedConfig, batch: int, max_len: int, num_steps: int, mod
     return 2 * elems * jnp.dtype(dtype).itemsize + 4 * batch
 
 
-def _write_tokens(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+def write_tokens(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
     """Write new [..., B, T, N, hd] into buf [..., B, S, N, hd] at token offsets start [B].
 
     The leading dims of `new` may be shorter than buf's (they fill slots 0..n-1): a forward with
@@ -458,7 +274,7 @@ def _write_tokens(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array
 
 # -------------------------------------------------------------------------------------- layers
 
-def _norm(cfg: LoopedConfig, x: jax.Array, w: jax.Array) -> jax.Array:
+def block_norm(cfg: LoopedConfig, x: jax.Array, w: jax.Array) -> jax.Array:
     # Official RMSNorm: float32 normalisation, cast back, then times the weight (Llama style).
     return L.rms_norm(x, w, cfg.norm_eps, zero_centered=False)
 
@@ -470,7 +286,7 @@ def _inv_freq(cfg: LoopedConfig) -> np.ndarray:
     return L.rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict)
 
 
-def _rope(cfg: LoopedConfig, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+def apply_rope(cfg: LoopedConfig, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     if cfg.variant == "huginn":
         return L.apply_rope_interleaved(x, cos, sin)
     return L.apply_rope_half(x, cos, sin)
@@ -515,15 +331,15 @@ def _attention(ap: dict, cfg: LoopedConfig, h: jax.Array, cos: jax.Array, sin: j
     qkv = L.linear(h, ap["Wqkv"])
     q, k, v = jnp.split(qkv, [cfg.q_dim, cfg.q_dim + cfg.kv_dim], axis=-1)
     if cfg.variant == "raven_olmo2":
-        q = _norm(cfg, q, ap["q_norm"])  # over all heads at once, as OLMo-2 does
-        k = _norm(cfg, k, ap["k_norm"])
+        q = block_norm(cfg, q, ap["q_norm"])  # over all heads at once, as OLMo-2 does
+        k = block_norm(cfg, k, ap["k_norm"])
     q = q.reshape(B, T, cfg.n_heads, cfg.head_dim)
     k = k.reshape(B, T, cfg.num_key_value_heads, cfg.head_dim)
     v = v.reshape(B, T, cfg.num_key_value_heads, cfg.head_dim)
     if cfg.qk_bias:
         q = q + ap["qk_bias"][0].astype(q.dtype)  # [1, H, hd] broadcast over B, T
         k = k + ap["qk_bias"][1].astype(k.dtype)
-    q, k = _rope(cfg, q, cos, sin), _rope(cfg, k, cos, sin)
+    q, k = apply_rope(cfg, q, cos, sin), apply_rope(cfg, k, cos, sin)
     if attend is None:
         out = _attend(q, k, v, prefix, length, cfg.head_dim ** -0.5)  # SDPA default scale
     else:
@@ -531,7 +347,7 @@ def _attention(ap: dict, cfg: LoopedConfig, h: jax.Array, cos: jax.Array, sin: j
     return L.linear(out.reshape(B, T, cfg.q_dim), ap["proj"]), k, v
 
 
-def _mlp(mp: dict, x: jax.Array) -> jax.Array:
+def block_mlp(mp: dict, x: jax.Array) -> jax.Array:
     gate, up = jnp.split(L.linear(x, mp["fc"]), 2, axis=-1)  # fused [gate; up] rows
     return L.linear(jax.nn.silu(gate) * up, mp["proj"])
 
@@ -539,21 +355,21 @@ def _mlp(mp: dict, x: jax.Array) -> jax.Array:
 def _block(lp: dict, cfg: LoopedConfig, x: jax.Array, cos, sin, prefix, length, attend=None):
     """One transformer block of the variant: x [B, T, D] -> (x, k, v). attend: see `_attention`."""
     if cfg.variant == "huginn":
-        a, k, v = _attention(lp["attn"], cfg, _norm(cfg, x, lp["norm_1"]), cos, sin, prefix, length, attend)
-        x = _norm(cfg, a + x, lp["norm_2"])
-        x = _norm(cfg, _mlp(lp["mlp"], _norm(cfg, x, lp["norm_3"])) + x, lp["norm_4"])
+        a, k, v = _attention(lp["attn"], cfg, block_norm(cfg, x, lp["norm_1"]), cos, sin, prefix, length, attend)
+        x = block_norm(cfg, a + x, lp["norm_2"])
+        x = block_norm(cfg, block_mlp(lp["mlp"], block_norm(cfg, x, lp["norm_3"])) + x, lp["norm_4"])
     elif cfg.variant == "raven_llama":
-        a, k, v = _attention(lp["attn"], cfg, _norm(cfg, x, lp["norm_1"]), cos, sin, prefix, length, attend)
+        a, k, v = _attention(lp["attn"], cfg, block_norm(cfg, x, lp["norm_1"]), cos, sin, prefix, length, attend)
         x = a + x
-        x = _mlp(lp["mlp"], _norm(cfg, x, lp["norm_2"])) + x
+        x = block_mlp(lp["mlp"], block_norm(cfg, x, lp["norm_2"])) + x
     else:  # raven_olmo2: post-norms inside the residual branches
         a, k, v = _attention(lp["attn"], cfg, x, cos, sin, prefix, length, attend)
-        x = _norm(cfg, a, lp["norm_1"]) + x
-        x = _norm(cfg, _mlp(lp["mlp"], x), lp["norm_2"]) + x
+        x = block_norm(cfg, a, lp["norm_1"]) + x
+        x = block_norm(cfg, block_mlp(lp["mlp"], x), lp["norm_2"]) + x
     return x, k, v
 
 
-def _stack(blocks: list, cfg: LoopedConfig, x: jax.Array, cos, sin, cache_k, cache_v, length):
+def run_blocks(blocks: list, cfg: LoopedConfig, x: jax.Array, cos, sin, cache_k, cache_v, length):
     """Run a list of blocks; cache_k/v [n, B, S, NKV, hd] or None. Returns x and new K/V [n, B, T, NKV, hd]."""
     ks, vs = [], []
     for i, lp in enumerate(blocks):
@@ -687,16 +503,16 @@ def _recur(params, cfg, cache, x, embedded, cos, sin, read_k, read_v, num_steps:
     return states, jnp.concatenate(ks), jnp.concatenate(vs)
 
 
-def _coda_head(params, cfg, cache, x, cos, sin, logits_for: str):
+def coda_head(params, cfg, cache, x, cos, sin, logits_for: str):
     """Latent after the recurrence -> (logits float32, latent, coda K/V [C, B, T, NKV, hd])."""
-    latent = _norm(cfg, x, params["ln_f"]) if cfg.variant == "huginn" else x
+    latent = block_norm(cfg, x, params["ln_f"]) if cfg.variant == "huginn" else x
     length = _lengths(cache, x.shape[0])
     ck = None if cache is None else cache.coda_k
     cv = None if cache is None else cache.coda_v
-    h, k, v = _stack(params.get("coda", []), cfg, latent, cos, sin, ck, cv, length)
+    h, k, v = run_blocks(params.get("coda", []), cfg, latent, cos, sin, ck, cv, length)
     if logits_for == "last":
         h = h[:, -1:]
-    h = _norm(cfg, h, params["ln_f"])
+    h = block_norm(cfg, h, params["ln_f"])
     head = params["wte"] if cfg.tie_embeddings else params["lm_head"]
     return L.linear(h, head).astype(jnp.float32), latent, k, v
 
@@ -745,12 +561,12 @@ def forward(params: dict, cfg: LoopedConfig, cache: LoopedCache | None, input_id
     e = embed(params, cfg, input_ids)
     pk = None if cache is None else cache.prelude_k
     pv = None if cache is None else cache.prelude_v
-    e, new_pk, new_pv = _stack(params.get("prelude", []), cfg, e, cos, sin, pk, pv, length)
+    e, new_pk, new_pv = run_blocks(params.get("prelude", []), cfg, e, cos, sin, pk, pv, length)
     x0 = initial_state(cfg, e, init_key, init_scale)
     depths = tuple(sorted(set(exit_depths) | {num_steps}))
     states, new_ck, new_cv = _recur(params, cfg, cache, x0, e, cos, sin, read_k, read_v, num_steps, depths)
-    logits, latent, new_dk, new_dv = _coda_head(params, cfg, cache, states[num_steps], cos, sin, logits_for)
-    exits = {d: logits if d == num_steps else _coda_head(params, cfg, cache, states[d], cos, sin, logits_for)[0]
+    logits, latent, new_dk, new_dv = coda_head(params, cfg, cache, states[num_steps], cos, sin, logits_for)
+    exits = {d: logits if d == num_steps else coda_head(params, cfg, cache, states[d], cos, sin, logits_for)[0]
              for d in exit_depths}
     extras = {"latents": latent, "exit_logits": exits}
     if cache is None:
@@ -759,10 +575,10 @@ def forward(params: dict, cfg: LoopedConfig, cache: LoopedCache | None, input_id
         new_ck, new_cv = new_ck[-1:], new_cv[-1:]
     start = cache.length
     new_cache = cache.replace(
-        prelude_k=_write_tokens(cache.prelude_k, new_pk, start),
-        prelude_v=_write_tokens(cache.prelude_v, new_pv, start),
-        core_k=_write_tokens(cache.core_k, new_ck, start), core_v=_write_tokens(cache.core_v, new_cv, start),
-        coda_k=_write_tokens(cache.coda_k, new_dk, start), coda_v=_write_tokens(cache.coda_v, new_dv, start),
+        prelude_k=write_tokens(cache.prelude_k, new_pk, start),
+        prelude_v=write_tokens(cache.prelude_v, new_pv, start),
+        core_k=write_tokens(cache.core_k, new_ck, start), core_v=write_tokens(cache.core_v, new_cv, start),
+        coda_k=write_tokens(cache.coda_k, new_dk, start), coda_v=write_tokens(cache.coda_v, new_dv, start),
         length=cache.length + T)
     return logits, new_cache, extras
 
@@ -821,9 +637,9 @@ def decode_forward(params: dict, cfg: LoopedConfig, cache: LoopedCache, input_id
 
     (x, ck, cv), _ = lax.scan(core, (initial_state(cfg, e), cache.core_k, cache.core_v),
                               jnp.arange(num_steps, dtype=jnp.int32))
-    latent = _norm(cfg, x, params["ln_f"]) if cfg.variant == "huginn" else x
+    latent = block_norm(cfg, x, params["ln_f"]) if cfg.variant == "huginn" else x
     h, dk, dv = run(params.get("coda", []), latent, cache.coda_k, cache.coda_v, ())
-    h = _norm(cfg, h, params["ln_f"])
+    h = block_norm(cfg, h, params["ln_f"])
     head = params["wte"] if cfg.tie_embeddings else params["lm_head"]
     logits = L.linear(h, head).astype(jnp.float32)
     return logits, cache.replace(prelude_k=pk, prelude_v=pv, core_k=ck, core_v=cv, coda_k=dk, coda_v=dv,
@@ -854,12 +670,7 @@ def forward_jit(params, cfg, cache, input_ids, num_steps, read_step_k=None, read
 
 # ---------------------------------------------------------------------------------- public calls
 
-def _check_ids(input_ids, vocab_size: int) -> np.ndarray:
-    from ..api import validate_input_ids
-    return validate_input_ids(input_ids, vocab_size)
-
-
-def _check_steps(num_steps, cfg: LoopedConfig) -> int:
+def check_steps(num_steps, cfg: LoopedConfig) -> int:
     num_steps = cfg.mean_recurrence if num_steps is None else num_steps
     if not isinstance(num_steps, (int, np.integer)) or isinstance(num_steps, bool) or num_steps < 1:
         raise InputError(f"num_steps (recurrence depth) must be an integer >= 1; got {num_steps!r}")
@@ -874,77 +685,8 @@ def forward_logits(model, input_ids, num_steps: int | None = None, *, exit_depth
     the extras of `forward` (latents, exit logits).
     """
     cfg = model.config
-    ids = _check_ids(input_ids, cfg.vocab_size)
-    num_steps = _check_steps(num_steps, cfg)
+    ids = validate_input_ids(input_ids, cfg.vocab_size)
+    num_steps = check_steps(num_steps, cfg)
     logits, _, extras = forward_jit(model.params, cfg, None, jnp.asarray(ids), num_steps,
                                     exit_depths=tuple(exit_depths))
     return (logits, extras) if return_extras else logits
-
-
-@functools.cache
-def _ar_ops(num_steps: int, mode: str, decode_rows: int = 0):
-    """FamilyOps for the shared on-device AR loop; cached so compiled loops are reused. decode_rows > 0:
-    each decode step is a `decode_forward` at that row count (the exact path)."""
-    from ..decoding.autoregressive import FamilyOps
-    from ..decoding.decode_shape import pad_rows
-
-    def init_state(cfg, batch, max_len, dtype):
-        return init_cache(cfg, batch, max_len, num_steps, mode, dtype)
-
-    def step(params, cfg, cache, ids):
-        logits, cache, _ = forward(params, cfg, cache, ids, num_steps=num_steps, logits_for="last")
-        return logits[:, 0], cache
-
-    def decode(params, cfg, cache, ids):  # ids [B, 1]
-        logits, cache = decode_forward(params, cfg, cache, pad_rows(ids, decode_rows),
-                                       jnp.ones((ids.shape[0],), jnp.int32), num_steps=num_steps)
-        return logits[:, 0], cache
-
-    return FamilyOps(init_state=init_state, step=step, decode=decode if decode_rows else None)
-
-
-def generate(model, input_ids, max_new_tokens: int, num_steps: int | None = None, sampling=None, seed: int = 0,
-             eos_token_id=None, max_len: int | None = None, *, eos_ids: tuple[int, ...] | None = None,
-             cache_mode: str = "full", decode_rows: int = 0):
-    """KV-cached generation on device: one jitted prefill, one jitted lax.while_loop decode.
-
-    input_ids [B, T]; returns GenerateResult(tokens [B, max_new_tokens] new tokens only, stats with
-    new_tokens, seconds, tokens_per_second, prefill_seconds, decode_seconds, compile_seconds,
-    decode_tokens_per_second). num_steps: recurrence depth (default mean_recurrence); the initial
-    state is zeros (deterministic). sampling: SamplingConfig (default greedy). eos_token_id: None =
-    the config's, int or list; `eos_ids` is the same as an already-resolved tuple (api.generate).
-    After its EOS a row is padded with the first EOS id. max_len: cache length (default prompt + max_new_tokens,
-    + decode_rows on the exact path). decode_rows > 0: the exact path (every decode step a `decode_forward` of
-    that many rows, as the self-speculative verifier runs; needs cache_mode "full").
-    """
-    from ..decoding.autoregressive import generate_autoregressive
-    from ..decoding.sampling import SamplingConfig
-    cfg = model.config
-    ids = _check_ids(input_ids, cfg.vocab_size)
-    num_steps = _check_steps(num_steps, cfg)
-    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be a positive integer; got {max_new_tokens!r}")
-    needed = ids.shape[1] + int(max_new_tokens) + decode_rows
-    what = f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens})" + (
-        f" + decode_rows ({decode_rows})" if decode_rows else "")
-    check_context_length(needed, cfg.max_position_embeddings, what)
-    max_len = needed if max_len is None else int(max_len)
-    if needed > max_len:
-        raise InputError(f"{what} = {needed} exceeds the cache length max_len={max_len}")
-    if cache_mode not in CACHE_MODES:
-        raise InputError(f"cache_mode {cache_mode!r} is not supported; use one of {', '.join(CACHE_MODES)}")
-    if decode_rows and cache_mode != "full":
-        raise InputError("the exact path (exact=True) needs cache_mode='full'; a compressed cache is another model")
-    if eos_ids is not None and eos_token_id is not None:
-        raise InputError("give eos_token_id or eos_ids, not both")
-    if eos_ids is None:
-        eos_ids = cfg.eos_token_id if eos_token_id is None else _eos_ids(
-            np.atleast_1d(np.asarray(eos_token_id, np.int64)).tolist())
-    sampling = SamplingConfig() if sampling is None else sampling
-    dtype = model.params["wte"].dtype
-    result = generate_autoregressive(_ar_ops(num_steps, cache_mode, decode_rows), model.params, cfg, ids,
-                                     int(max_new_tokens), max_len=max_len, sampling=sampling, seed=seed,
-                                     eos_ids=tuple(eos_ids), state_dtype=dtype)
-    result.stats.update(num_steps=num_steps, cache_mode=cache_mode, exact=bool(decode_rows),
-                        decode_rows=decode_rows or 1)
-    return result
