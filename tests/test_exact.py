@@ -68,45 +68,6 @@ def test_looped_methods_equal_ar_in_bfloat16(method):
                                       err_msg=f"prompt {i}")
 
 
-def test_every_decode_forward_runs_at_the_decode_shape(monkeypatch):
-    """A recorder on the model forwards: after the prompt, AR steps and verifications (chain: n-gram;
-    looped: das-wave) all run at decode_rows rows; the fast path (exact=False) does not."""
-    from specdec_jax.models import looped, qwen35
-    calls = []
-
-    def recording(fn, name):
-        def wrapped(params, cfg, state, ids, *args, **kwargs):
-            calls.append((name, ids.shape[1], kwargs.get("num_steps")))
-            return fn(params, cfg, state, ids, *args, **kwargs)
-        return wrapped
-
-    monkeypatch.setattr(qwen35, "forward", recording(qwen35.forward, "qwen"))
-    monkeypatch.setattr(looped, "forward", recording(looped.forward, "looped"))
-    monkeypatch.setattr(looped, "decode_forward", recording(looped.decode_forward, "looped_decode"))
-    compiled.clear()
-    import jax
-    jax.clear_caches()  # every program traces again, through the recorder
-    qwen, huginn = _model(QWEN), _model(HUGINN)
-    q_ids, h_ids = _prompts(QWEN)[0][:, :7], _prompts(HUGINN)[0][:, :7]  # 7: not a decode row count
-    R = huginn.config.mean_recurrence
-    for method in ("ar", "ngram"):
-        calls.clear()
-        sj.generate(qwen, q_ids, 6, method=method, eos_token_id=False)
-        rows = {t for name, t, _ in calls if name == "qwen"} - {7}
-        assert rows == {8}, f"{method}: decode forwards at {rows}"
-    calls.clear()
-    sj.generate(qwen, q_ids, 6, method="ngram", eos_token_id=False, exact=False)
-    assert {t for _, t, _ in calls} - {7} == {5}, "the fast path verifies at gamma + 1"
-    for method in ("ar", "das-wave"):
-        calls.clear()
-        sj.generate(huginn, h_ids, 6, method=method, eos_token_id=False)
-        full_depth = {t for name, t, steps in calls if name == "looped" and steps == R} - {7}
-        decode = {t for name, t, _ in calls if name == "looped_decode"}
-        assert not full_depth and decode == {17}, f"{method}: full-depth forwards at {full_depth}, decode {decode}"
-    compiled.clear()
-    jax.clear_caches()
-
-
 def test_pad_rows_repeats_the_last_id():
     ids = np.asarray([[3, 4], [5, 6]])
     np.testing.assert_array_equal(np.asarray(pad_rows(ids, 4)), [[3, 4, 4, 4], [5, 6, 6, 6]])
@@ -135,6 +96,59 @@ def test_options_that_cannot_be_exact_are_one_clear_error(folder, method, option
 def test_defaults_report_the_path_they_took():
     """exact defaults to True where it applies, False where it cannot (pseudo rollback, trees, the sampler)."""
     qwen, ids = _model(QWEN), _prompts(QWEN)[0]
-    assert not sj.generate(qwen, ids, 3, method="ngram", rollback="pseudo").stats["exact"]
-    out = sj.generate(qwen, ids, 3, method="ar", exact=False)
-    assert not out.stats["exact"] and out.stats["decode_rows"] == 1
+    out = sj.generate(qwen, ids, 3, method="ngram", rollback="pseudo")
+    assert not out.stats["exact"] and out.stats["decode_rows"] == 5
+
+
+class _Lowered(Exception):
+    """Raised once a generation's decode loop has been traced (nothing needs to compile or run)."""
+
+
+def test_every_decode_forward_runs_at_the_decode_shape(monkeypatch):
+    """A recorder on the model forwards while generations are traced (not compiled): after the prompt, AR
+    steps and verifications (chain: n-gram; looped: das-wave) all run at decode_rows rows; the fast path
+    (exact=False) verifies at gamma + 1."""
+    import jax
+    from specdec_jax.decoding import autoregressive, looped_spec, speculative
+    from specdec_jax.models import looped, qwen35
+    calls = []
+
+    def recording(fn, name):
+        def wrapped(params, cfg, state, ids, *args, **kwargs):
+            calls.append((name, ids.shape[1], kwargs.get("num_steps")))
+            return fn(params, cfg, state, ids, *args, **kwargs)
+        return wrapped
+
+    loops = (autoregressive._decode_loop, speculative._spec_loop, looped_spec._loop)
+
+    def lower_only(jitted, static, *args):  # stands in for compiled(): trace, then stop after the loop
+        jitted.lower(*args, **static)
+        if jitted in loops:
+            raise _Lowered
+        return (lambda *a: None), 0.0
+
+    monkeypatch.setattr(qwen35, "forward", recording(qwen35.forward, "qwen"))
+    monkeypatch.setattr(looped, "forward", recording(looped.forward, "looped"))
+    monkeypatch.setattr(looped, "decode_forward", recording(looped.decode_forward, "looped_decode"))
+    for module in (autoregressive, speculative, looped_spec):
+        monkeypatch.setattr(module, "compiled", lower_only)
+    jax.clear_caches()  # every program traces again, through the recorder
+
+    def traced(model, ids, method, **options):
+        calls.clear()
+        with pytest.raises(_Lowered):
+            sj.generate(model, ids, 6, method=method, eos_token_id=False, **options)
+        return calls
+
+    qwen, huginn = _model(QWEN), _model(HUGINN)
+    q_ids, h_ids = _prompts(QWEN)[0][:, :7], _prompts(HUGINN)[0][:, :7]  # 7: not a decode row count
+    R = huginn.config.mean_recurrence
+    for method in ("ar", "ngram", "mtp"):
+        rows = {t for name, t, _ in traced(qwen, q_ids, method) if name == "qwen"} - {7}
+        assert rows == {8}, f"{method}: decode forwards at {rows}"
+    assert {t for _, t, _ in traced(qwen, q_ids, "ngram", exact=False)} - {7} == {5}, "fast path: gamma + 1"
+    for method in ("ar", "self-spec", "das-wave"):
+        calls_ = traced(huginn, h_ids, method)
+        full_depth = {t for name, t, steps in calls_ if name == "looped" and steps == R} - {7}
+        decode = {t for name, t, _ in calls_ if name == "looped_decode"}
+        assert not full_depth and decode == {17}, f"{method}: full-depth forwards at {full_depth}, decode {decode}"

@@ -11,7 +11,8 @@ import numpy as np
 
 from ..errors import InputError
 from ..looped_config import parse_eos_ids
-from ..models.looped import CACHE_MODES, check_steps, decode_forward, forward, init_cache
+from ..models import looped
+from ..models.looped import CACHE_MODES, check_steps, init_cache
 from ..options import check_context_length, validate_input_ids
 from .autoregressive import FamilyOps, generate_autoregressive
 from .decode_shape import pad_rows
@@ -26,11 +27,11 @@ def _ar_ops(num_steps: int, mode: str, decode_rows: int = 0):
         return init_cache(cfg, batch, max_len, num_steps, mode, dtype)
 
     def step(params, cfg, cache, ids):
-        logits, cache, _ = forward(params, cfg, cache, ids, num_steps=num_steps, logits_for="last")
+        logits, cache, _ = looped.forward(params, cfg, cache, ids, num_steps=num_steps, logits_for="last")
         return logits[:, 0], cache
 
     def decode(params, cfg, cache, ids):  # ids [B, 1]
-        logits, cache = decode_forward(params, cfg, cache, pad_rows(ids, decode_rows),
+        logits, cache = looped.decode_forward(params, cfg, cache, pad_rows(ids, decode_rows),
                                        jnp.ones((ids.shape[0],), jnp.int32), num_steps=num_steps)
         return logits[:, 0], cache
 
