@@ -32,26 +32,20 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from scripts.bench_common import result_header, write_results  # noqa: E402
+from specdec_jax.drafters.stateless import StatelessDrafter  # noqa: E402
 
 QWEN_METHODS = ("ngram", "ngram:8", "ngram-table", "mtp", "mtp-shortlist")
 LOOPED_METHODS = ("self-spec", "mature-spec", "das-wave")
 
 
 @dataclasses.dataclass(frozen=True)
-class ForcedDrafter:
+class ForcedDrafter(StatelessDrafter):
     """Drafts a reference continuation (params["forced_reference"] [B, N]: AR's output), each draft replaced
     by a wrong token with probability `miss`. Benchmark-only: it makes steps accept a known mix of counts."""
 
     prompt_len: int
     miss: float = 0.2
     name = "forced"
-    deterministic = True
-
-    def init(self, params, cfg, prompt, max_len, **_):
-        return ()
-
-    def update(self, drafter_state, **_):
-        return drafter_state
 
     def propose(self, params, cfg, drafter_state, history, hist_len, gamma: int, key, **_):
         ref = params["forced_reference"]  # [B, N]

@@ -12,21 +12,16 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .stateless import StatelessDrafter
+
 
 @dataclasses.dataclass(frozen=True)
-class NgramDrafter:
+class NgramDrafter(StatelessDrafter):
     """max_n: longest suffix tried first; min_n: shortest suffix accepted as a match."""
 
     max_n: int = 3
     min_n: int = 1
     name = "ngram"
-    deterministic = True
-
-    def init(self, params, cfg, prompt, max_len, **_):
-        return ()
-
-    def update(self, drafter_state, **_):
-        return drafter_state
 
     def propose(self, params, cfg, drafter_state, history, hist_len, gamma: int, key, **_):
         """history [B, H] (the anchor is history[b, hist_len[b] - 1]) -> drafts [B, gamma], None."""

@@ -24,6 +24,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from ..errors import CheckpointError
+from .stateless import StatelessDrafter
 
 PHRASE = 4  # tokens per stored continuation
 _HASH_MULT = 1_000_003
@@ -101,15 +102,8 @@ def table_lookup(tables: dict, a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class TableDrafter:
+class TableDrafter(StatelessDrafter):
     name = "ngram-table"
-    deterministic = True
-
-    def init(self, params, cfg, prompt, max_len, **_):
-        return ()
-
-    def update(self, drafter_state, **_):
-        return drafter_state
 
     def propose(self, params, cfg, drafter_state, history, hist_len, gamma: int, key, **_):
         tables = params["draft"]
