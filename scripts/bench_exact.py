@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 from scripts.bench_common import result_header, write_results  # noqa: E402
 from specdec_jax.drafters.stateless import StatelessDrafter  # noqa: E402
 
-QWEN_METHODS = ("ngram", "ngram:8", "ngram-table", "mtp", "mtp-shortlist")
+QWEN_METHODS = ("ngram", "ngram:8", "ngram-table", "mtp", "mtp-shortlist", "layer-skip", "residual-reuse", "partial-mlp")
 LOOPED_METHODS = ("self-spec", "mature-spec", "das-wave")
 
 
@@ -80,7 +80,7 @@ def tiny_part(args, header, save) -> dict:
         for ids in encoded:
             ids = np.asarray([ids])
             row = {"prompt_tokens": int(ids.shape[1])}
-            for exact in (True, False):
+            for exact in [m == "exact" for m in args.modes.split(",")]:
                 mode = "exact" if exact else "fast"
                 ar = sj.generate(model, ids, args.max_new_tokens, eos_token_id=False, exact=exact)
                 row[f"ar/{mode}"] = {"tps": ar.stats["decode_tokens_per_second"],
@@ -97,6 +97,7 @@ def tiny_part(args, header, save) -> dict:
                     tps = (r.stats["new_tokens"] - 1) / r.stats["decode_seconds"]
                     row[f"{spec}/{mode}"] = {"equal_to_ar": bool((r.tokens == ar_at[rows_used].tokens).all()),
                                              "tps": tps, "speedup": tps / row[f"ar/{mode}"]["tps"],
+                                             "mean_accepted": r.stats["mean_accepted"],
                                              "decode_rows": rows_used, "compile_s": r.stats["compile_seconds"]}
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -116,6 +117,7 @@ def _summary(rows: list[dict]) -> dict:
         if "equal_to_ar" in vals[0]:
             s["equal_to_ar"] = int(sum(v["equal_to_ar"] for v in vals))
             s["median_speedup"] = float(np.median([v["speedup"] for v in vals]))
+            s["mean_accepted"] = float(np.mean([v["mean_accepted"] for v in vals]))
         summary[k] = s
     return summary
 
@@ -210,12 +212,13 @@ def markdown(result, args) -> str:
         for name, m in result["models"].items():
             n = len(m["rows"])
             md += [f"## {name}", "", "| method | setting | equal to AR | median decode tok/s | median speedup | "
-                   "max compile s |", "|---|---|---|---|---|---|"]
+                   "mean accepted drafts / step | max compile s |", "|---|---|---|---|---|---|---|"]
             for k, s in m["summary"].items():
                 method, mode = k.split("/")
                 eq = f"{s['equal_to_ar']} of {n}" if "equal_to_ar" in s else "—"
                 sp = f"{s['median_speedup']:.2f}×" if "median_speedup" in s else "—"
-                md.append(f"| {method} | {mode} | {eq} | {s['median_tps']:.0f} | {sp} | {s['max_compile_s']:.1f} |")
+                acc = f"{s['mean_accepted']:.2f}" if "mean_accepted" in s else "—"
+                md.append(f"| {method} | {mode} | {eq} | {s['median_tps']:.0f} | {sp} | {acc} | {s['max_compile_s']:.1f} |")
             md.append("")
     else:
         a = result["ar_tok_s"]
@@ -250,6 +253,7 @@ def main():
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=64, help="tiny: last tokens of each prompt; 9b: prompt length")
     ap.add_argument("--models", default="qwen,huginn", help="tiny: which shipped checkpoints (qwen, huginn)")
+    ap.add_argument("--modes", default="exact,fast", help="tiny: the exact path, the fast one (exact=False), or both")
     ap.add_argument("--ar-rows", default="8,16", help="9b: decode row counts at which AR is also timed")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tiny-shape", action="store_true", help="9b: a tiny shape (CPU smoke run)")

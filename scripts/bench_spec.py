@@ -120,36 +120,47 @@ def step_costs(model, gammas, prompt_len: int, repeats: int):
     return rows
 
 
-CURVE_METHODS = ("ngram", "mtp")
+CURVE_METHODS = ("ngram", "mtp", "layer-skip", "residual-reuse", "partial-mlp")
+
+
+def curve_drafter(model, method: str):
+    """The drafter a cost-curve method runs (self-drafts with their default options)."""
+    from specdec_jax.drafters import self_draft
+    if method == "mtp":
+        from specdec_jax.drafters.mtp import MtpDrafter
+        if not model.params.get("mtp"):
+            raise SystemExit("bench_spec.py: --curve-method mtp needs a checkpoint with an MTP head (mtp.* tensors)")
+        return MtpDrafter()
+    if method in ("layer-skip", "residual-reuse"):
+        return self_draft.SelfDrafter(method, skip_layers=self_draft.default_skip_layers(
+            model.config.num_hidden_layers))
+    if method == "partial-mlp":
+        return self_draft.SelfDrafter(method, mlp_keep=self_draft.DEFAULT_MLP_KEEP)
+    from specdec_jax.drafters.ngram import NgramDrafter
+    return NgramDrafter()
 
 
 def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens: int, repeats: int,
-                      time_budget_s: float, on_row=None, method: str = "ngram", exact_modes=(True,)) -> dict:
+                      time_budget_s: float, on_row=None, methods=("ngram",), exact_modes=(True,)) -> dict:
     """End-to-end time per token of AR and of n-gram speculation whose accepted count follows a seeded
     schedule (each draft kept with probability p, stopping at the first rejection; the real acceptance
     still runs on the verifier's logits: `speculative.forced_acceptance`). One compile per (gamma,
     rollback); p is a traced argument. Outputs are meaningless: this measures step cost against tokens
     per step, independently of the weights. Compiles run in parallel; each job's seconds are reported.
     exact_modes: True (AR and verification at the decode shape, the default path), False (AR at one row,
-    verification at gamma + 1 rows), or both; every row is paired with AR of its own setting."""
+    verification at gamma + 1 rows), or both; every row is paired with AR of its own setting.
+    methods: the drafters (CURVE_METHODS), compiled together; each row names its method."""
     from concurrent.futures import ThreadPoolExecutor
 
     from specdec_jax.decoding import autoregressive as ar_mod
     from specdec_jax.decoding import speculative as sp
     from specdec_jax.decoding.sampling import SamplingConfig
-    from specdec_jax.drafters.ngram import NgramDrafter
     from specdec_jax.models import qwen35
     cfg, params = model.config, model.params
     t_start = time.perf_counter()
     prompt = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (1, prompt_len)), jnp.int32)
     key = jax.random.PRNGKey(0)
-    if method == "mtp":
-        from specdec_jax.drafters.mtp import MtpDrafter
-        if not model.params.get("mtp"):
-            raise SystemExit("bench_spec.py: --curve-method mtp needs a checkpoint with an MTP head (mtp.* tensors)")
-        drafter = MtpDrafter()
-    else:
-        drafter = NgramDrafter()
+    drafters = {m: curve_drafter(model, m) for m in methods}
     sampling = SamplingConfig()
     from specdec_jax.api import qwen_ops
     from specdec_jax.decoding.decode_shape import choose_decode_rows
@@ -166,24 +177,24 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
         jobs["ar_loop", ex] = functools.partial(ar_mod._decode_loop.lower, params, state_s, logits_s, key,
                                                 **static_ad[ex])
     # rollback-major, exact first: the default's rows come first
-    configs = [(g, rb, ex) for rb in rollbacks for ex in exact_modes for g in gammas
+    configs = [(m, g, rb, ex) for m in methods for rb in rollbacks for ex in exact_modes for g in gammas
                if not (rb in ("replay", "snapshot") and g + 1 > qwen35.MAX_RECURRENT_VERIFY)
                and not (ex and rb == "pseudo")]
-    statics = {}
-    for g in gammas:
-        static_p = dict(cfg=cfg, max_len=max_len, sampling=sampling, eos_ids=(), state_dtype=model.dtype, gamma=g,
-                        max_new_tokens=new_tokens, drafter=drafter, impl="auto")
-        shapes = jax.eval_shape(functools.partial(sp._spec_prefill, **static_p), params, prompt, key)
-        jobs["prefill", g] = functools.partial(sp._spec_prefill.lower, params, prompt, key, **static_p)
-        for rb in rollbacks:
-            for ex in exact_modes:
-                if (g, rb, ex) not in configs:
-                    continue
-                static_l = dict(cfg=cfg, sampling=sampling, eos_ids=(), gamma=g, max_new_tokens=new_tokens,
-                                drafter=drafter, rollback=rb, impl="auto", decode_rows=rows_of[g] if ex else 0)
-                statics[g, rb, ex] = static_l
-                jobs["loop", g, rb, ex] = functools.partial(sp._spec_loop.lower, params, shapes[0], shapes[1], key,
-                                                            jnp.float32(0.5), **static_l)
+    for m in methods:
+        for g in gammas:
+            static_p = dict(cfg=cfg, max_len=max_len, sampling=sampling, eos_ids=(), state_dtype=model.dtype, gamma=g,
+                            max_new_tokens=new_tokens, drafter=drafters[m], impl="auto")
+            shapes = jax.eval_shape(functools.partial(sp._spec_prefill, **static_p), params, prompt, key)
+            jobs["prefill", m, g] = functools.partial(sp._spec_prefill.lower, params, prompt, key, **static_p)
+            for rb in rollbacks:
+                for ex in exact_modes:
+                    if (m, g, rb, ex) not in configs:
+                        continue
+                    static_l = dict(cfg=cfg, sampling=sampling, eos_ids=(), gamma=g, max_new_tokens=new_tokens,
+                                    drafter=drafters[m], rollback=rb, impl="auto",
+                                    decode_rows=rows_of[g] if ex else 0)
+                    jobs["loop", m, g, rb, ex] = functools.partial(sp._spec_loop.lower, params, shapes[0], shapes[1],
+                                                                   key, jnp.float32(0.5), **static_l)
     lowered = {name: make() for name, make in jobs.items()}
     print(f"lowered {len(lowered)} functions in {time.perf_counter() - t_start:.0f} s", flush=True)
 
@@ -206,11 +217,11 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
         jax.block_until_ready(tokens)
         return (time.perf_counter() - t0) / (new_tokens - 1)
 
-    def spec_run(g, rb, ex, p):
-        state, dstate = exe["prefill", g](params, prompt, key)
+    def spec_run(m, g, rb, ex, p):
+        state, dstate = exe["prefill", m, g](params, prompt, key)
         jax.block_until_ready(state)
         t0 = time.perf_counter()
-        tokens, state, dstate = exe["loop", g, rb, ex](params, state, dstate, key, jnp.float32(p))
+        tokens, state, dstate = exe["loop", m, g, rb, ex](params, state, dstate, key, jnp.float32(p))
         jax.block_until_ready(tokens)
         sec = time.perf_counter() - t0
         steps = int(state.steps)
@@ -234,26 +245,26 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
         result["ar_s_per_token"], result["ar_tok_s"] = default["s_per_token"], default["tok_s"]
 
     ar_summary()
-    for g, rb, ex in configs:
-        spec_run(g, rb, ex, 1.0)  # warm-up
+    for m, g, rb, ex in configs:
+        spec_run(m, g, rb, ex, 1.0)  # warm-up
         for p in ps:
             if time.perf_counter() - t_start > time_budget_s:
                 print("time budget reached", flush=True)
                 return result
             runs = []
             for _ in range(repeats):
-                runs.append(spec_run(g, rb, ex, p))
+                runs.append(spec_run(m, g, rb, ex, p))
                 ar_times[ex].append(ar_run(ex))  # AR alternates with speculation: drift hits both
             per_emitted = float(np.median([r[0] / r[3] for r in runs]))  # seconds per token the steps made
             per_returned = float(np.median([r[0] / r[4] for r in runs]))
             tps = float(np.mean([r[1] for r in runs]))
             ar_sec = float(np.median(ar_times[ex]))
-            row = {"gamma": g, "rollback": rb, "exact": ex, "decode_rows": rows_of[g] if ex else g + 1, "p": p,
+            row = {"method": m, "gamma": g, "rollback": rb, "exact": ex, "decode_rows": rows_of[g] if ex else g + 1, "p": p,
                    "tokens_per_step": tps, "seconds": per_emitted,
                    "seconds_per_step": float(np.median([r[0] / r[2] for r in runs])),
                    "speedup": ar_sec / per_emitted, "speedup_over_tokens_per_step": ar_sec / per_emitted / tps,
                    "speedup_returned": ar_sec / per_returned, "steps": int(np.median([r[2] for r in runs])),
-                   "default": rb == sp.DEFAULT_ROLLBACK and ex, "compile_seconds": compile_s[str(("loop", g, rb, ex))]}
+                   "default": rb == sp.DEFAULT_ROLLBACK and ex, "compile_seconds": compile_s[str(("loop", m, g, rb, ex))]}
             rows.append(row)
             ar_summary()
             print(json.dumps(row), flush=True)
@@ -266,7 +277,7 @@ def cost_curve_markdown(result, header, args) -> str:
     md = [f"# Speculative cost curve, forced acceptance ({result['model']})", "",
           f"{header['device']} · jax {header['jax']} · commit {header['commit']} · {header['date']}", "",
           f"`{header['command']}`", "",
-          f"{result.get('method', 'ngram')} drafts whose accepted count follows a seeded schedule (each draft kept with probability p, "
+          f"Drafts ({result.get('method', 'ngram')}) whose accepted count follows a seeded schedule (each draft kept with probability p, "
           "stopping at the first rejection); the real acceptance still runs on the verifier's logits. The outputs "
           "are meaningless: the rows measure time per token against tokens per step. Greedy, batch 1, prompt "
           f"{args.prompt_len} random tokens, {args.max_new_tokens} new tokens, median of {args.repeats} runs, AR "
@@ -282,11 +293,11 @@ def cost_curve_markdown(result, header, args) -> str:
           f"the {args.max_new_tokens - 1} tokens after the prefill's that the call returns: the last step can "
           "overshoot the budget (up to gamma tokens thrown away), which costs short generations a few percent at "
           "high acceptance.", "",
-          "| gamma | rollback | exact (decode rows) | default | p | tokens / step | steps | ms / step | speedup over AR | speedup ÷ tokens per step | speedup, returned tokens | compile s |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| method | gamma | rollback | exact (decode rows) | default | p | tokens / step | steps | ms / step | speedup over AR | speedup ÷ tokens per step | speedup, returned tokens | compile s |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         exact = f"yes ({r['decode_rows']})" if r.get("exact") else "no"
-        md.append(f"| {r['gamma']} | {r['rollback']} | {exact} | {'yes' if r['default'] else 'no'} | {r['p']:.2f} | "
+        md.append(f"| {r.get('method', 'ngram')} | {r['gamma']} | {r['rollback']} | {exact} | {'yes' if r['default'] else 'no'} | {r['p']:.2f} | "
                   f"{r['tokens_per_step']:.2f} | {r['steps']} | {r['seconds_per_step'] * 1e3:.3f} | "
                   f"{r['speedup']:.2f}× | {r['speedup_over_tokens_per_step']:.3f} | {r['speedup_returned']:.2f}× | "
                   f"{r['compile_seconds']:.0f} |")
@@ -303,11 +314,12 @@ def plot_cost_curve(result, path: str) -> None:
     ax = fig.add_subplot(1, 1, 1)
     top = max([r["tokens_per_step"] for r in result["rows"]] + [2.0])
     ax.plot([1, top], [1, top], "k--", lw=1, label="ideal y = x")
-    for key in dict.fromkeys((r["gamma"], r["rollback"], r.get("exact", False)) for r in result["rows"]):
-        pts = sorted((r["tokens_per_step"], r["speedup"]) for r in result["rows"]
-                     if (r["gamma"], r["rollback"], r.get("exact", False)) == key)
-        ax.plot([a for a, _ in pts], [b for _, b in pts], "o-" if key[2] else "x:", ms=3,
-                label=f"gamma {key[0]}, {key[1]}{', exact' if key[2] else ''}")
+    key_of = lambda r: (r.get("method", "ngram"), r["gamma"], r["rollback"], r.get("exact", False))
+    several = len({r.get("method", "ngram") for r in result["rows"]}) > 1
+    for key in dict.fromkeys(map(key_of, result["rows"])):
+        pts = sorted((r["tokens_per_step"], r["speedup"]) for r in result["rows"] if key_of(r) == key)
+        ax.plot([a for a, _ in pts], [b for _, b in pts], "o-" if key[3] else "x:", ms=3,
+                label=(f"{key[0]}, " if several else "") + f"gamma {key[1]}, {key[2]}{', exact' if key[3] else ''}")
     ax.set_xlabel("tokens per step")
     ax.set_ylabel("speedup over AR")
     ax.set_title(f"{result['model']}: forced-acceptance cost curve")
@@ -357,9 +369,11 @@ def main():
             ap.error(f"--forced-acceptance: a comma list of probabilities in [0, 1]; got {args.forced_acceptance!r}")
         if not ps or not all(0.0 <= p <= 1.0 for p in ps):
             ap.error(f"--forced-acceptance: every probability must lie in [0, 1]; got {args.forced_acceptance!r}")
-        if args.curve_method not in CURVE_METHODS:
-            ap.error(f"--forced-acceptance needs a chain speculative method with an acceptance step; "
-                     f"--curve-method {args.curve_method!r} is not one of {CURVE_METHODS}")
+        curve_methods = [m.strip() for m in args.curve_method.split(",") if m.strip()]
+        for m in curve_methods or [args.curve_method]:
+            if m not in CURVE_METHODS:
+                ap.error(f"--forced-acceptance needs a chain speculative method with an acceptance step; "
+                         f"--curve-method {m!r} is not one of {CURVE_METHODS}")
         from specdec_jax.decoding.speculative import ROLLBACK_MODES
         bad = [rb for rb in args.rollbacks.split(",") if rb not in ROLLBACK_MODES]
         if bad:
@@ -381,7 +395,7 @@ def main():
 
         res = forced_cost_curve(model, ps, gammas, args.rollbacks.split(","), args.prompt_len or 256,
                                 args.max_new_tokens, max(1, args.repeats), args.time_budget_s, on_row=save_curve,
-                                method=args.curve_method,
+                                methods=tuple(curve_methods),
                                 exact_modes={"both": (True, False), "on": (True,), "off": (False,)}[args.exact])
         save_curve(res)
         return

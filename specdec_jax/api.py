@@ -18,7 +18,8 @@ from .loading import TensorSource, resolve_dtype
 from .model import GenerateResult, Model
 from .options import check_context_length, float_option, int_option, validate_input_ids
 
-QWEN35_METHODS = ("ar", "ngram", "ngram-table", "mtp", "mtp-shortlist", "ngram-tree", "mtp-tree")
+QWEN35_METHODS = ("ar", "ngram", "ngram-table", "mtp", "mtp-shortlist", "layer-skip", "residual-reuse", "partial-mlp",
+                  "ngram-tree", "mtp-tree")
 DRAFT_TABLES_FILE = "draft_tables.safetensors"
 LOOPED_METHODS = ("ar",) + LOOPED_SPEC_METHODS
 
@@ -53,7 +54,9 @@ def supported_methods(model: Model) -> tuple[str, ...]:
     has_mtp = bool(model.params.get("mtp"))
     tables = model.params.get("draft") or {}
     ok = {"ar": True, "ngram": True, "ngram-table": "table_keys" in tables, "mtp": has_mtp,
-          "mtp-shortlist": has_mtp and "shortlist" in tables, "ngram-tree": True, "mtp-tree": has_mtp}
+          "mtp-shortlist": has_mtp and "shortlist" in tables, "ngram-tree": True, "mtp-tree": has_mtp,
+          "layer-skip": model.config.num_hidden_layers > 1, "residual-reuse": model.config.num_hidden_layers > 1,
+          "partial-mlp": True}
     return tuple(m for m in QWEN35_METHODS if ok[m])
 
 
@@ -203,7 +206,9 @@ def _eos_ids(eos_token_id, model: Model) -> tuple[int, ...]:
 DEFAULT_GAMMA = 4
 _CHAIN_OPTIONS = {"gamma", "rollback", "exact", "decode_rows"}
 _SPEC_OPTIONS = {"ngram": _CHAIN_OPTIONS | {"max_n", "min_n"}, "ngram-table": _CHAIN_OPTIONS,
-                 "mtp": _CHAIN_OPTIONS, "mtp-shortlist": _CHAIN_OPTIONS | {"shortlist_size"}}
+                 "mtp": _CHAIN_OPTIONS, "mtp-shortlist": _CHAIN_OPTIONS | {"shortlist_size"},
+                 "layer-skip": _CHAIN_OPTIONS | {"skip_layers"}, "residual-reuse": _CHAIN_OPTIONS | {"skip_layers"},
+                 "partial-mlp": _CHAIN_OPTIONS | {"mlp_keep"}}
 
 
 def _generate_speculative_qwen(model, ids, max_new_tokens, method, gamma, max_len, sampling, seed, eos_ids,
@@ -212,6 +217,7 @@ def _generate_speculative_qwen(model, ids, max_new_tokens, method, gamma, max_le
     from .drafters.mtp import MtpDrafter
     from .models.qwen35 import MAX_RECURRENT_VERIFY
     from .drafters.ngram import NgramDrafter
+    from .drafters.self_draft import SELF_DRAFT_METHODS
     from .drafters.table import TableDrafter
     unknown = set(options) - _SPEC_OPTIONS[method]
     if unknown:
@@ -234,6 +240,8 @@ def _generate_speculative_qwen(model, ids, max_new_tokens, method, gamma, max_le
         drafter = TableDrafter()
     elif method == "mtp":
         drafter = MtpDrafter()
+    elif method in SELF_DRAFT_METHODS:
+        drafter = _self_drafter(method, options, model.config)
     else:
         available = int(model.params["draft"]["shortlist"].shape[0])
         size = int_option(options, "shortlist_size", available, 1, available, " (the stored shortlist)")
@@ -241,6 +249,17 @@ def _generate_speculative_qwen(model, ids, max_new_tokens, method, gamma, max_le
     return generate_speculative(model.params, model.config, ids, max_new_tokens, drafter=drafter, gamma=gamma,
                                 max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
                                 state_dtype=model.dtype, rollback=rollback, decode_rows=rows)
+
+
+def _self_drafter(method: str, options: dict, cfg):
+    """A self-draft (layer-skip, residual-reuse, partial-mlp) with its options checked."""
+    from .drafters import self_draft
+    if method == "partial-mlp":
+        return self_draft.SelfDrafter(method, mlp_keep=self_draft.parse_mlp_keep(
+            options.get("mlp_keep", self_draft.DEFAULT_MLP_KEEP)))
+    skip = options.get("skip_layers")
+    skip = self_draft.default_skip_layers(cfg.num_hidden_layers) if skip is None else skip
+    return self_draft.SelfDrafter(method, skip_layers=self_draft.parse_skip_layers(skip, cfg.num_hidden_layers))
 
 
 TREE_METHODS = ("ngram-tree", "mtp-tree")

@@ -56,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "bfloat16 the output may then differ from AR's)")
     g.add_argument("--gamma", type=int, default=None,
                    help="draft length of speculative methods (default 4; das-wave and parallel-sampler 16)")
+    g.add_argument("--skip-layers", default=None,
+                   help="layer-skip / residual-reuse: comma-separated layer indices the draft skips (default: the "
+                        "middle quarter)")
+    g.add_argument("--mlp-keep", type=float, default=None,
+                   help="partial-mlp: share of each MLP's channels the draft keeps, in (0, 1] (default 0.5)")
     g.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
                    help="parameter dtype (default bfloat16 on GPU/TPU, float32 on CPU)")
 
@@ -173,6 +178,13 @@ def generate_command(args) -> int:
         options["gamma"] = args.gamma
     if args.no_exact:
         options["exact"] = False
+    if args.skip_layers is not None:
+        try:
+            options["skip_layers"] = tuple(int(x) for x in args.skip_layers.split(",") if x.strip())
+        except ValueError:
+            raise UsageError(f"--skip-layers takes comma-separated layer indices; got {args.skip_layers!r}") from None
+    if args.mlp_keep is not None:
+        options["mlp_keep"] = args.mlp_keep
 
     def run(method, opts):
         # With --compare-ar each method first runs once untimed: first executions pay one-time
@@ -193,7 +205,7 @@ def generate_command(args) -> int:
         if args.method == "ar":
             notes.append("--compare-ar: the method is already ar")
         else:
-            ar_options = {k: v for k, v in options.items() if k != "gamma"}
+            ar_options = {k: v for k, v in options.items() if k in ("num_steps", "exact")}
             if result.stats.get("exact"):  # exact output is AR's at the same decode row count
                 ar_options["decode_rows"] = result.stats["decode_rows"]
             base = run("ar", ar_options)

@@ -47,8 +47,10 @@ def _ar(folder: str, i: int, rows: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("method,options", [("ngram", {}), ("ngram-table", {}), ("mtp", {}), ("mtp-shortlist", {}),
-                                            ("mtp", {"rollback": "snapshot"}), ("ngram", {"gamma": 8})],
-                         ids=["ngram", "ngram-table", "mtp", "mtp-shortlist", "mtp-snapshot", "ngram-gamma8"])
+                                            ("mtp", {"rollback": "snapshot"}), ("ngram", {"gamma": 8}),
+                                            ("layer-skip", {}), ("residual-reuse", {}), ("partial-mlp", {})],
+                         ids=["ngram", "ngram-table", "mtp", "mtp-shortlist", "mtp-snapshot", "ngram-gamma8",
+                              "layer-skip", "residual-reuse", "partial-mlp"])
 def test_qwen_chain_methods_equal_ar_in_bfloat16(method, options):
     model = _model(QWEN)
     for i, ids in enumerate(_prompts(QWEN)):

@@ -71,7 +71,7 @@ from ..models import looped
 from .acceptance import leading_true, accept
 from .compiled import compiled
 from .decode_shape import exact_rows, pad_rows
-from .speculative import append_rows, eos_mask, emit_accepted
+from .speculative import append_rows, eos_mask, emit_accepted, forced_acceptance
 from .sampling import SamplingConfig, probabilities, select_token
 
 LOOPED_SPEC_METHODS = ("self-spec", "mature-spec", "das-wave", "parallel-sampler")
@@ -115,6 +115,12 @@ class LoopedSpecPlan:
     def core_steps_per_pass(self) -> int:
         """Core-block applications of one drafting pass (a draft token, a das-wave or sampler round)."""
         return {"das-wave": self.k, "parallel-sampler": self.inner_steps}.get(self.method, self.draft_steps)
+
+    def core_applications_per_token(self, passes: int, verifications: int, tokens: int) -> float:
+        """Core-block applications of `passes` drafting passes + `verifications` full-depth verifications
+        (none for the sampler), per token they produced (prelude / coda / head not counted; AR: R)."""
+        verify = 0 if self.method == "parallel-sampler" else verifications * self.num_steps
+        return float((passes * self.core_steps_per_pass() + verify) / max(tokens, 1))
 
     def describe(self) -> dict:
         keys = ("num_steps", "gamma") + tuple(k for k in _OPTIONS[self.method] if k != "exact")
@@ -448,9 +454,10 @@ def _das_wave_propose(params, cfg, state: LoopedSpecState, key, plan: LoopedSpec
 # ---------------------------------------------------------------------------------------- steps
 
 def spec_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPlan, sampling: SamplingConfig,
-              max_new_tokens: int, eos_ids: tuple[int, ...]) -> LoopedSpecState:
+              max_new_tokens: int, eos_ids: tuple[int, ...], accept_p=None) -> LoopedSpecState:
     """One block of self-spec / mature-spec / das-wave: propose gamma tokens, verify anchor + proposals
-    in one full-depth forward from the committed cache, accept, commit (ragged per row)."""
+    in one full-depth forward from the committed cache, accept, commit (ragged per row). accept_p: None, or
+    a traced probability forcing the accepted count (`speculative.forced_acceptance`; cost benchmarks only)."""
     G, R = plan.gamma, plan.num_steps
     k_draft, k_accept = jax.random.split(key)
     active = ~state.done
@@ -469,6 +476,8 @@ def spec_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPlan,
     else:
         logits, verified, _ = looped.forward(params, cfg, cache, verify_ids, num_steps=R)
     n_acc, next_token = accept(drafts, q, logits, k_accept, sampling)
+    if accept_p is not None:  # the real acceptance stays a dependency, so its cost is still paid
+        n_acc, next_token = forced_acceptance(n_acc, logits, accept_p, jax.random.fold_in(k_accept, 1))
     # Keep anchor + accepted drafts (the verifier wrote every slot for them); a finished row keeps nothing.
     emitted, n_emit, n_keep, hit_eos = emit_accepted(drafts, n_acc, next_token, active, eos_ids)
     new_anchor = jnp.take_along_axis(emitted, jnp.maximum(n_emit - 1, 0)[:, None], axis=1)[:, 0]
@@ -577,9 +586,11 @@ def _prefill(params, prompt, key, *, cfg, plan: LoopedSpecPlan, max_len: int, sa
 
 @functools.partial(jax.jit, static_argnames=("cfg", "plan", "sampling", "eos_ids", "max_new_tokens"),
                    donate_argnames=("state",))
-def _loop(params, state, key, *, cfg, plan: LoopedSpecPlan, sampling: SamplingConfig, eos_ids: tuple[int, ...],
-          max_new_tokens: int):
-    step_fn = sampler_step if plan.method == "parallel-sampler" else spec_step
+def _loop(params, state, key, accept_p=None, *, cfg, plan: LoopedSpecPlan, sampling: SamplingConfig,
+          eos_ids: tuple[int, ...], max_new_tokens: int):
+    if plan.method == "parallel-sampler" and accept_p is not None:
+        raise ValueError("accept_p: the parallel sampler has no acceptance step to force")
+    step_fn = sampler_step if plan.method == "parallel-sampler" else functools.partial(spec_step, accept_p=accept_p)
     step = functools.partial(step_fn, params, cfg, plan=plan, sampling=sampling, max_new_tokens=max_new_tokens,
                              eos_ids=eos_ids)
 
@@ -660,7 +671,6 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
     sampler = plan.method == "parallel-sampler"
     mean_acc = float(counts[valid].mean()) if valid.any() else 0.0
     passes = int(np.asarray(state.draft_rounds).sum())
-    core = passes * plan.core_steps_per_pass() + (0 if sampler else int(valid.sum()) * plan.num_steps)
     stats = {
         "method": plan.method, **plan.describe(), "new_tokens": n_new, "batch": B,
         "seconds": t2 - t0, "prefill_seconds": t1 - t0, "decode_seconds": t2 - t1, "compile_seconds": compile_s,
@@ -670,7 +680,7 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
         "mean_accepted": mean_acc,
         "tokens_per_step": mean_acc if sampler else (float((counts[valid] + 1).mean()) if valid.any() else 0.0),
         "accepted_counts": counts.T.tolist(),
-        "core_applications_per_token": float(core / max(n_new - B, 1)),
+        "core_applications_per_token": plan.core_applications_per_token(passes, int(valid.sum()), n_new - B),
     }
     if plan.method in ("das-wave", "parallel-sampler"):
         stats["rounds"] = passes  # summed over rows

@@ -404,7 +404,8 @@ def mlp(p: dict, cfg: Qwen35Config, x: jax.Array) -> jax.Array:
 # --------------------------------------------------------------------------------------- forward
 
 def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.Array, *,
-            impl: str = "auto", collect=None, logits_for: str = "all", n_valid=None):
+            impl: str = "auto", collect=None, logits_for: str = "all", n_valid=None, skip: tuple = (),
+            skip_deltas=None, record: tuple = ()):
     """Run T >= 1 new tokens [B, T] from `state`; returns (logits, new_state, extras).
 
     logits: [B, T, vocab] float32 ("all") or [B, 1, vocab] for the last position ("last").
@@ -417,6 +418,10 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     do not depend on how many real rows share its forward; the state advances by n_valid (GDN state by
     the step recurrence, conv window at that boundary, length + n_valid). The padding rows' K/V land
     past the new length: masked, and overwritten by later tokens.
+    skip (static layer indices): layers not run (self-drafts); their state slots pass through unchanged.
+    skip_deltas: None, or [B, T, len(skip), D]: what each skipped layer adds to the residual stream instead.
+    record (static layer indices): extras["deltas"] [B, T, len(record), D], what each of those layers
+    (mixer + MLP) added to the residual stream.
     """
     B, T = input_ids.shape
     dtype = params["embed"].dtype
@@ -425,10 +430,15 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     mask = L.causal_cache_mask(positions, state.max_len) if state.keys else None
     keys, values = list(state.keys), list(state.values)
     conv, rec = list(state.conv), list(state.recurrent)
-    gdn_extras = []
+    gdn_extras, deltas = [], []
     for i, layer_type in enumerate(cfg.layer_types):
+        if i in skip:
+            if skip_deltas is not None:
+                x = x + skip_deltas[:, :, skip.index(i)].astype(x.dtype)
+            continue
         p = params["layers"][i]
         slot = cfg.slot(i)
+        x_in = x
         h = L.rms_norm(x, p["input_norm"], cfg.rms_norm_eps, zero_centered=True)
         if layer_type == FULL_ATTENTION:
             h, keys[slot], values[slot] = attention_mixer(p["mixer"], cfg, h, keys[slot], values[slot],
@@ -439,6 +449,8 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
             gdn_extras.append(ex)
         x = x + h
         x = x + mlp(p["mlp"], cfg, L.rms_norm(x, p["post_norm"], cfg.rms_norm_eps, zero_centered=True))
+        if i in record:
+            deltas.append(x - x_in)
     hidden = L.rms_norm(x, params["final_norm"], cfg.rms_norm_eps, zero_centered=True)
     head_in = hidden[:, -1:] if logits_for == "last" else hidden
     logits = lax.dot_general(head_in, lm_head_weight(params).astype(dtype), (((2,), (1,)), ((), ())),
@@ -446,6 +458,8 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     new_state = Qwen35State(keys=tuple(keys), values=tuple(values), conv=tuple(conv), recurrent=tuple(rec),
                             length=state.length + (T if n_valid is None else n_valid))
     extras = {"gdn": gdn_extras, "hidden": hidden} if collect else {}
+    if record:
+        extras["deltas"] = jnp.stack(deltas, axis=2)  # [B, T, len(record), D]
     return logits, new_state, extras
 
 

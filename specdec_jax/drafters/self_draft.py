@@ -1,0 +1,204 @@
+"""Self-drafts: the target's own weights, run cheaper, draft for it (no second model, no extra training).
+
+- `layer-skip`: the target with some layers left out (`skip_layers`).
+- `residual-reuse`: as layer-skip, but each skipped layer's contribution to the residual stream is taken
+  from the last position where the target computed it (the verifier records those deltas).
+- `partial-mlp`: every layer, with only the first `mlp_keep` fraction of each MLP's channels (dense
+  SwiGLU, each expert and the shared expert of MoE models), as static slices made once per generation.
+
+Each drafter keeps its own Qwen35State (conv, GDN and K/V state of the layers it runs) covering the prompt
+and every emitted token up to and including the anchor, plus its logits for the token after the anchor.
+A step:
+- propose: draft 1 comes from the stored logits; drafts 2..gamma chain single-token forwards from a copy
+  of the recurrent state (provisional K/V entries past the committed length are masked and overwritten
+  later, as the target's are);
+- update (after verification, in the same jitted step): one forward of the emitted tokens (accepted
+  drafts + the target's token, padded to gamma + 1 rows) from the committed state with a traced count of
+  valid rows: the state advances by exactly the emitted tokens (the rollback), and the last valid row's
+  logits give the next step's first draft. So a step costs gamma draft forwards.
+
+Residual deltas (residual-reuse): a committed token's own delta where the verifier computed it (accepted
+drafts; prompt positions), else the previous position's; drafted tokens reuse the last known delta.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ..decoding.sampling import SamplingConfig, probabilities, select_token
+from ..errors import InputError
+from ..models import qwen35
+
+SELF_DRAFT_METHODS = ("layer-skip", "residual-reuse", "partial-mlp")
+DEFAULT_MLP_KEEP = 0.5
+
+
+def default_skip_layers(num_layers: int) -> tuple[int, ...]:
+    """The middle quarter of the stack (at least one layer, never the first or the last)."""
+    n = max(1, num_layers // 4)
+    start = max(1, (num_layers - n) // 2)
+    return tuple(range(start, min(start + n, num_layers - 1))) or (num_layers // 2,)
+
+
+def parse_skip_layers(value, num_layers: int) -> tuple[int, ...]:
+    """skip_layers as a sorted tuple of distinct layer indices in [0, num_layers), not all of them."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise InputError(f"skip_layers must be a list of layer indices; got {value!r}")
+    layers = list(value)
+    if not layers:
+        raise InputError("skip_layers is empty: name at least one layer to skip")
+    for i in layers:
+        if isinstance(i, bool) or not isinstance(i, int) and not hasattr(i, "__index__"):
+            raise InputError(f"skip_layers must hold integer layer indices; got {i!r} in {value!r}")
+        if not 0 <= int(i) < num_layers:
+            raise InputError(f"skip_layers: layer {int(i)} is out of range; the model has layers "
+                             f"0..{num_layers - 1}")
+    if len(set(map(int, layers))) != len(layers):
+        raise InputError(f"skip_layers repeats a layer: {list(map(int, layers))}")
+    if len(layers) == num_layers:
+        raise InputError(f"skip_layers skips every one of the model's {num_layers} layers: a draft must run "
+                         f"at least one")
+    return tuple(sorted(int(i) for i in layers))
+
+
+def parse_mlp_keep(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) <= 1.0:
+        raise InputError(f"mlp_keep must be a fraction in (0, 1] (the share of MLP channels the draft keeps); "
+                         f"got {value!r}")
+    return float(value)
+
+
+def _kept(size: int, keep: float) -> int:
+    return max(1, min(size, round(size * keep)))
+
+
+def cut_config(cfg, keep: float):
+    """The config of a partial-MLP draft: each MLP's (each expert's, the shared expert's) first channels."""
+    if cfg.is_moe:
+        return dataclasses.replace(cfg, moe_intermediate_size=_kept(cfg.moe_intermediate_size, keep),
+                                   shared_expert_intermediate_size=_kept(cfg.shared_expert_intermediate_size, keep)
+                                   if cfg.shared_expert_intermediate_size else 0)
+    return dataclasses.replace(cfg, intermediate_size=_kept(cfg.intermediate_size, keep))
+
+
+def _first_channels(gate_up, down, size: int, keep: int, axis: int):
+    """Fused [gate; up] rows (along `axis`) and down-projection input columns cut to the first `keep`."""
+    gate = lax.slice_in_dim(gate_up, 0, keep, axis=axis)
+    up = lax.slice_in_dim(gate_up, size, size + keep, axis=axis)
+    return jnp.concatenate([gate, up], axis=axis), down[..., :keep]
+
+
+def partial_mlp_weights(params: dict, cfg, keep: float) -> list[dict]:
+    """Per-layer MLP parameters of a partial-MLP draft (static slices; sizes from `cut_config`)."""
+    cut = cut_config(cfg, keep)
+    out = []
+    for layer in params["layers"]:
+        p = dict(layer["mlp"])
+        if cfg.is_moe:
+            p["experts_gate_up"], p["experts_down"] = _first_channels(
+                p["experts_gate_up"], p["experts_down"], cfg.moe_intermediate_size, cut.moe_intermediate_size, 1)
+            if "shared_gate_up_proj" in p:
+                p["shared_gate_up_proj"], p["shared_down_proj"] = _first_channels(
+                    p["shared_gate_up_proj"], p["shared_down_proj"], cfg.shared_expert_intermediate_size,
+                    cut.shared_expert_intermediate_size, 0)
+        else:
+            p["gate_up_proj"], p["down_proj"] = _first_channels(p["gate_up_proj"], p["down_proj"],
+                                                                cfg.intermediate_size, cut.intermediate_size, 0)
+        out.append(p)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class SelfDrafter:
+    """method: one of SELF_DRAFT_METHODS; skip_layers (layer-skip, residual-reuse); mlp_keep (partial-mlp)."""
+
+    method: str
+    skip_layers: tuple[int, ...] = ()
+    mlp_keep: float = 1.0
+    deterministic = False
+
+    @property
+    def name(self) -> str:
+        return self.method
+
+    @property
+    def record_layers(self) -> tuple[int, ...]:
+        """Layers whose residual deltas the target's forwards record for this drafter."""
+        return self.skip_layers if self.method == "residual-reuse" else ()
+
+    # --------------------------------------------------------------------------------- helpers
+    def _draft(self, params, cfg, dstate: dict):
+        """(params, config) of the draft model."""
+        if self.method != "partial-mlp":
+            return params, cfg
+        layers = [dict(layer, mlp=mlp) for layer, mlp in zip(params["layers"], dstate["mlp"])]
+        return dict(params, layers=layers), cut_config(cfg, self.mlp_keep)
+
+    def _forward(self, params, cfg, dstate: dict, model, ids, deltas=None, n_valid=None, logits_for="all"):
+        """Draft forward of ids [B, T] from `model`; deltas [B, T, n, D] for residual-reuse."""
+        p, c = self._draft(params, cfg, dstate)
+        skip = () if self.method == "partial-mlp" else self.skip_layers
+        logits, model, _ = qwen35.forward(p, c, model, ids, skip=skip, n_valid=n_valid, logits_for=logits_for,
+                                          skip_deltas=deltas if self.method == "residual-reuse" else None)
+        return logits, model
+
+    @staticmethod
+    def _choose(logits, key, sampling: SamplingConfig):
+        ids = select_token(logits, key, sampling).astype(jnp.int32)
+        return ids, (None if sampling.greedy else probabilities(logits, sampling))
+
+    # ------------------------------------------------------------------------------- interface
+    def init(self, params, cfg, prompt, max_len, *, first_token, deltas=None, **_):
+        B, T = prompt.shape
+        dstate = {"mlp": partial_mlp_weights(params, cfg, self.mlp_keep) if self.method == "partial-mlp" else ()}
+        model = qwen35.init_state(cfg, B, max_len, params["embed"].dtype)
+        ids = jnp.concatenate([prompt, first_token[:, None]], axis=1)  # [B, T + 1]: the anchor included
+        row_deltas = None
+        if self.method == "residual-reuse":  # prompt rows: their own deltas; the first new token: the last one's
+            row_deltas = jnp.concatenate([deltas, deltas[:, -1:]], axis=1)  # [B, T + 1, n, D]
+        logits, model = self._forward(params, cfg, dstate, model, ids, row_deltas, logits_for="last")
+        last = deltas[:, -1] if self.method == "residual-reuse" else jnp.zeros((B, 0), jnp.float32)
+        return dict(dstate, model=model, logits=logits[:, 0], delta=last)
+
+    def propose(self, params, cfg, state, history, hist_len, gamma: int, key, *, sampling=SamplingConfig(), **_):
+        keys = jax.random.split(key, gamma)
+        d1, q1 = self._choose(state["logits"], keys[0], sampling)
+        step_deltas = state["delta"][:, None] if self.method == "residual-reuse" else None  # [B, 1, n, D]
+
+        def chain(carry, step_key):
+            token, model = carry
+            logits, model = self._forward(params, cfg, state, model, token[:, None], step_deltas)
+            nxt, q = self._choose(logits[:, 0], step_key, sampling)
+            return (nxt, model), (nxt, q)
+
+        (_, scratch), (rest, q_rest) = lax.scan(chain, (d1, state["model"]), keys[1:])
+        drafts = jnp.concatenate([d1[:, None], jnp.moveaxis(rest, 0, 1)], axis=1)  # [B, gamma]
+        q = None if sampling.greedy else jnp.concatenate([q1[:, None], jnp.moveaxis(q_rest, 0, 1)], axis=1)
+        # Keep the provisional K/V writes (masked past the committed length) so the caches update in place;
+        # the recurrent and conv states and the length stay the committed ones.
+        model = state["model"].replace(keys=scratch.keys, values=scratch.values)
+        return drafts, q, dict(state, model=model)
+
+    def update(self, state, *, emitted, n_emitted, n_keep, verified, params, cfg, **_):
+        B, G1 = emitted.shape
+        row_deltas = None
+        if self.method == "residual-reuse":
+            # Row j is the token at anchor + 1 + j: its own delta (verify row j + 1) while it was an accepted
+            # draft, else the previous position's (verify row j).
+            n_acc = jnp.maximum(n_keep - 1, 0)
+            idx = jnp.minimum(jnp.arange(G1)[None] + 1, n_acc[:, None])  # [B, G1]
+            row_deltas = jnp.take_along_axis(verified["deltas"], idx[:, :, None, None], axis=1)
+        logits, model = self._forward(params, cfg, state, state["model"], emitted, row_deltas, n_valid=n_emitted)
+        last = jnp.maximum(n_emitted - 1, 0)
+        moved = n_emitted > 0
+        new_logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
+        out = dict(state, model=model, logits=jnp.where(moved[:, None], new_logits, state["logits"]))
+        if self.method == "residual-reuse":
+            out["delta"] = jnp.where(moved[:, None, None], jnp.take_along_axis(
+                row_deltas, last[:, None, None, None], axis=1)[:, 0], state["delta"])
+        return out
+

@@ -1,0 +1,136 @@
+"""Self-drafts (layer-skip, residual-reuse, partial-mlp): greedy output equals AR (float32 here; bfloat16 in
+test_exact.py), the drafter's own state is rolled back with the target's, sampling keeps the target's
+distribution, bad options are one clear error."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specdec_jax as sj
+from specdec_jax.decoding.sampling import SamplingConfig
+from specdec_jax.decoding.speculative import _spec_prefill, generate_speculative, spec_step_jit
+from specdec_jax.drafters.self_draft import SelfDrafter, cut_config, default_skip_layers, partial_mlp_weights
+from specdec_jax.errors import InputError
+from specdec_jax.models import qwen35
+from tests import qwen_helpers as H
+from tests.stats_helpers import assert_first_tokens_match
+
+QWEN = "checkpoints/tiny-qwen35-code"
+PROMPT = 'import os\n\n\ndef walk_tree(root):\n    """Yield every file below root."""\n    for'
+
+
+@functools.cache
+def _shipped():
+    from specdec_jax.text import load_tokenizer
+    model = sj.load(QWEN, dtype="float32")
+    return model, np.asarray([load_tokenizer(QWEN).encode(PROMPT, add_special_tokens=False)])
+
+
+@functools.cache
+def _ar(n: int):
+    model, ids = _shipped()
+    return sj.generate(model, ids, n, eos_token_id=False).tokens
+
+
+@pytest.mark.parametrize("method,options", [("layer-skip", {}), ("residual-reuse", {"skip_layers": (2, 5), "gamma": 6}),
+                                            ("partial-mlp", {"mlp_keep": 0.25, "rollback": "snapshot"})])
+def test_self_drafts_greedy_equal_ar_float32(method, options):
+    model, ids = _shipped()
+    out = sj.generate(model, ids, 24, method=method, eos_token_id=False, **options)
+    np.testing.assert_array_equal(out.tokens, _ar(24))
+    assert out.stats["method"] == method
+    if not options:  # the shipped model's defaults draft well enough to be worth it
+        assert out.stats["mean_accepted"] > 0.5, out.stats["mean_accepted"]
+
+
+@pytest.mark.parametrize("method", ["layer-skip", "partial-mlp"])
+def test_drafter_state_is_the_draft_models_state_after_the_emitted_tokens(method):
+    """Driving the step by hand: after some steps with rejections, the drafter's committed state (GDN, conv,
+    length) and its next-draft logits equal a fresh draft-model forward over prompt + every emitted token
+    (the anchor included), so each rollback kept exactly the accepted tokens."""
+    model, ids = _shipped()
+    cfg, params = model.config, model.params
+    drafter = SelfDrafter(method, skip_layers=default_skip_layers(cfg.num_hidden_layers) if method == "layer-skip"
+                          else (), mlp_keep=0.5)
+    gamma, n, key = 4, 16, jax.random.PRNGKey(0)
+    max_len = ids.shape[1] + n + gamma + 1
+    state, dstate = _spec_prefill(params, jnp.asarray(ids, jnp.int32), key, cfg=cfg, max_len=max_len,
+                                  sampling=SamplingConfig(), eos_ids=(), state_dtype=jnp.float32, gamma=gamma,
+                                  max_new_tokens=n, drafter=drafter, impl="reference")
+    accepted = []
+    for _ in range(3):
+        state, dstate, _, n_emit = spec_step_jit(params, cfg, state, dstate, key, drafter=drafter, gamma=gamma,
+                                                 sampling=SamplingConfig(), rollback="replay", max_new_tokens=n,
+                                                 eos_ids=(), impl="reference")
+        accepted.append(int(n_emit[0]) - 1)
+    assert min(accepted) < gamma, accepted  # a rejection happened, so a rollback was checked
+    tokens = jnp.asarray(np.asarray(state.history)[:, :int(state.hist_len[0])])  # prompt + emitted, anchor last
+    draft_params, draft_cfg = params, cfg
+    if method == "partial-mlp":
+        draft_params = dict(params, layers=[dict(layer, mlp=mlp) for layer, mlp in
+                                            zip(params["layers"], partial_mlp_weights(params, cfg, 0.5))])
+        draft_cfg = cut_config(cfg, 0.5)
+    fresh_forward = jax.jit(lambda p, s, t: qwen35.forward(p, draft_cfg, s, t, impl="reference",
+                                                           skip=drafter.skip_layers, logits_for="last")[:2])
+    logits, fresh = fresh_forward(draft_params, qwen35.init_state(cfg, 1, max_len, jnp.float32), tokens)
+    kept = dstate["model"]
+    assert int(kept.length[0]) == tokens.shape[1]
+    for a, b in zip(kept.recurrent + kept.conv, fresh.recurrent + fresh.conv):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-4, rtol=2e-4)
+    np.testing.assert_allclose(np.asarray(dstate["logits"]), np.asarray(logits[:, 0]), atol=2e-3, rtol=2e-3)
+
+
+@pytest.fixture(scope="module")
+def small_vocab_model(tmp_path_factory):
+    ref = H.build_reference(H.tiny_text_config(ratio=1, vocab=6, layers=2,
+                                               layer_types=["linear_attention", "full_attention"]), seed=5)
+    folder = str(tmp_path_factory.mktemp("v6sd"))
+    H.save_reference(ref, folder)
+    return sj.load(folder, dtype="float32")
+
+
+@pytest.mark.parametrize("drafter", [SelfDrafter("layer-skip", skip_layers=(1,)),
+                                     SelfDrafter("residual-reuse", skip_layers=(0,)),
+                                     SelfDrafter("partial-mlp", mlp_keep=0.5)], ids=lambda d: d.method)
+def test_self_draft_sampling_preserves_distribution(small_vocab_model, drafter):
+    model, n = small_vocab_model, 20_000
+    ids = np.tile(np.asarray([[1, 2, 3, 1, 2]]), (n, 1))
+    ar = sj.generate(model, ids, 3, temperature=1.0, seed=1, eos_token_id=False).tokens
+    spec = generate_speculative(model.params, model.config, ids, 3, drafter=drafter, gamma=2, max_len=ids.shape[1] + 6,
+                                sampling=SamplingConfig(temperature=1.0), seed=2, eos_ids=(), state_dtype=jnp.float32)
+    assert 0.2 < spec.stats["mean_accepted"] < 1.9  # both the rejection path and the accept path ran
+    assert_first_tokens_match(ar, spec.tokens, model.vocab_size)
+
+
+@pytest.mark.parametrize("method,options,match", [
+    ("partial-mlp", {"mlp_keep": 0}, r"mlp_keep must be a fraction in \(0, 1\]"),
+    ("partial-mlp", {"mlp_keep": 1.5}, r"mlp_keep must be a fraction in \(0, 1\].*got 1.5"),
+    ("partial-mlp", {"mlp_keep": "half"}, "mlp_keep must be a fraction"),
+    ("partial-mlp", {"mlp_keep": True}, "mlp_keep must be a fraction"),
+    ("partial-mlp", {"skip_layers": (1,)}, r"unknown options \['skip_layers'\]"),
+    ("layer-skip", {"skip_layers": (8,)}, r"skip_layers: layer 8 is out of range; the model has layers 0..7"),
+    ("layer-skip", {"skip_layers": (-1,)}, "skip_layers: layer -1 is out of range"),
+    ("residual-reuse", {"skip_layers": (2, 2)}, r"skip_layers repeats a layer: \[2, 2\]"),
+    ("layer-skip", {"skip_layers": tuple(range(8))}, "skip_layers skips every one of the model's 8 layers"),
+    ("layer-skip", {"skip_layers": ()}, "skip_layers is empty"),
+    ("layer-skip", {"skip_layers": "3"}, "skip_layers must be a list of layer indices"),
+    ("residual-reuse", {"skip_layers": (1.5,)}, "skip_layers must hold integer layer indices"),
+    ("layer-skip", {"mlp_keep": 0.5}, r"unknown options \['mlp_keep'\]"),
+])
+def test_bad_self_draft_options_are_one_clear_error(method, options, match, monkeypatch):
+    from specdec_jax.decoding import speculative
+    model, ids = _shipped()
+    monkeypatch.setattr(speculative, "run_spec_loop", lambda *a, **k: pytest.fail("computed before the error"))
+    with pytest.raises(InputError, match=match):
+        sj.generate(model, ids, 4, method=method, **options)
+
+
+def test_default_skip_layers_is_the_middle_quarter():
+    assert default_skip_layers(8) == (3, 4)
+    assert default_skip_layers(32) == tuple(range(12, 20))
+    assert default_skip_layers(2) == (1,) and default_skip_layers(4) == (1,)
