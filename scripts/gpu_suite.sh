@@ -2,7 +2,7 @@
 # The GPU measurements still owed by open issues, in parts that each fit one 10-minute device command.
 #
 #   bash scripts/gpu_suite.sh PART OUT_DIR        PART in: decode, curve, final, tiny, exact, exact-curve, gdn, qwen,
-#                                                  ab, tune, looped, looped-grid, exact-all, selfdraft-curve,
+#                                                  ab, tune, looped, looped-grid, exact-all, qwen-all,
 #                                                  looped-scale
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
@@ -10,7 +10,7 @@
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | selfdraft-curve | looped-scale}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -119,19 +119,24 @@ exact-all)  # issues 13, 17: every chain method (self-drafts included) against A
         --prompt-len 16 --modes exact --tag _huginn_all32 --out "$dir"
     step 150 exact_9b python scripts/bench_exact.py --part 9b --num-prompts 2 --ar-rows 8,9 --out "$dir"
     ;;
-selfdraft-curve)  # issue 17: self-draft step costs on the 9B forced-acceptance curve, n-gram (free drafts) paired;
-    # issue 14: the looped methods' forced curve at the Huginn-0125 shape
-    step 280 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.5,0.7,0.85,1.0 --exact on \
+qwen-all)  # issues 13, 17: the shipped Qwen checkpoint's chain methods (self-drafts included) as in exact-all, then
+    # the self-drafts' step cost on the 9B forced-acceptance curve, n-gram (free drafts) paired
+    step 170 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 32 --prompt-len 64 \
+        --tag _qwen --out "$dir"
+    step 110 exact_qwen_all python scripts/bench_exact.py --part tiny --models qwen --num-prompts 32 --prompt-len 16 \
+        --modes exact --tag _qwen_all32 --out "$dir"
+    step 290 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.5,0.7,0.85,1.0 --exact on \
         --curve-method ngram,layer-skip,residual-reuse,partial-mlp --rollbacks replay --gammas 2,4 --repeats 2 \
-        --max-new-tokens 128 --prompt-len 256 --time-budget-s 265 --tag _selfdraft --out "$dir"
-    step 220 looped_curve python scripts/bench_looped_curve.py --max-new-tokens 48 --repeats 1 --time-budget-s 190 \
-        --tiny-acceptance benchmarks/results/looped_spec_tiny-huginn-code_r32_20261130_092157.json --out "$dir"
+        --max-new-tokens 128 --prompt-len 256 --time-budget-s 275 --tag _selfdraft --out "$dir"
     ;;
-looped-scale)  # issue 14: Huginn-0125 AR at R = 32 three times (noise or regression), then the per-round costs
-    for i in 1 2 3; do
-        step 90 looped_ar_$i python scripts/bench_looped.py --out "$dir"
+looped-scale)  # issue 14: the looped methods' forced cost curve at the Huginn-0125 shape, Huginn-0125 AR at R = 32
+    # twice more (noise or regression), then the per-round costs
+    step 210 looped_curve python scripts/bench_looped_curve.py --max-new-tokens 48 --repeats 1 --time-budget-s 180 \
+        --tiny-acceptance benchmarks/results/looped_spec_tiny-huginn-code_r32_20261130_092157.json --out "$dir"
+    for i in 1 2; do
+        step 80 looped_ar_$i python scripts/bench_looped.py --out "$dir"
     done
-    step 260 looped_costs python scripts/bench_looped_spec.py --costs --skip-e2e --time-budget-s 240 --out "$dir"
+    step 200 looped_costs python scripts/bench_looped_spec.py --costs --skip-e2e --time-budget-s 180 --out "$dir"
     ;;
 *)
     echo "unknown part $part" >&2
