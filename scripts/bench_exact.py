@@ -72,7 +72,7 @@ def tiny_part(args, header, save) -> dict:
         model = sj.load(folder, dtype="bfloat16")
         tok = load_tokenizer(folder)
         available = set(sj.supported_methods(model))
-        methods = [m for m in methods if _method(m)[0] in available]
+        methods = [m for m in methods if _method(m)[0] in available and (not args.methods or m in args.methods)]
         # The first --num-prompts prompts of at least --prompt-len tokens, cut to their last --prompt-len: one
         # prompt shape, so every setting compiles once.
         encoded = [tok.encode(t, add_special_tokens=False) for t in prompts_text]
@@ -267,6 +267,8 @@ def main():
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=64, help="tiny: last tokens of each prompt; 9b: prompt length")
     ap.add_argument("--models", default="qwen,huginn", help="tiny: which shipped checkpoints (qwen, huginn)")
+    ap.add_argument("--methods", type=lambda t: t.split(","), default=None,
+                    help="tiny: only these methods (comma list; default all)")
     ap.add_argument("--modes", default="exact,fast", help="tiny: the exact path, the fast one (exact=False), or both")
     ap.add_argument("--ar-rows", default="8,16", help="9b: decode row counts at which AR is also timed")
     ap.add_argument("--max-new-tokens", type=int, default=128)

@@ -3,14 +3,14 @@
 #
 #   bash scripts/gpu_suite.sh PART OUT_DIR        PART in: decode, curve, final, tiny, exact, exact-curve, gdn, qwen,
 #                                                  ab, tune, looped, looped-grid, exact-all, qwen-all,
-#                                                  looped-scale
+#                                                  looped-scale, reuse
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -128,6 +128,12 @@ qwen-all)  # issues 13, 17: the shipped Qwen checkpoint's chain methods (self-dr
     step 290 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.5,0.7,0.85,1.0 --exact on \
         --curve-method ngram,layer-skip,residual-reuse,partial-mlp --rollbacks replay --gammas 2,4 --repeats 2 \
         --max-new-tokens 128 --prompt-len 256 --time-budget-s 275 --tag _selfdraft --out "$dir"
+    ;;
+reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
+    step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \
+        --num-prompts 32 --prompt-len 16 --modes exact --tag _reuse_all32 --out "$dir"
+    step 80 exact_reuse python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse,layer-skip \
+        --num-prompts 32 --prompt-len 64 --modes exact --tag _reuse --out "$dir"
     ;;
 looped-scale)  # issue 14: the looped methods' forced cost curve at the Huginn-0125 shape, Huginn-0125 AR at R = 32
     # twice more (noise or regression), then the per-round costs

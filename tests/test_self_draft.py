@@ -48,15 +48,16 @@ def test_self_drafts_greedy_equal_ar_float32(method, options):
         assert out.stats["mean_accepted"] > 0.5, out.stats["mean_accepted"]
 
 
-@pytest.mark.parametrize("method", ["layer-skip", "partial-mlp"])
+@pytest.mark.parametrize("method", ["layer-skip", "residual-reuse", "partial-mlp"])
 def test_drafter_state_is_the_draft_models_state_after_the_emitted_tokens(method):
     """Driving the step by hand: after some steps with rejections, the drafter's committed state (GDN, conv,
-    length) and its next-draft logits equal a fresh draft-model forward over prompt + every emitted token
-    (the anchor included), so each rollback kept exactly the accepted tokens."""
+    length) and its next-draft logits equal a fresh forward over prompt + every emitted token (the anchor
+    included) of the model it catches up with (the draft model; residual-reuse: the whole model), so each
+    rollback kept exactly the accepted tokens."""
     model, ids = _shipped()
     cfg, params = model.config, model.params
-    drafter = SelfDrafter(method, skip_layers=default_skip_layers(cfg.num_hidden_layers) if method == "layer-skip"
-                          else (), mlp_keep=0.5)
+    drafter = SelfDrafter(method, skip_layers=default_skip_layers(cfg.num_hidden_layers)
+                          if method != "partial-mlp" else (), mlp_keep=0.5)
     gamma, n, key = 4, 16, jax.random.PRNGKey(0)
     max_len = ids.shape[1] + n + gamma + 1
     state, dstate = _spec_prefill(params, jnp.asarray(ids, jnp.int32), key, cfg=cfg, max_len=max_len,
@@ -76,7 +77,8 @@ def test_drafter_state_is_the_draft_models_state_after_the_emitted_tokens(method
                                             zip(params["layers"], partial_mlp_weights(params, cfg, 0.5))])
         draft_cfg = cut_config(cfg, 0.5)
     fresh_forward = jax.jit(lambda p, s, t: qwen35.forward(p, draft_cfg, s, t, impl="reference",
-                                                           skip=drafter.skip_layers, logits_for="last")[:2])
+                                                           skip=drafter.skip_layers if method == "layer-skip" else (),
+                                                           logits_for="last")[:2])
     logits, fresh = fresh_forward(draft_params, qwen35.init_state(cfg, 1, max_len, jnp.float32), tokens)
     kept = dstate["model"]
     assert int(kept.length[0]) == tokens.shape[1]

@@ -2,7 +2,8 @@
 
 - `layer-skip`: the target with some layers left out (`skip_layers`).
 - `residual-reuse`: as layer-skip, but each skipped layer's contribution to the residual stream is taken
-  from the last position where the target computed it (the verifier records those deltas).
+  from the last position where it was computed: the drafter runs the whole model over the emitted tokens
+  (its catch-up forward, below) and records those layers' residual deltas there.
 - `partial-mlp`: every layer, with only the first `mlp_keep` fraction of each MLP's channels (dense
   SwiGLU, each expert and the shared expert of MoE models), as static slices made once per generation.
 
@@ -12,13 +13,15 @@ A step:
 - propose: draft 1 comes from the stored logits; drafts 2..gamma chain single-token forwards from a copy
   of the recurrent state (provisional K/V entries past the committed length are masked and overwritten
   later, as the target's are);
-- update (after verification, in the same jitted step): one forward of the emitted tokens (accepted
-  drafts + the target's token, padded to gamma + 1 rows) from the committed state with a traced count of
-  valid rows: the state advances by exactly the emitted tokens (the rollback), and the last valid row's
-  logits give the next step's first draft. So a step costs gamma draft forwards.
+- update (after verification, in the same jitted step): one catch-up forward of the emitted tokens
+  (accepted drafts + the target's token, padded to gamma + 1 rows) from the committed state with a traced
+  count of valid rows: the state advances by exactly the emitted tokens (the rollback), and the last valid
+  row's logits give the next step's first draft. layer-skip and partial-mlp catch up with the draft model
+  (a step costs gamma draft forwards); residual-reuse with the whole model (its state is the target's, its
+  first draft the target's own prediction, its deltas exact), then gamma - 1 skipping forwards.
 
-Residual deltas (residual-reuse): a committed token's own delta where the verifier computed it (accepted
-drafts; prompt positions), else the previous position's; drafted tokens reuse the last known delta.
+The verifier computes nothing for a drafter: an extra output of the verification forward can change XLA's
+fusion and so its bf16 rounding, and verification must be AR's arithmetic (the exact path).
 """
 
 from __future__ import annotations
@@ -125,11 +128,6 @@ class SelfDrafter:
     def name(self) -> str:
         return self.method
 
-    @property
-    def record_layers(self) -> tuple[int, ...]:
-        """Layers whose residual deltas the target's forwards record for this drafter."""
-        return self.skip_layers if self.method == "residual-reuse" else ()
-
     # --------------------------------------------------------------------------------- helpers
     def _draft(self, params, cfg, dstate: dict):
         """(params, config) of the draft model."""
@@ -139,12 +137,22 @@ class SelfDrafter:
         return dict(params, layers=layers), cut_config(cfg, self.mlp_keep)
 
     def _forward(self, params, cfg, dstate: dict, model, ids, deltas=None, n_valid=None, logits_for="all"):
-        """Draft forward of ids [B, T] from `model`; deltas [B, T, n, D] for residual-reuse."""
+        """Draft forward of ids [B, T] from `model`; deltas [B, T, n, D] stand in for residual-reuse's skipped
+        layers. Returns (logits, model)."""
         p, c = self._draft(params, cfg, dstate)
         skip = () if self.method == "partial-mlp" else self.skip_layers
         logits, model, _ = qwen35.forward(p, c, model, ids, skip=skip, n_valid=n_valid, logits_for=logits_for,
-                                          skip_deltas=deltas if self.method == "residual-reuse" else None)
+                                          skip_deltas=deltas)
         return logits, model
+
+    def _catch_up(self, params, cfg, dstate: dict, model, ids, n_valid=None, logits_for="all"):
+        """The forward that advances the committed state: (logits, model, the skipped layers' deltas or None).
+        residual-reuse runs the whole model (recording the deltas); the others their draft model."""
+        if self.method != "residual-reuse":
+            return (*self._forward(params, cfg, dstate, model, ids, n_valid=n_valid, logits_for=logits_for), None)
+        logits, model, extras = qwen35.forward(params, cfg, model, ids, n_valid=n_valid, logits_for=logits_for,
+                                               record=self.skip_layers)
+        return logits, model, extras["deltas"]  # [B, T, n, D]
 
     @staticmethod
     def _choose(logits, key, sampling: SamplingConfig):
@@ -152,17 +160,14 @@ class SelfDrafter:
         return ids, (None if sampling.greedy else probabilities(logits, sampling))
 
     # ------------------------------------------------------------------------------- interface
-    def init(self, params, cfg, prompt, max_len, *, first_token, deltas=None, **_):
+    def init(self, params, cfg, prompt, max_len, *, first_token, **_):
         B, T = prompt.shape
         dstate = {"mlp": partial_mlp_weights(params, cfg, self.mlp_keep) if self.method == "partial-mlp" else ()}
         model = qwen35.init_state(cfg, B, max_len, params["embed"].dtype)
         ids = jnp.concatenate([prompt, first_token[:, None]], axis=1)  # [B, T + 1]: the anchor included
-        row_deltas = None
-        if self.method == "residual-reuse":  # prompt rows: their own deltas; the first new token: the last one's
-            row_deltas = jnp.concatenate([deltas, deltas[:, -1:]], axis=1)  # [B, T + 1, n, D]
-        logits, model = self._forward(params, cfg, dstate, model, ids, row_deltas, logits_for="last")
-        last = deltas[:, -1] if self.method == "residual-reuse" else jnp.zeros((B, 0), jnp.float32)
-        return dict(dstate, model=model, logits=logits[:, 0], delta=last)
+        logits, model, deltas = self._catch_up(params, cfg, dstate, model, ids, logits_for="last")
+        last = deltas[:, -1] if deltas is not None else jnp.zeros((B, 0), params["embed"].dtype)
+        return dict(dstate, model=model, logits=logits[:, -1], delta=last)
 
     def propose(self, params, cfg, state, history, hist_len, gamma: int, key, *, sampling=SamplingConfig(), **_):
         keys = jax.random.split(key, gamma)
@@ -183,22 +188,13 @@ class SelfDrafter:
         model = state["model"].replace(keys=scratch.keys, values=scratch.values)
         return drafts, q, dict(state, model=model)
 
-    def update(self, state, *, emitted, n_emitted, n_keep, verified, params, cfg, **_):
-        B, G1 = emitted.shape
-        row_deltas = None
-        if self.method == "residual-reuse":
-            # Row j is the token at anchor + 1 + j: its own delta (verify row j + 1) while it was an accepted
-            # draft, else the previous position's (verify row j).
-            n_acc = jnp.maximum(n_keep - 1, 0)
-            idx = jnp.minimum(jnp.arange(G1)[None] + 1, n_acc[:, None])  # [B, G1]
-            row_deltas = jnp.take_along_axis(verified["deltas"], idx[:, :, None, None], axis=1)
-        logits, model = self._forward(params, cfg, state, state["model"], emitted, row_deltas, n_valid=n_emitted)
-        last = jnp.maximum(n_emitted - 1, 0)
+    def update(self, state, *, emitted, n_emitted, params, cfg, **_):
+        logits, model, deltas = self._catch_up(params, cfg, state, state["model"], emitted, n_valid=n_emitted)
+        last = jnp.maximum(n_emitted - 1, 0)  # the new anchor's row
         moved = n_emitted > 0
-        new_logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
-        out = dict(state, model=model, logits=jnp.where(moved[:, None], new_logits, state["logits"]))
-        if self.method == "residual-reuse":
-            out["delta"] = jnp.where(moved[:, None, None], jnp.take_along_axis(
-                row_deltas, last[:, None, None, None], axis=1)[:, 0], state["delta"])
+        pick = lambda x: jnp.take_along_axis(x, last.reshape((-1,) + (1,) * (x.ndim - 1)), axis=1)[:, 0]
+        out = dict(state, model=model, logits=jnp.where(moved[:, None], pick(logits), state["logits"]))
+        if deltas is not None:
+            out["delta"] = jnp.where(moved[:, None, None], pick(deltas), state["delta"])
         return out
 
