@@ -11,17 +11,16 @@ import numpy as np
 from .config import read_config
 from .decoding.autoregressive import FamilyOps, generate_autoregressive
 from .decoding.decode_shape import exact_rows
-from .decoding.looped_spec import LOOPED_SPEC_METHODS
 from .decoding.sampling import SamplingConfig
+from . import methods
 from .errors import InputError
 from .loading import TensorSource, resolve_dtype
+from .methods import DRAFT_TABLES_FILE
 from .model import GenerateResult, Model
 from .options import check_context_length, float_option, int_option, validate_input_ids
 
-QWEN35_METHODS = ("ar", "ngram", "ngram-table", "mtp", "mtp-shortlist", "layer-skip", "residual-reuse", "partial-mlp",
-                  "ngram-tree", "mtp-tree")
-DRAFT_TABLES_FILE = "draft_tables.safetensors"
-LOOPED_METHODS = ("ar",) + LOOPED_SPEC_METHODS
+QWEN35_METHODS = methods.family_methods("qwen3_5")
+LOOPED_METHODS = methods.family_methods("looped")
 
 
 def load(path: str | os.PathLike, dtype="bfloat16") -> Model:
@@ -48,24 +47,9 @@ def load(path: str | os.PathLike, dtype="bfloat16") -> Model:
 
 
 def supported_methods(model: Model) -> tuple[str, ...]:
-    """Methods this model can run: MTP needs mtp.* weights, table drafters need draft tables."""
-    if model.family != "qwen3_5":
-        return LOOPED_METHODS
-    has_mtp = bool(model.params.get("mtp"))
-    tables = model.params.get("draft") or {}
-    ok = {"ar": True, "ngram": True, "ngram-table": "table_keys" in tables, "mtp": has_mtp,
-          "mtp-shortlist": has_mtp and "shortlist" in tables, "ngram-tree": True, "mtp-tree": has_mtp,
-          "layer-skip": model.config.num_hidden_layers > 1, "residual-reuse": model.config.num_hidden_layers > 1,
-          "partial-mlp": True}
-    return tuple(m for m in QWEN35_METHODS if ok[m])
-
-
-def _method_requirement(method: str) -> str:
-    return {"mtp": "the MTP head (mtp.* tensors in the checkpoint)",
-            "mtp-tree": "the MTP head (mtp.* tensors in the checkpoint)",
-            "mtp-shortlist": f"the MTP head and a token shortlist ({DRAFT_TABLES_FILE}, "
-                             "scripts/build_draft_tables.py)",
-            "ngram-table": f"a model n-gram table ({DRAFT_TABLES_FILE}, scripts/build_draft_tables.py)"}.get(method, "")
+    """Methods this model can run (the registry, `methods.py`): MTP needs mtp.* weights, table drafters need
+    draft tables."""
+    return methods.supported(model)
 
 
 @functools.cache
@@ -114,11 +98,7 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
     max_len: KV-cache length (default prompt + max_new_tokens).
     """
     ids = validate_input_ids(input_ids, model.vocab_size)
-    methods = supported_methods(model)
-    if method not in methods:
-        need = _method_requirement(method) if model.family == "qwen3_5" and method in QWEN35_METHODS else ""
-        raise InputError(f"method {method!r} is not supported for this {model.family} model"
-                         + (f": it needs {need}" if need else "") + f"; supported: {', '.join(methods)}")
+    spec = methods.lookup(model, method)
     args = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
             "seed": seed}
     max_new_tokens = int_option(args, "max_new_tokens", None, 1)
@@ -129,15 +109,17 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
     if max_len is not None:
         max_len = int_option({"max_len": max_len}, "max_len", None, 1)
     eos_ids = _eos_ids(eos_token_id, model)
-    if model.family == "looped" and method != "ar":
+    if spec.kind == methods.LOOPED_SPEC:
         # Looped self-speculation sizes its own cache (its default gamma depends on the method).
         from .decoding.looped_spec import generate_looped_spec
         return generate_looped_spec(model, ids, int(max_new_tokens), method, sampling=sampling, seed=seed,
                                     eos_ids=eos_ids, max_len=max_len, **method_options)
-    if method in TREE_METHODS:
-        return _generate_tree_qwen(model, ids, int(max_new_tokens), method, max_len, sampling, seed, eos_ids,
+    methods.check_options(spec, method_options)
+    if spec.kind == methods.TREE:
+        return _generate_tree_qwen(model, ids, int(max_new_tokens), spec, max_len, sampling, seed, eos_ids,
                                    method_options)
-    gamma = int_option(method_options, "gamma", DEFAULT_GAMMA, 0, None, " (the draft length)") if method != "ar" else 0
+    gamma = (int_option(method_options, "gamma", DEFAULT_GAMMA, 0, None, " (the draft length)")
+             if spec.kind == methods.CHAIN else 0)
     if model.family != "looped":
         rows = exact_rows(method_options, gamma, "qwen3_5", _not_exact_because(method_options, gamma))
     else:
@@ -157,20 +139,12 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
                          f"max_len={max_len}")
     if model.family == "looped":
         from .decoding import looped_ar
-        unknown = sorted(set(method_options) - {"num_steps", "cache_mode", "exact", "decode_rows"})
-        if unknown:
-            raise InputError(f"generate(method='ar') on a looped model: unknown options {unknown}; accepted: "
-                             f"['cache_mode', 'decode_rows', 'exact', 'num_steps']")
         options = {k: v for k, v in method_options.items() if k not in ("exact", "decode_rows")}
         return looped_ar.generate(model, ids, int(max_new_tokens), sampling=sampling, seed=seed, eos_ids=eos_ids,
                                   max_len=max_len, decode_rows=rows, **options)
-    if method != "ar":
-        return _generate_speculative_qwen(model, ids, int(max_new_tokens), method, gamma, max_len, sampling, seed,
+    if spec.kind == methods.CHAIN:
+        return _generate_speculative_qwen(model, ids, int(max_new_tokens), spec, gamma, max_len, sampling, seed,
                                           eos_ids, method_options, rows)
-    unknown = set(method_options) - {"exact", "decode_rows"}
-    if unknown:
-        raise InputError(f"generate(method={method!r}): unknown options {sorted(unknown)}; accepted: "
-                         f"['decode_rows', 'exact']")
     result = generate_autoregressive(qwen_ops(rows), model.params, model.config, ids, int(max_new_tokens),
                                      max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
                                      state_dtype=model.dtype)
@@ -204,25 +178,13 @@ def _eos_ids(eos_token_id, model: Model) -> tuple[int, ...]:
 
 
 DEFAULT_GAMMA = 4
-_CHAIN_OPTIONS = {"gamma", "rollback", "exact", "decode_rows"}
-_SPEC_OPTIONS = {"ngram": _CHAIN_OPTIONS | {"max_n", "min_n"}, "ngram-table": _CHAIN_OPTIONS,
-                 "mtp": _CHAIN_OPTIONS, "mtp-shortlist": _CHAIN_OPTIONS | {"shortlist_size"},
-                 "layer-skip": _CHAIN_OPTIONS | {"skip_layers"}, "residual-reuse": _CHAIN_OPTIONS | {"skip_layers"},
-                 "partial-mlp": _CHAIN_OPTIONS | {"mlp_keep"}}
 
 
-def _generate_speculative_qwen(model, ids, max_new_tokens, method, gamma, max_len, sampling, seed, eos_ids,
+def _generate_speculative_qwen(model, ids, max_new_tokens, spec, gamma, max_len, sampling, seed, eos_ids,
                                options, rows: int) -> GenerateResult:
+    """Chain speculation with the method's drafter (options already checked against the method's set)."""
     from .decoding.speculative import DEFAULT_ROLLBACK, ROLLBACK_MODES, generate_speculative
-    from .drafters.mtp import MtpDrafter
     from .models.qwen35 import MAX_RECURRENT_VERIFY
-    from .drafters.ngram import NgramDrafter
-    from .drafters.self_draft import SELF_DRAFT_METHODS
-    from .drafters.table import TableDrafter
-    unknown = set(options) - _SPEC_OPTIONS[method]
-    if unknown:
-        raise InputError(f"generate(method={method!r}): unknown options {sorted(unknown)}; "
-                         f"accepted: {sorted(_SPEC_OPTIONS[method])}")
     # Replay verifies through the step recurrence (at most MAX_RECURRENT_VERIFY positions); longer drafts
     # default to the pseudo-value commit, which has no limit.
     rollback = options.get("rollback", DEFAULT_ROLLBACK if gamma + 1 <= MAX_RECURRENT_VERIFY else "pseudo")
@@ -231,51 +193,20 @@ def _generate_speculative_qwen(model, ids, max_new_tokens, method, gamma, max_le
     if rollback in ("snapshot", "replay") and gamma + 1 > MAX_RECURRENT_VERIFY:
         raise InputError(f"{rollback} rollback verifies at most {MAX_RECURRENT_VERIFY} positions; gamma={gamma} "
                          f"needs {gamma + 1} (rollback='pseudo' has no limit)")
-    max_n, min_n = int_option(options, "max_n", 3, 1), int_option(options, "min_n", 1, 1)
-    if not min_n <= max_n:
-        raise InputError(f"n-gram sizes need 1 <= min_n <= max_n; got min_n={min_n}, max_n={max_n}")
-    if method == "ngram":
-        drafter = NgramDrafter(max_n=max_n, min_n=min_n)
-    elif method == "ngram-table":
-        drafter = TableDrafter()
-    elif method == "mtp":
-        drafter = MtpDrafter()
-    elif method in SELF_DRAFT_METHODS:
-        drafter = _self_drafter(method, options, model.config)
-    else:
-        available = int(model.params["draft"]["shortlist"].shape[0])
-        size = int_option(options, "shortlist_size", available, 1, available, " (the stored shortlist)")
-        drafter = MtpDrafter(shortlist_size=size)
+    drafter = spec.drafter(model, options)
     return generate_speculative(model.params, model.config, ids, max_new_tokens, drafter=drafter, gamma=gamma,
                                 max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
                                 state_dtype=model.dtype, rollback=rollback, decode_rows=rows)
 
 
-def _self_drafter(method: str, options: dict, cfg):
-    """A self-draft (layer-skip, residual-reuse, partial-mlp) with its options checked."""
-    from .drafters import self_draft
-    if method == "partial-mlp":
-        return self_draft.SelfDrafter(method, mlp_keep=self_draft.parse_mlp_keep(
-            options.get("mlp_keep", self_draft.DEFAULT_MLP_KEEP)))
-    skip = options.get("skip_layers")
-    skip = self_draft.default_skip_layers(cfg.num_hidden_layers) if skip is None else skip
-    return self_draft.SelfDrafter(method, skip_layers=self_draft.parse_skip_layers(skip, cfg.num_hidden_layers))
-
-
-TREE_METHODS = ("ngram-tree", "mtp-tree")
 DEFAULT_TREE = (4, 2, 1)
 
 
-def _generate_tree_qwen(model, ids, max_new_tokens, method, max_len, sampling, seed, eos_ids,
+def _generate_tree_qwen(model, ids, max_new_tokens, spec, max_len, sampling, seed, eos_ids,
                         options) -> GenerateResult:
     """Draft trees (static branching per level), verified with tree attention and tree-WY GDN; greedy or
     exact sampling (multi-draft recursive rejection sampling over the tree)."""
     from .decoding.tree_spec import ROLLBACK_MODES, generate_tree, tree_from_branching
-    from .drafters.tree import TreeMtpDrafter, TreeNgramDrafter
-    unknown = set(options) - {"tree", "rollback", "exact"}
-    if unknown:
-        raise InputError(f"generate(method={method!r}): unknown options {sorted(unknown)}; accepted: "
-                         f"['exact', 'rollback', 'tree']")
     exact_rows(options, 0, "qwen3_5", "tree verification is not bit-exact: its GDN state runs through the tree-WY "
                                       "form and its attention through a tree mask, neither of which is the "
                                       "arithmetic of an AR step (use a chain method for exact output)")
@@ -297,7 +228,7 @@ def _generate_tree_qwen(model, ids, max_new_tokens, method, max_len, sampling, s
     if max_len is not None and max_len < need:
         raise InputError(f"prompt ({ids.shape[1]}) + max_new_tokens ({max_new_tokens}) + tree nodes "
                          f"({len(parents)}) = {need} exceeds max_len={max_len}")
-    drafter = TreeMtpDrafter() if method == "mtp-tree" else TreeNgramDrafter()
+    drafter = spec.drafter(model, options)
     return generate_tree(model.params, model.config, ids, max_new_tokens, drafter=drafter, parents=parents,
                          max_len=max_len, eos_ids=eos_ids, state_dtype=model.dtype, rollback=rollback, seed=seed,
                          sampling=sampling)

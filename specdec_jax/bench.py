@@ -127,17 +127,18 @@ def tokenize_prompts(tokenizer, texts: Sequence[str], max_prompt_tokens: int) ->
 def check_methods(model, methods: Sequence[str]) -> list[str]:
     """The methods to run, ar first (the baseline is always run); InputError naming any the model lacks."""
     from . import api
+    from . import methods as registry
     if isinstance(methods, str):
         methods = methods.split(",")
     methods = [m.strip() for m in methods if m.strip()]
     supported = tuple(api.supported_methods(model))
-    known = {m for name in dir(api) if name.endswith("_METHODS") for m in getattr(api, name)}
+    known = registry.known()
     if not methods:
         raise InputError(f"no methods given; supported for this {model.family} model: {', '.join(supported)}")
     for m in methods:
         if m not in supported:
             if m in known:
-                need = getattr(api, "_method_requirement", lambda _: "")(m)
+                need = registry.requirement(m, model.family)
                 raise InputError(f"method '{m}' is not supported by this {model.family} model"
                                  + (f": it needs {need}" if need else "") + f"; supported: {', '.join(supported)}")
             raise InputError(f"unknown method '{m}'; supported for this {model.family} model: {', '.join(supported)}")

@@ -105,9 +105,9 @@ def _check_numbers(args) -> None:
 
 
 def _known_methods() -> set[str]:
-    """Every method some model family supports (the api module's *_METHODS tuples)."""
-    from . import api
-    return {m for name in dir(api) if name.endswith("_METHODS") for m in getattr(api, name)}
+    """Every method some model family supports (the method registry)."""
+    from . import methods
+    return methods.known()
 
 
 def _load_tokenizer(folder: str):

@@ -6,7 +6,7 @@ Layers, lowest first (a module may import its own layer and those below):
   1  specdec_jax.loading, looped_config, config, text, corpus      files: safetensors, configs, tokenizers, corpus
   2  specdec_jax.models.*                                          the model families (pure functions)
   3  specdec_jax.decoding.*, specdec_jax.drafters.*                AR / speculative loops, acceptance, drafters
-  4  specdec_jax.api, training                                     the public calls, training
+  4  specdec_jax.api, methods, training                            the public calls, the method registry, training
   5  specdec_jax.bench, cli, __main__, specdec_jax (package)       tools on top
 """
 
@@ -25,7 +25,7 @@ LAYERS = [
      "specdec_jax.corpus"),
     ("specdec_jax.models",),
     ("specdec_jax.decoding", "specdec_jax.drafters"),
-    ("specdec_jax.api", "specdec_jax.training"),
+    ("specdec_jax.api", "specdec_jax.methods", "specdec_jax.training"),
     ("specdec_jax.bench", "specdec_jax.cli", "specdec_jax.__main__", "specdec_jax"),
 ]
 

@@ -83,7 +83,7 @@ def test_methods_need_their_weights(tmp_path):
     ref = H.build_reference(H.tiny_text_config(ratio=1), seed=2)
     H.save_reference(ref, str(tmp_path))  # no mtp.*, no draft tables
     model = sj.load(tmp_path, dtype="float32")
-    assert sj.supported_methods(model) == ("ar", "ngram", "ngram-tree")
+    assert sj.supported_methods(model) == ("ar", "ngram", "layer-skip", "residual-reuse", "partial-mlp", "ngram-tree")
     with pytest.raises(InputError, match=r"method 'mtp' is not supported.*needs the MTP head"):
         sj.generate(model, np.ones((1, 3), np.int32), 4, method="mtp")
     with pytest.raises(InputError, match=r"'ngram-table'.*draft_tables.safetensors"):

@@ -59,7 +59,7 @@ def _spec(model, ids, n, drafter, gamma, rollback="replay", sampling=SamplingCon
                                 state_dtype=jnp.float32, rollback=rollback, return_state=return_state)
 
 
-@pytest.mark.parametrize("gamma", [1, 2, 4, 8])
+@pytest.mark.parametrize("gamma", [1, 3, 8])
 @pytest.mark.parametrize("rollback", ["replay", "pseudo", "snapshot"])
 def test_greedy_equals_ar_with_mostly_hitting_drafts(model, gamma, rollback):
     ids = np.random.default_rng(gamma).integers(0, model.vocab_size, size=(4, 7))

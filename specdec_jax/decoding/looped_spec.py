@@ -49,406 +49,44 @@ parallel-sampler  Geiping et al. 2025 (arXiv 2510.14961), diffusion-forcing styl
               wavefront then grows by one position (up to gamma).
 
 Entry point: `generate_looped_spec(model, input_ids, max_new_tokens, method, ...)`.
+
+This module owns the driver: `spec_step` (propose, verify at full depth, accept, commit),
+`sampler_step`, the jitted prefill and loop, and `generate_looped_spec`. The plan (methods, options,
+`LoopedSpecPlan`, `make_plan`) is in `looped_plan`; the state and the drafting (sequential drafts,
+DAS-Wave's window) in `looped_draft`; both are re-exported here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 from jax import lax
 
 from ..errors import InputError
-from ..options import check_context_length, float_option, int_option, validate_input_ids
+from ..options import check_context_length, validate_input_ids
 from ..model import GenerateResult
-from ..models import layers as L
 from ..models import looped
 from .acceptance import leading_true, accept
 from .compiled import compiled
-from .decode_shape import exact_rows, pad_rows
+from .decode_shape import pad_rows
+from .looped_draft import (LoopedSpecState, das_wave_propose, draft_forward, sequential_propose,  # noqa: F401
+                           shift_left, window_prelude, window_rope, window_update, write_slot)
+from .looped_plan import LOOPED_SPEC_METHODS, READ_MODES, LoopedSpecPlan, make_plan  # noqa: F401
 from .speculative import append_rows, eos_mask, emit_accepted, forced_acceptance
-from .sampling import SamplingConfig, probabilities, select_token
+from .sampling import SamplingConfig, select_token
 
-LOOPED_SPEC_METHODS = ("self-spec", "mature-spec", "das-wave", "parallel-sampler")
-READ_MODES = ("aligned", "deep")
-
-_OPTIONS = {
-    "self-spec": ("draft_steps", "gamma", "exact", "decode_rows"),
-    "mature-spec": ("draft_steps", "gamma", "read_k", "read_v", "exact", "decode_rows"),
-    "das-wave": ("gamma", "k", "read_k", "read_v", "carry", "window_init", "rounds", "exact", "decode_rows"),
-    "parallel-sampler": ("gamma", "inner_steps", "epsilon", "ema", "exact"),
-}
-_DEFAULT_GAMMA = {"self-spec": 4, "mature-spec": 4, "das-wave": 16, "parallel-sampler": 16}
-
-
-# ------------------------------------------------------------------------------------------ plan
-
-@dataclasses.dataclass(frozen=True)
-class LoopedSpecPlan:
-    """Static (hashable) settings of one method; built and validated by `make_plan`."""
-
-    method: str
-    num_steps: int  # R: depth of the target (verifier, prefill, AR)
-    gamma: int  # drafts per block (self/mature/das) or wavefront width (parallel-sampler)
-    draft_steps: int = 0  # d (self-spec, mature-spec)
-    read_k: str = "aligned"
-    read_v: str = "aligned"
-    k: int = 1  # recurrent updates per round (das-wave)
-    carry: bool = True
-    window_init: int = 2
-    rounds: int = 0  # rounds per block (das-wave); 0 = "fill": until the window is full
-    inner_steps: int = 4  # r' (parallel-sampler)
-    epsilon: float = 0.03
-    ema: float = 0.1
-    decode_rows: int = 0  # > 0: the exact path (the verifier a decode_forward of this many rows)
-
-    @property
-    def window(self) -> int:
-        """Width of the carried window state (0 for the sequential drafters)."""
-        return self.gamma if self.method in ("das-wave", "parallel-sampler") else 0
-
-    def core_steps_per_pass(self) -> int:
-        """Core-block applications of one drafting pass (a draft token, a das-wave or sampler round)."""
-        return {"das-wave": self.k, "parallel-sampler": self.inner_steps}.get(self.method, self.draft_steps)
-
-    def core_applications_per_token(self, passes: int, verifications: int, tokens: int) -> float:
-        """Core-block applications of `passes` drafting passes + `verifications` full-depth verifications
-        (none for the sampler), per token they produced (prelude / coda / head not counted; AR: R)."""
-        verify = 0 if self.method == "parallel-sampler" else verifications * self.num_steps
-        return float((passes * self.core_steps_per_pass() + verify) / max(tokens, 1))
-
-    def describe(self) -> dict:
-        keys = ("num_steps", "gamma") + tuple(k for k in _OPTIONS[self.method] if k != "exact")
-        out = {name: getattr(self, name) for name in dict.fromkeys(keys)}
-        out["exact"] = bool(self.decode_rows)
-        if out.get("rounds") == 0:
-            out["rounds"] = "fill"
-        return out
-
-
-def _read_option(options: dict, name: str, default: str) -> str:
-    value = options.get(name, default)
-    if value not in READ_MODES:
-        raise InputError(f"{name} must be one of {READ_MODES}; got {value!r}")
-    return value
-
-
-def make_plan(method: str, num_steps: int, **options) -> LoopedSpecPlan:
-    """Validate a method and its options (InputError naming the problem) -> LoopedSpecPlan.
-
-    Options (defaults): self-spec: draft_steps (max(1, R // 8)), gamma (4). mature-spec: also
-    read_k, read_v ("deep", "deep"). das-wave: gamma (16), k (2), read_k/read_v ("deep"), carry
-    (True), window_init (2), rounds (gamma - window_init + 1; a fixed count >= that, or "fill":
-    each block runs until its window is full, gamma - max(window_init, carried) + 1 rounds).
-    parallel-sampler: gamma (16, wavefront width), inner_steps (4), epsilon (0.03),
-    ema (0.1). Every method but the sampler: exact (True: the verifier runs at the decode shape of
-    exact AR, `looped.decode_forward`, so greedy output equals exact AR bit for bit in any dtype;
-    False: the faster-to-write two-block verifier) and decode_rows (the exact path's row count;
-    default max(17, gamma + 1)).
-    """
-    if method not in LOOPED_SPEC_METHODS:
-        raise InputError(f"unknown looped speculative method {method!r}; supported: {', '.join(LOOPED_SPEC_METHODS)}")
-    if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
-        raise InputError(f"num_steps (recurrence depth) must be an integer >= 1; got {num_steps!r}")
-    R = int(num_steps)
-    unknown = sorted(set(options) - set(_OPTIONS[method]))
-    if unknown:
-        raise InputError(f"method {method!r}: unknown options {unknown}; accepted: {list(_OPTIONS[method])}")
-    gamma = int_option(options, "gamma", _DEFAULT_GAMMA[method], 1)
-    rows = exact_rows(options, gamma, "looped", "the parallel sampler is not lossless: it commits what has "
-                                                "converged, not what a verifier accepted"
-                      if method == "parallel-sampler" else None)
-    plan = _make_plan(method, R, gamma, options)
-    return dataclasses.replace(plan, decode_rows=rows)
-
-
-def _make_plan(method: str, R: int, gamma: int, options: dict) -> LoopedSpecPlan:
-    if method in ("self-spec", "mature-spec"):
-        d = int_option(options, "draft_steps", max(1, R // 8), 1, R, f" (the draft depth cannot exceed num_steps={R})")
-        deep = "deep" if method == "mature-spec" else "aligned"
-        return LoopedSpecPlan(method, R, gamma, draft_steps=d, read_k=_read_option(options, "read_k", deep),
-                              read_v=_read_option(options, "read_v", deep))
-    if method == "das-wave":
-        k = int_option(options, "k", 2, 1)
-        window_init = int_option(options, "window_init", min(2, gamma), 1, gamma, f" (at most gamma={gamma})")
-        need = gamma - window_init + 1
-        rounds = 0 if options.get("rounds") == "fill" else int_option(
-            options, "rounds", need, need, None, f" (or 'fill'; gamma - window_init + 1 = {need}: the window must "
-                                                 f"be full when verified)")
-        carry = options.get("carry", True)
-        if not isinstance(carry, (bool, np.bool_)):
-            raise InputError(f"carry must be a bool; got {carry!r}")
-        return LoopedSpecPlan(method, R, gamma, read_k=_read_option(options, "read_k", "deep"),
-                              read_v=_read_option(options, "read_v", "deep"), k=k, carry=bool(carry),
-                              window_init=window_init, rounds=rounds)
-    inner = int_option(options, "inner_steps", 4, 1)
-    eps = float_option(options, "epsilon", 0.03, 0.0, float("inf"))
-    ema = float_option(options, "ema", 0.1, 0.0, 1.0, " (0 = no smoothing)")
-    if ema >= 1.0:
-        raise InputError(f"ema must be < 1 (1 would freeze the first embedding); got {ema}")
-    return LoopedSpecPlan(method, R, gamma, inner_steps=inner, epsilon=eps, ema=ema, read_k="deep", read_v="deep",
-                          window_init=1)
-
-
-# ----------------------------------------------------------------------------------------- state
-
-@struct.dataclass
-class LoopedSpecState:
-    """Everything a step reads and writes.
-
-    cache: committed LoopedCache (all tokens but the anchor). anchor [B]: last emitted token.
-    out [B, N + gamma + 1], n_out [B]: emitted tokens; done [B]: EOS seen or budget reached.
-    steps: loop iterations (verify blocks, or sampler rounds); accepted [M, B]: accepted drafts per
-    block (committed tokens per round for the sampler; -1 = row inactive).
-    Window (das-wave, parallel-sampler; width 0 otherwise): win_x [B, W, D] latent states,
-    win_e [B, W, D] embeddings (sampler EMA), win_tok [B, W] proposals (slot i's guess of the token
-    at position L + i + 1), win_depth [B, W] recurrences applied, win_n [B] carried slots (das-wave)
-    or active width (sampler). draft_rounds [B]: drafting passes so far (sequential: draft tokens,
-    das-wave: rounds, sampler: rounds), for the work accounting in the stats.
-    """
-
-    cache: looped.LoopedCache
-    anchor: jax.Array
-    out: jax.Array
-    n_out: jax.Array
-    done: jax.Array
-    steps: jax.Array
-    accepted: jax.Array
-    win_x: jax.Array
-    win_e: jax.Array
-    win_tok: jax.Array
-    win_depth: jax.Array
-    win_n: jax.Array
-    draft_rounds: jax.Array
-
-
-def _shift_left(a: jax.Array, n: jax.Array) -> jax.Array:
-    """Per-row shift of a [B, W, ...] left by n [B] (0 <= n), zero-filled: row[i] <- row[i + n]."""
-    W = a.shape[1]
-    padded = jnp.concatenate([a, jnp.zeros_like(a)], axis=1)
-    return jax.vmap(lambda row, s: lax.dynamic_slice_in_dim(row, s, W, axis=0))(padded, jnp.minimum(n, W))
+# Former private names of what moved to looped_draft (tests and scripts/bench_looped_spec.py use them).
+_shift_left, _sequential_propose, _das_wave_propose = shift_left, sequential_propose, das_wave_propose
 
 
 def _record_len(plan: LoopedSpecPlan, max_new_tokens: int) -> int:
     if plan.method == "parallel-sampler":  # rounds may commit nothing; slot 0 commits within ceil(R / r') rounds
         return max_new_tokens * (-(-plan.num_steps // plan.inner_steps) + 1) + 1
     return max_new_tokens  # every block emits at least one token
-
-
-# ------------------------------------------------------------------------------ cache plumbing
-
-def _copy_slot(buf: jax.Array, src: int, dst: int, pos: jax.Array) -> jax.Array:
-    """buf [R, Lc, B, S, N, hd]: copy step slot `src` into slot `dst` at one position pos[b] per row."""
-    _, Lc, B, _, N, hd = buf.shape
-    z = jnp.zeros((), jnp.int32)
-    for b in range(B):  # B is small; a DUS per row updates the buffer in place
-        piece = lax.dynamic_slice(buf, (jnp.int32(src), z, jnp.int32(b), pos[b], z, z), (1, Lc, 1, 1, N, hd))
-        buf = lax.dynamic_update_slice(buf, piece, (jnp.int32(dst), z, jnp.int32(b), pos[b], z, z))
-    return buf
-
-
-def _write_slot(buf: jax.Array, new: jax.Array, slot: int, start: jax.Array) -> jax.Array:
-    """buf [R, Lc, B, S, N, hd] with new [Lc, B, T, N, hd] written into step slot `slot` at start [B]."""
-    z = jnp.zeros((), jnp.int32)
-    for b in range(buf.shape[2]):
-        row = lax.slice_in_dim(new, b, b + 1, axis=1).astype(buf.dtype)[None]
-        buf = lax.dynamic_update_slice(buf, row, (jnp.int32(slot), z, jnp.int32(b), start[b], z, z))
-    return buf
-
-
-def _draft_slots(mode: str, draft_steps: int, num_slots: int) -> jax.Array:
-    """Read schedule [draft_steps]: aligned (step s reads slot s) or deep (every step reads R - 1)."""
-    if mode == "aligned":
-        return jnp.arange(draft_steps, dtype=jnp.int32)
-    return jnp.full((draft_steps,), num_slots - 1, jnp.int32)
-
-
-def draft_forward(params, cfg, cache: looped.LoopedCache, ids: jax.Array, *, draft_steps: int,
-                  read_k: str = "aligned", read_v: str = "aligned"):
-    """One sequential draft token: logits [B, V] for ids [B, 1] at position cache.length, and the cache
-    with the draft's provisional K/V written (length + 1).
-
-    Step s (s < draft_steps) reads the prefix K from slot s ("aligned") or R - 1 ("deep"), V likewise
-    (R = cache.step_slots), and writes slot s. With a deep read and draft_steps < R the draft's deepest
-    K (V) -- slot draft_steps - 1 -- is also copied into slot R - 1, so a later draft reading "deep"
-    sees this provisional position at the deepest depth that exists for it. The verifier rewrites
-    every slot of these positions.
-    """
-    R = cache.step_slots
-    rk, rv = _draft_slots(read_k, draft_steps, R), _draft_slots(read_v, draft_steps, R)
-    logits, new, _ = looped.forward(params, cfg, cache, ids, num_steps=draft_steps, read_step_k=rk, read_step_v=rv,
-                                    logits_for="last")
-    if draft_steps < R:
-        if read_k == "deep":
-            new = new.replace(core_k=_copy_slot(new.core_k, draft_steps - 1, R - 1, cache.length))
-        if read_v == "deep":
-            new = new.replace(core_v=_copy_slot(new.core_v, draft_steps - 1, R - 1, cache.length))
-    return logits[:, 0], new
-
-
-# ------------------------------------------------------------------- window (per-position) core
-
-def _attend_pp(q, k, v, k_pre, v_pre, length, scale):
-    """looped._attend where the prefix may differ per query: k_pre/v_pre [B, S, N, hd] (shared) or
-    [B, T, S, N, hd] (query t reads its own prefix slot). One softmax over prefix + new tokens."""
-    B, T, H, hd = q.shape
-    NKV = k.shape[2]
-    qg = q.reshape(B, T, NKV, H // NKV, hd)
-    causal = jnp.tril(jnp.ones((T, T), bool))
-    s_new = jnp.einsum("btngd,bsnd->bngts", qg, k.astype(q.dtype), preferred_element_type=jnp.float32) * scale
-    s_new = jnp.where(causal, s_new, -jnp.inf)
-    eq_k = "btngd,bsnd->bngts" if k_pre.ndim == 4 else "btngd,btsnd->bngts"
-    s_pre = jnp.einsum(eq_k, qg, k_pre.astype(q.dtype), preferred_element_type=jnp.float32) * scale
-    S = k_pre.shape[-3]
-    visible = jnp.arange(S, dtype=jnp.int32)[None, :] < length[:, None]  # [B, S]
-    s_pre = jnp.where(visible[:, None, None, None, :], s_pre, -jnp.inf)
-    p = jax.nn.softmax(jnp.concatenate([s_pre, s_new], axis=-1), axis=-1).astype(v.dtype)
-    eq_v = "bngts,bsnd->btngd" if v_pre.ndim == 4 else "bngts,btsnd->btngd"
-    out = (jnp.einsum(eq_v, p[..., :S], v_pre.astype(v.dtype), preferred_element_type=jnp.float32)
-           + jnp.einsum("bngts,bsnd->btngd", p[..., S:], v, preferred_element_type=jnp.float32))
-    return out.reshape(B, T, H, hd).astype(q.dtype)
-
-
-def _attention_pp(ap, cfg, h, cos, sin, k_pre, v_pre, length):
-    """looped._attention with per-query prefix slots (see _attend_pp)."""
-    B, T, _ = h.shape
-    qkv = L.linear(h, ap["Wqkv"])
-    q, k, v = jnp.split(qkv, [cfg.q_dim, cfg.q_dim + cfg.kv_dim], axis=-1)
-    if cfg.variant == "raven_olmo2":
-        q = looped.block_norm(cfg, q, ap["q_norm"])
-        k = looped.block_norm(cfg, k, ap["k_norm"])
-    q = q.reshape(B, T, cfg.n_heads, cfg.head_dim)
-    k = k.reshape(B, T, cfg.num_key_value_heads, cfg.head_dim)
-    v = v.reshape(B, T, cfg.num_key_value_heads, cfg.head_dim)
-    if cfg.qk_bias:
-        q = q + ap["qk_bias"][0].astype(q.dtype)
-        k = k + ap["qk_bias"][1].astype(k.dtype)
-    q, k = looped.apply_rope(cfg, q, cos, sin), looped.apply_rope(cfg, k, cos, sin)
-    out = _attend_pp(q, k, v, k_pre, v_pre, length, cfg.head_dim ** -0.5)
-    return L.linear(out.reshape(B, T, cfg.q_dim), ap["proj"])
-
-
-def _block_pp(lp, cfg, x, cos, sin, k_pre, v_pre, length):
-    """looped._block with per-query prefix slots."""
-    norm = functools.partial(looped.block_norm, cfg)
-    if cfg.variant == "huginn":
-        x = norm(_attention_pp(lp["attn"], cfg, norm(x, lp["norm_1"]), cos, sin, k_pre, v_pre, length) + x,
-                 lp["norm_2"])
-        return norm(looped.block_mlp(lp["mlp"], norm(x, lp["norm_3"])) + x, lp["norm_4"])
-    if cfg.variant == "raven_llama":
-        x = _attention_pp(lp["attn"], cfg, norm(x, lp["norm_1"]), cos, sin, k_pre, v_pre, length) + x
-        return looped.block_mlp(lp["mlp"], norm(x, lp["norm_2"])) + x
-    x = norm(_attention_pp(lp["attn"], cfg, x, cos, sin, k_pre, v_pre, length), lp["norm_1"]) + x
-    return norm(looped.block_mlp(lp["mlp"], x), lp["norm_2"]) + x
-
-
-def _gather_slots(buf: jax.Array, slot) -> jax.Array:
-    """buf [R, B, S, N, hd]; slot int -> [B, S, N, hd]; slot [B, T] -> [B, T, S, N, hd] (per query)."""
-    if isinstance(slot, int):
-        return buf[slot]
-    return jax.vmap(lambda rows, s: jnp.take(rows, s, axis=0), in_axes=(1, 0))(buf, slot)
-
-
-def window_update(params, cfg, cache: looped.LoopedCache, x, e, depth, cos, sin, read_k: str, read_v: str):
-    """One recurrence of every window slot in parallel: x, e [B, W, D]; depth [B, W] = recurrences
-    each slot has had. The verified prefix is read from slot R - 1 ("deep") or from the slot of the
-    slot's own depth, min(depth, R - 1) ("aligned", per query); the window attends to its own K/V of
-    this update (causal, in-pass; nothing is written). Returns (x [B, W, D], k, v [Lc, B, W, N, hd]).
-    """
-    R = cache.step_slots
-    if read_k == "deep" and read_v == "deep":
-        # step only matters for skip-adapter (depth 0 passes the prelude output through)
-        return looped.core_step(params, cfg, cache, x, e, depth[..., None], cos, sin, R - 1, R - 1)
-    own = jnp.minimum(depth, R - 1)
-    sk = own if read_k == "aligned" else R - 1
-    sv = own if read_v == "aligned" else R - 1
-    h = looped.inject(params, cfg, x, e, depth[..., None] == 0)
-    for j, lp in enumerate(params["core_block"]):
-        h = _block_pp(lp, cfg, h, cos, sin, _gather_slots(cache.core_k[:, j], sk),
-                      _gather_slots(cache.core_v[:, j], sv), cache.length)
-    return h, None, None
-
-
-def _window_prelude(params, cfg, cache, tokens, cos, sin):
-    """Prelude over window input tokens [B, W] after the committed prefix -> (e [B, W, D], prelude K/V)."""
-    e = looped.embed(params, cfg, tokens)
-    return looped.run_blocks(params.get("prelude", []), cfg, e, cos, sin, cache.prelude_k, cache.prelude_v, cache.length)
-
-
-def _window_rope(cfg, cache, width: int):
-    positions = cache.length[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
-    return looped.rope_tables(cfg, positions)
-
-
-# ------------------------------------------------------------------------------------- drafting
-
-def _sequential_propose(params, cfg, cache, anchor, key, plan: LoopedSpecPlan, sampling: SamplingConfig):
-    """gamma drafts at depth d, one at a time. Returns (drafts [B, G], q [B, G, V] | None, cache with
-    the drafts' provisional entries and length reset to the committed length)."""
-    length = cache.length
-
-    def body(carry, k):
-        cache, tok = carry
-        logits, cache = draft_forward(params, cfg, cache, tok[:, None], draft_steps=plan.draft_steps,
-                                      read_k=plan.read_k, read_v=plan.read_v)
-        new = select_token(logits, k, sampling)
-        q = jnp.zeros((tok.shape[0], 0), jnp.float32) if sampling.greedy else probabilities(logits, sampling)
-        return (cache, new), (new, q)
-
-    (cache, _), (drafts, qs) = lax.scan(body, (cache, anchor), jax.random.split(key, plan.gamma))
-    q = None if sampling.greedy else jnp.swapaxes(qs, 0, 1)
-    return drafts.T, q, cache.replace(length=length)
-
-
-def _das_wave_propose(params, cfg, state: LoopedSpecState, key, plan: LoopedSpecPlan, sampling: SamplingConfig):
-    """One block of DAS-Wave rounds. Returns (proposals [B, G], q | None, x [B, G, D], depth [B, G],
-    rounds [B]): the window after the row's last round, from which the carry is cut after the commit."""
-    cache, anchor = state.cache, state.anchor
-    B, G = anchor.shape[0], plan.gamma
-    slot = jnp.arange(G, dtype=jnp.int32)[None, :]
-    cos, sin = _window_rope(cfg, cache, G)
-    carried = slot < state.win_n[:, None]
-    x = jnp.where(carried[..., None], state.win_x, jnp.zeros_like(state.win_x))
-    depth = jnp.where(carried, state.win_depth, 0)
-    props = jnp.where(carried, state.win_tok, anchor[:, None])  # a fresh slot's first input: the anchor
-    w0 = jnp.clip(jnp.maximum(plan.window_init, state.win_n), 1, G)
-    # Rounds per row: until the window is full, or the fixed count (then always full at the end).
-    rounds = jnp.full((B,), plan.rounds, jnp.int32) if plan.rounds else G - w0 + 1
-    logits0 = jnp.zeros((B, G if not sampling.greedy else 0, cfg.vocab_size), jnp.float32)
-
-    def one_round(carry):
-        r, x, depth, props, last_logits, key = carry
-        key, sub = jax.random.split(key)
-        # A row past its rounds keeps its window as is (results do not depend on the batch).
-        active = (slot < jnp.minimum(w0 + r, G)[:, None]) & (r < rounds)[:, None]
-        tokens = jnp.concatenate([anchor[:, None], props[:, :-1]], axis=1)
-        e, _, _ = _window_prelude(params, cfg, cache, tokens, cos, sin)
-        x = jnp.where((depth == 0)[..., None], looped.initial_state(cfg, e), x)
-
-        def update(_, c):
-            x, depth = c
-            x_new = window_update(params, cfg, cache, x, e, depth, cos, sin, plan.read_k, plan.read_v)[0]
-            return jnp.where(active[..., None], x_new, x), depth + active
-
-        x, depth = lax.fori_loop(0, plan.k, update, (x, depth), unroll=plan.k <= 4)
-        logits = looped.coda_head(params, cfg, cache, x, cos, sin, "all")[0]  # [B, G, V]
-        props = jnp.where(active, select_token(logits, sub, sampling), props)
-        if not sampling.greedy:
-            last_logits = jnp.where((r < rounds)[:, None, None], logits, last_logits)
-        return r + 1, x, depth, props, last_logits, key
-
-    init = (jnp.int32(0), x, depth, props, logits0, key)
-    if plan.rounds:  # a static trip count: no loop predicate to bring back to the host each round
-        _, x, depth, props, logits, _ = lax.fori_loop(0, plan.rounds, lambda _, c: one_round(c), init)
-    else:
-        _, x, depth, props, logits, _ = lax.while_loop(lambda c: c[0] < jnp.max(rounds), one_round, init)
-    q = None if sampling.greedy else probabilities(logits, sampling)
-    return props, q, x, depth, rounds
 
 
 # ---------------------------------------------------------------------------------------- steps
@@ -463,10 +101,10 @@ def spec_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPlan,
     active = ~state.done
     length = state.cache.length
     if plan.method == "das-wave":
-        drafts, q, win_x, win_depth, rounds = _das_wave_propose(params, cfg, state, k_draft, plan, sampling)
+        drafts, q, win_x, win_depth, rounds = das_wave_propose(params, cfg, state, k_draft, plan, sampling)
         cache = state.cache  # the window's K/V never touched the cache
     else:
-        drafts, q, cache = _sequential_propose(params, cfg, state.cache, state.anchor, k_draft, plan, sampling)
+        drafts, q, cache = sequential_propose(params, cfg, state.cache, state.anchor, k_draft, plan, sampling)
         rounds = jnp.full_like(length, G)  # one draft forward per token
     verify_ids = jnp.concatenate([state.anchor[:, None], drafts], axis=1)  # [B, G + 1]
     if plan.decode_rows:  # the exact path: the decode shape every exact AR step runs at
@@ -496,8 +134,8 @@ def spec_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPlan,
     if plan.method == "das-wave":
         # Slots past the committed ones keep their latent states: old slot n_keep + i is new slot i.
         win_n = jnp.maximum(G - n_keep, 0) if plan.carry else jnp.zeros_like(n_keep)
-        state = state.replace(win_x=_shift_left(win_x, n_keep), win_depth=_shift_left(win_depth, n_keep),
-                              win_tok=_shift_left(drafts, n_keep), win_n=jnp.where(active, win_n, state.win_n))
+        state = state.replace(win_x=shift_left(win_x, n_keep), win_depth=shift_left(win_depth, n_keep),
+                              win_tok=shift_left(drafts, n_keep), win_n=jnp.where(active, win_n, state.win_n))
     return state
 
 
@@ -509,9 +147,9 @@ def sampler_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPl
     live = ~state.done
     slot = jnp.arange(G, dtype=jnp.int32)[None, :]
     active = slot < state.win_n[:, None]
-    cos, sin = _window_rope(cfg, cache, G)
+    cos, sin = window_rope(cfg, cache, G)
     tokens = jnp.concatenate([anchor[:, None], state.win_tok[:, :-1]], axis=1)  # slot i's input
-    e_new, pk, pv = _window_prelude(params, cfg, cache, tokens, cos, sin)
+    e_new, pk, pv = window_prelude(params, cfg, cache, tokens, cos, sin)
     fresh = (state.win_depth == 0)[..., None]
     e = jnp.where(fresh, e_new, (plan.ema * state.win_e.astype(jnp.float32)
                                  + (1 - plan.ema) * e_new.astype(jnp.float32)).astype(e_new.dtype))
@@ -541,7 +179,7 @@ def sampler_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPl
     new_cache = cache.replace(
         prelude_k=looped.write_tokens(cache.prelude_k, pk, start),
         prelude_v=looped.write_tokens(cache.prelude_v, pv, start),
-        core_k=_write_slot(cache.core_k, ck, R - 1, start), core_v=_write_slot(cache.core_v, cv, R - 1, start),
+        core_k=write_slot(cache.core_k, ck, R - 1, start), core_v=write_slot(cache.core_v, cv, R - 1, start),
         coda_k=looped.write_tokens(cache.coda_k, dk, start), coda_v=looped.write_tokens(cache.coda_v, dv, start),
         length=start + n)
     new_anchor = jnp.take_along_axis(props, jnp.maximum(n - 1, 0)[:, None], axis=1)[:, 0]
@@ -554,8 +192,8 @@ def sampler_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPl
         done=state.done | hit_eos | (n_out >= max_new_tokens),
         steps=state.steps + 1,
         accepted=state.accepted.at[jnp.minimum(state.steps, state.accepted.shape[0] - 1)].set(jnp.where(live, n, -1)),
-        win_x=_shift_left(x, n), win_e=_shift_left(e, n), win_tok=_shift_left(props, n),
-        win_depth=_shift_left(depth, n), draft_rounds=state.draft_rounds + live,
+        win_x=shift_left(x, n), win_e=shift_left(e, n), win_tok=shift_left(props, n),
+        win_depth=shift_left(depth, n), draft_rounds=state.draft_rounds + live,
         win_n=jnp.where(live, jnp.minimum(state.win_n - n + 1, G), state.win_n),
     )
 
@@ -685,4 +323,3 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
     if plan.method in ("das-wave", "parallel-sampler"):
         stats["rounds"] = passes  # summed over rows
     return GenerateResult(tokens=tokens, stats=stats)
-

@@ -1,0 +1,165 @@
+"""The registry of decoding methods: what `generate()` can run for each model family.
+
+A method is a `MethodSpec`: its family, its kind (how `api.generate` runs it: plain AR, chain speculation
+with a drafter, tree speculation with a tree drafter, or looped self-speculation), the options it accepts,
+what a checkpoint must hold for it, and for drafting kinds how its drafter is built from the options.
+Adding a drafter is one module under `drafters/` plus one entry here; `generate`, `supported_methods`, the
+CLI and the benchmark harness find it through `lookup` / `supported` / `known`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from .errors import InputError
+from .options import int_option
+
+DRAFT_TABLES_FILE = "draft_tables.safetensors"
+AR, CHAIN, TREE, LOOPED_SPEC = "ar", "chain", "tree", "looped-spec"
+CHAIN_OPTIONS = frozenset({"gamma", "rollback", "exact", "decode_rows"})
+_MTP_NEED = "the MTP head (mtp.* tensors in the checkpoint)"
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+    """name; family ("qwen3_5" | "looped"); kind (AR, CHAIN, TREE, LOOPED_SPEC); options it accepts (None:
+    checked by the kind's own runner); needs: what the checkpoint must hold (the error names it); available:
+    model -> bool; drafter: (model, options) -> drafter, for CHAIN and TREE (options already checked)."""
+
+    name: str
+    family: str
+    kind: str
+    options: frozenset | None = None
+    needs: str = ""
+    available: Callable = lambda model: True
+    drafter: Callable | None = None
+
+
+# ------------------------------------------------------------------------------------------ drafters
+
+def _has_mtp(model) -> bool:
+    return bool(model.params.get("mtp"))
+
+
+def _tables(model) -> dict:
+    return model.params.get("draft") or {}
+
+
+def _ngram(model, options):
+    from .drafters.ngram import NgramDrafter
+    max_n, min_n = int_option(options, "max_n", 3, 1), int_option(options, "min_n", 1, 1)
+    if not min_n <= max_n:
+        raise InputError(f"n-gram sizes need 1 <= min_n <= max_n; got min_n={min_n}, max_n={max_n}")
+    return NgramDrafter(max_n=max_n, min_n=min_n)
+
+
+def _table(model, options):
+    from .drafters.table import TableDrafter
+    return TableDrafter()
+
+
+def _mtp(model, options):
+    from .drafters.mtp import MtpDrafter
+    return MtpDrafter()
+
+
+def _mtp_shortlist(model, options):
+    from .drafters.mtp import MtpDrafter
+    available = int(model.params["draft"]["shortlist"].shape[0])
+    return MtpDrafter(shortlist_size=int_option(options, "shortlist_size", available, 1, available,
+                                                " (the stored shortlist)"))
+
+
+def _self_draft(model, options, method: str):
+    from .drafters import self_draft
+    if method == "partial-mlp":
+        return self_draft.SelfDrafter(method, mlp_keep=self_draft.parse_mlp_keep(
+            options.get("mlp_keep", self_draft.DEFAULT_MLP_KEEP)))
+    layers = model.config.num_hidden_layers
+    skip = options.get("skip_layers")
+    skip = self_draft.default_skip_layers(layers) if skip is None else skip
+    return self_draft.SelfDrafter(method, skip_layers=self_draft.parse_skip_layers(skip, layers))
+
+
+def _tree_mtp(model, options):
+    from .drafters.tree import TreeMtpDrafter
+    return TreeMtpDrafter()
+
+
+def _tree_ngram(model, options):
+    from .drafters.tree import TreeNgramDrafter
+    return TreeNgramDrafter()
+
+
+# ------------------------------------------------------------------------------------------ registry
+
+def _deep(model) -> bool:
+    return model.config.num_hidden_layers > 1
+
+
+_TREE_OPTIONS = frozenset({"tree", "rollback", "exact"})
+REGISTRY: tuple[MethodSpec, ...] = (
+    MethodSpec("ar", "qwen3_5", AR, frozenset({"exact", "decode_rows"})),
+    MethodSpec("ngram", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"max_n", "min_n"}, drafter=_ngram),
+    MethodSpec("ngram-table", "qwen3_5", CHAIN, CHAIN_OPTIONS,
+               needs=f"a model n-gram table ({DRAFT_TABLES_FILE}, scripts/build_draft_tables.py)",
+               available=lambda m: "table_keys" in _tables(m), drafter=_table),
+    MethodSpec("mtp", "qwen3_5", CHAIN, CHAIN_OPTIONS, needs=_MTP_NEED, available=_has_mtp, drafter=_mtp),
+    MethodSpec("mtp-shortlist", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"shortlist_size"},
+               needs=f"the MTP head and a token shortlist ({DRAFT_TABLES_FILE}, scripts/build_draft_tables.py)",
+               available=lambda m: _has_mtp(m) and "shortlist" in _tables(m), drafter=_mtp_shortlist),
+    MethodSpec("layer-skip", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"skip_layers"}, needs="more than one layer",
+               available=_deep, drafter=lambda m, o: _self_draft(m, o, "layer-skip")),
+    MethodSpec("residual-reuse", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"skip_layers"}, needs="more than one layer",
+               available=_deep, drafter=lambda m, o: _self_draft(m, o, "residual-reuse")),
+    MethodSpec("partial-mlp", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"mlp_keep"},
+               drafter=lambda m, o: _self_draft(m, o, "partial-mlp")),
+    MethodSpec("ngram-tree", "qwen3_5", TREE, _TREE_OPTIONS, drafter=_tree_ngram),
+    MethodSpec("mtp-tree", "qwen3_5", TREE, _TREE_OPTIONS, needs=_MTP_NEED, available=_has_mtp, drafter=_tree_mtp),
+    MethodSpec("ar", "looped", AR, frozenset({"num_steps", "cache_mode", "exact", "decode_rows"})),
+    MethodSpec("self-spec", "looped", LOOPED_SPEC),
+    MethodSpec("mature-spec", "looped", LOOPED_SPEC),
+    MethodSpec("das-wave", "looped", LOOPED_SPEC),
+    MethodSpec("parallel-sampler", "looped", LOOPED_SPEC),
+)
+
+
+def family_methods(family: str) -> tuple[str, ...]:
+    return tuple(s.name for s in REGISTRY if s.family == family)
+
+
+def known() -> set[str]:
+    """Every method some family supports."""
+    return {s.name for s in REGISTRY}
+
+
+def supported(model) -> tuple[str, ...]:
+    """Methods this model can run (its family's, those whose requirements the checkpoint meets)."""
+    return tuple(s.name for s in REGISTRY if s.family == model.family and s.available(model))
+
+
+def requirement(name: str, family: str = "qwen3_5") -> str:
+    """What a checkpoint needs for `name` ("" when nothing special)."""
+    return next((s.needs for s in REGISTRY if s.name == name and s.family == family), "")
+
+
+def lookup(model, name: str) -> MethodSpec:
+    """The spec of `name` for this model, or one InputError saying what is missing / what is supported."""
+    spec = next((s for s in REGISTRY if s.name == name and s.family == model.family), None)
+    if spec is None or not spec.available(model):
+        names = supported(model)
+        need = spec.needs if spec is not None else ""
+        raise InputError(f"method {name!r} is not supported for this {model.family} model"
+                         + (f": it needs {need}" if need else "") + f"; supported: {', '.join(names)}")
+    return spec
+
+
+def check_options(spec: MethodSpec, options: dict) -> None:
+    """Unknown options of a method with a fixed option set: one InputError listing what it accepts."""
+    if spec.options is None:
+        return
+    unknown = set(options) - spec.options
+    if unknown:
+        raise InputError(f"generate(method={spec.name!r}): unknown options {sorted(unknown)}; "
+                         f"accepted: {sorted(spec.options)}")
