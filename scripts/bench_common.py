@@ -115,3 +115,14 @@ class env_setting:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def finish_plot(fig, ax, path: str, xlabel: str, ylabel: str, title: str) -> None:
+    """Labels, grid and legend of a benchmark plot, then save it as a PNG."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -43,7 +43,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scripts.bench_common import result_header, write_results  # noqa: E402
+from scripts.bench_common import finish_plot, result_header, write_results  # noqa: E402
 from scripts.bench_looped_spec import huginn_config, random_model, tiny_config  # noqa: E402
 from specdec_jax.decoding import autoregressive as ar_mod  # noqa: E402
 from specdec_jax.decoding import looped_ar  # noqa: E402
@@ -243,13 +243,8 @@ def plot(res: dict, path: str) -> None:
         line, = ax.plot([a for a, _, _ in pts], [b for _, b, _ in pts], "o-", ms=3, label=name)
         ax.plot([a for a, _, _ in pts], [c for _, _, c in pts], ":", color=line.get_color(), lw=1)
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xlabel("tokens per verification")
-    ax.set_ylabel("speedup over full-depth AR (dotted: ideal)")
-    ax.set_title(f"{res['model']}: forced-acceptance cost curve, R = {res['num_steps']}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    finish_plot(fig, ax, path, "tokens per verification", "speedup over full-depth AR (dotted: ideal)",
+                f"{res['model']}: forced-acceptance cost curve, R = {res['num_steps']}")
 
 
 def parse_args(argv=None) -> argparse.Namespace:

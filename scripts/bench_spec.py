@@ -27,7 +27,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scripts.bench_common import median_time, result_header, write_results  # noqa: E402
+from scripts.bench_common import finish_plot, median_time, result_header, write_results  # noqa: E402
 
 
 RESIDUAL_WRITES = ("o_proj", "out_proj", "down_proj")  # the projections that write into the residual stream
@@ -320,13 +320,7 @@ def plot_cost_curve(result, path: str) -> None:
         pts = sorted((r["tokens_per_step"], r["speedup"]) for r in result["rows"] if key_of(r) == key)
         ax.plot([a for a, _ in pts], [b for _, b in pts], "o-" if key[3] else "x:", ms=3,
                 label=(f"{key[0]}, " if several else "") + f"gamma {key[1]}, {key[2]}{', exact' if key[3] else ''}")
-    ax.set_xlabel("tokens per step")
-    ax.set_ylabel("speedup over AR")
-    ax.set_title(f"{result['model']}: forced-acceptance cost curve")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    finish_plot(fig, ax, path, "tokens per step", "speedup over AR", f"{result['model']}: forced-acceptance cost curve")
 
 
 def main():

@@ -115,3 +115,13 @@ def reference_greedy(model, ids: np.ndarray, n: int) -> np.ndarray:
 def rel_err(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def small_vocab_model(folder: str, *, mtp_layers: int = 0, mtp_seed: int = 0):
+    """The 2-layer (GDN, attention), 6-token model of the sampling tests, saved to `folder` and loaded in
+    float32: a vocabulary small enough that the joint law of 3 tokens has 216 cells."""
+    import specdec_jax as sj
+    ref = build_reference(tiny_text_config(ratio=1, vocab=6, layers=2,
+                                           layer_types=["linear_attention", "full_attention"]), seed=5)
+    save_reference(ref, folder, mtp_layers=mtp_layers, seed=mtp_seed)
+    return sj.load(folder, dtype="float32")

@@ -82,11 +82,7 @@ def test_greedy_equals_ar_and_the_drafter_state_is_rolled_back(drafter):
 
 @pytest.fixture(scope="module")
 def small_vocab_model(tmp_path_factory):
-    ref = H.build_reference(H.tiny_text_config(ratio=1, vocab=6, layers=2,
-                                               layer_types=["linear_attention", "full_attention"]), seed=5)
-    folder = str(tmp_path_factory.mktemp("v6sd"))
-    H.save_reference(ref, folder)
-    return sj.load(folder, dtype="float32")
+    return H.small_vocab_model(str(tmp_path_factory.mktemp("v6sd")))
 
 
 @pytest.mark.parametrize("drafter", [SelfDrafter("layer-skip", skip_layers=(1,)),

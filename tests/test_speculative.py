@@ -183,11 +183,7 @@ class RandomDrafter:
 
 @pytest.fixture(scope="module")
 def small_vocab_model(tmp_path_factory):
-    ref = H.build_reference(H.tiny_text_config(ratio=1, vocab=6, layers=2,
-                                               layer_types=["linear_attention", "full_attention"]), seed=5)
-    folder = str(tmp_path_factory.mktemp("v6"))
-    H.save_reference(ref, folder)
-    return sj.load(folder, dtype="float32")
+    return H.small_vocab_model(str(tmp_path_factory.mktemp("v6")))
 
 
 @pytest.mark.parametrize("drafter_kind", ["ngram", "random_q"])

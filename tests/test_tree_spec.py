@@ -419,11 +419,7 @@ def test_sampling_tree_accept_point_masses():
 
 @pytest.fixture(scope="module")
 def small_vocab_mtp_model(tmp_path_factory):
-    ref = H.build_reference(H.tiny_text_config(ratio=1, vocab=6, layers=2,
-                                               layer_types=["linear_attention", "full_attention"]), seed=5)
-    folder = str(tmp_path_factory.mktemp("tree_v6"))
-    H.save_reference(ref, folder, mtp_layers=1, seed=7)
-    return sj.load(folder, dtype="float32")
+    return H.small_vocab_model(str(tmp_path_factory.mktemp("tree_v6")), mtp_layers=1, mtp_seed=7)
 
 
 @pytest.mark.parametrize("drafter", [TreeNgramDrafter(), TreeMtpDrafter()], ids=["ngram", "mtp"])
