@@ -3,14 +3,14 @@
 #
 #   bash scripts/gpu_suite.sh PART OUT_DIR        PART in: decode, curve, final, tiny, exact, exact-curve, gdn, qwen,
 #                                                  ab, tune, looped, looped-grid, exact-all, qwen-all,
-#                                                  looped-scale, reuse
+#                                                  looped-scale, reuse, train
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -143,6 +143,34 @@ looped-scale)  # issue 14: the looped methods' forced cost curve at the Huginn-0
         step 80 looped_ar_$i python scripts/bench_looped.py --out "$dir"
     done
     step 200 looped_costs python scripts/bench_looped_spec.py --costs --skip-e2e --time-budget-s 180 --out "$dir"
+    ;;
+train)  # issue 15: the corpus from this machine's Python and site-packages, then the tiny checkpoints retrained on it
+    # at the same time (three processes share the GPU: Qwen + MTP, and Huginn with two recurrence recipes, the
+    # better one to ship), then the Qwen draft tables; the checkpoints come back as tar parts of <= 15 MiB.
+    # Smoke on CPU: CORPUS_ARGS="--max-train-chars 3e6 --tokenizer-chars 1e6" TRAIN_ARGS="--batch 2 --seq-len 64
+    #   --hidden 64 --intermediate 128" TABLE_ARGS="--prompts 4 --batch 4 --new-tokens 8" TRAIN_END_S=60
+    step 260 corpus python scripts/build_corpus.py --out build/corpus ${CORPUS_ARGS:-}
+    budget=$(( ${TRAIN_END_S:-400} - SECONDS ))
+    (( budget < 60 )) && budget=60
+    echo "training budget ${budget} s per run" | tee -a "$dir/suite.log"
+    common=(--corpus build/corpus --batch 128 --seq-len 512 --lr 3e-3 --steps 200000 --time-budget-s "$budget"
+            --eval-every 400 --eval-max-tokens 262144 --keep-best --log-every 100 ${TRAIN_ARGS:-})
+    export XLA_PYTHON_CLIENT_MEM_FRACTION=0.3
+    limit=$(( 555 - SECONDS ))
+    step "$limit" train_qwen python scripts/train_tiny.py --arch qwen35 --mtp-distill 0.5 \
+        --out "$dir/ck/tiny-qwen35-code" "${common[@]}" &
+    step "$limit" train_huginn_m32 python scripts/train_tiny.py --arch huginn --mean-recurrence 32 --backprop-depth 8 \
+        --out "$dir/ck/tiny-huginn-code-m32" "${common[@]}" &
+    step "$limit" train_huginn_m16 python scripts/train_tiny.py --arch huginn --mean-recurrence 16 --backprop-depth 8 \
+        --out "$dir/ck/tiny-huginn-code-m16" "${common[@]}" &
+    wait
+    unset XLA_PYTHON_CLIENT_MEM_FRACTION
+    step 60 draft_tables python scripts/build_draft_tables.py --model "$dir/ck/tiny-qwen35-code" --corpus build/corpus \
+        ${TABLE_ARGS:-}
+    cp build/corpus/manifest.json build/corpus/prompts.json build/corpus/LICENSES.md "$dir/"
+    tar czf "$out/ck.tgz" -C "$dir" ck && split -b 15m -d "$out/ck.tgz" "$out/ck.tgz.part" && rm "$out/ck.tgz" \
+        && rm -rf "$dir/ck"
+    ls -la "$out" | tee -a "$dir/suite.log"
     ;;
 *)
     echo "unknown part $part" >&2

@@ -68,6 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         g.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
     g.add_argument("--rope-theta", type=float, default=d.rope_theta, help="qwen35 RoPE base")
     g.add_argument("--mtp-weight", type=float, default=d.mtp_weight, help="qwen35: weight of the MTP loss")
+    g.add_argument("--mtp-distill", type=float, default=d.mtp_distill,
+                   help="qwen35: share of the MTP loss against the model's own next-next-token distribution")
     g.add_argument("--mean-recurrence", type=int, default=d.mean_recurrence, help="huginn")
     g.add_argument("--backprop-depth", type=int, default=d.backprop_depth, help="huginn")
     g.add_argument("--eval-depths", type=_depths, default=d.eval_depths, help="huginn, e.g. 1,2,4,8,16,32")
@@ -76,6 +78,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
+
+
+CORPUS_FILES = ("corpus_manifest.json.gz", "LICENSES.md")  # copied into the checkpoint folder
+
+
+def describe_corpus(manifest: dict) -> str:
+    """One line for the checkpoint README: sources, files, packages, held-out split."""
+    sources = manifest.get("sources", ["stdlib"])
+    what = (f"Python {manifest.get('python_version', '?')} standard library"
+            + (f" and the Python sources of {manifest.get('packages', '?')} installed packages (site-packages), "
+               "deduplicated; `corpus_manifest.json.gz` lists every file, `LICENSES.md` their licences"
+               if "site-packages" in sources else ""))
+    return (f"{what} ({manifest.get('train_files', '?')} train files, {manifest.get('heldout_files', '?')} held-out "
+            f"files: 12 stdlib modules plus whole package directories), built by scripts/build_corpus.py")
 
 
 def ensure_corpus(corpus: Path) -> None:
@@ -101,11 +117,10 @@ def main(argv=None) -> int:
     opts.out = str(out)
     opts.command = "python scripts/train_tiny.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None
                                                                                        else sys.argv[1:]))
-    desc = (f"Python {manifest.get('python_version', '?')} standard library ({manifest.get('train_files', '?')} "
-            f"train files, {manifest.get('heldout_files', '?')} held-out modules), built by scripts/build_corpus.py")
     training.run_training(opts, train_ids, heldout_ids, tokenizer_dir=args.corpus / "tokenizer",
-                          vocab_size=tok.get_vocab_size(), data_description=desc,
-                          eos_token_id=0 if eos is None else eos)
+                          vocab_size=tok.get_vocab_size(), data_description=describe_corpus(manifest),
+                          eos_token_id=0 if eos is None else eos,
+                          extra_files=[args.corpus / n for n in CORPUS_FILES if (args.corpus / n).is_file()])
     return 0
 
 

@@ -23,8 +23,9 @@ def folder_bytes(folder: str | os.PathLike) -> int:
 
 
 def save_checkpoint(out: str | os.PathLike, arch: str, params: dict, cfg, config_json: dict,
-                    tokenizer_dir: str | os.PathLike | None) -> None:
-    """config.json, model.safetensors (bf16, HF / official key names) and the tokenizer files."""
+                    tokenizer_dir: str | os.PathLike | None, extra_files=()) -> None:
+    """config.json, model.safetensors (bf16, HF / official key names), the tokenizer files and
+    `extra_files` (the corpus manifest and licence note) copied as they are."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     bf16 = cast(params, jnp.bfloat16)
@@ -36,6 +37,8 @@ def save_checkpoint(out: str | os.PathLike, arch: str, params: dict, cfg, config
             src = Path(tokenizer_dir) / name
             if src.is_file():
                 shutil.copy(src, out / name)
+    for src in map(Path, extra_files):
+        shutil.copy(src, out / src.name)
 
 
 def _fmt(x: float) -> str:
@@ -53,14 +56,14 @@ def write_readme(out: Path, o: TrainOptions, summary: dict) -> None:
         f"# {out.name}",
         "",
         f"Tiny {'Qwen3.5 hybrid (Gated DeltaNet + gated full attention 3:1) with a 1-layer MTP head' if o.arch == 'qwen35' else 'Huginn-style looped (recurrent-depth) model'}, "
-        "trained from scratch by `scripts/train_tiny.py` on Python standard-library source code. "
+        "trained from scratch by `scripts/train_tiny.py` on Python source code (see Data). "
         "A test / demo checkpoint for specdec_jax, not a useful language model.",
         "",
         "## Data",
         "",
         f"- corpus: {s['data']['description']}",
         f"- train tokens: {s['data']['train_tokens']:,}; held-out tokens: {s['data']['heldout_tokens']:,} "
-        f"(held-out modules never seen by the tokenizer or the model)",
+        f"(held-out files never seen by the tokenizer or the model)",
         f"- tokenizer: byte-level BPE, vocab {s['vocab_size']}, `<|endoftext|>` = 0 (EOS after every file)",
         "",
         "## Model",
@@ -78,7 +81,10 @@ def write_readme(out: Path, o: TrainOptions, summary: dict) -> None:
         f"{o.compute_dtype} compute, fp32 master weights; seed {o.seed}",
     ]
     if o.arch == "qwen35":
-        lines.append(f"- loss: next-token CE + {o.mtp_weight} x MTP next-next-token CE (joint)")
+        mtp_loss = "MTP next-next-token CE" if not o.mtp_distill else (
+            f"({1 - o.mtp_distill:g} x MTP next-next-token CE + {o.mtp_distill:g} x CE against the model's own "
+            "next-next-token distribution, held fixed)")
+        lines.append(f"- loss: next-token CE + {o.mtp_weight} x {mtp_loss} (joint)")
     else:
         lines.append(f"- recurrence per step ~ Poisson-LogNormal(mean {o.mean_recurrence}) + 1, truncated backprop "
                      f"through the last {o.backprop_depth}, zero initial state "
@@ -100,7 +106,8 @@ def write_readme(out: Path, o: TrainOptions, summary: dict) -> None:
     if o.arch == "qwen35":
         lines += [f"- next-token loss {_fmt(ev['ce'])}, perplexity {ev['ppl']:.2f}, top-1 accuracy {ev['acc']:.3f}"]
         if "mtp_ce" in ev:
-            lines += [f"- MTP head (token after next): loss {_fmt(ev['mtp_ce'])}, top-1 accuracy {ev['mtp_acc']:.3f}"]
+            lines += [f"- MTP head (token after next): loss {_fmt(ev['mtp_ce'])}, top-1 accuracy {ev['mtp_acc']:.3f}, "
+                      f"top-1 agreement with the model's own prediction {ev['mtp_agree']:.3f}"]
     else:
         lines += ["", "| recurrences r | loss | perplexity | top-1 acc |", "|---|---|---|---|"]
         for r, m in ev["per_depth"].items():

@@ -24,13 +24,17 @@ def sample_windows(rng: np.random.Generator, data: np.ndarray, batch: int, width
 
 
 def eval_windows(data: np.ndarray, width: int, max_tokens: int = 0) -> np.ndarray:
-    """Non-overlapping [N, width] int32 windows covering the held-out split (optionally capped)."""
-    n = data.shape[0] // width
-    if max_tokens:
-        n = min(n, max(1, max_tokens // width))
-    if n == 0:
+    """Non-overlapping [N, width] int32 windows covering the held-out split; capped at max_tokens, the
+    kept windows are spread evenly over the split (it is ordered by package: a prefix would not be a
+    fair sample)."""
+    total = data.shape[0] // width
+    if total == 0:
         raise ValueError(f"held-out split has {data.shape[0]} tokens: fewer than one window of {width}")
-    return data[: n * width].reshape(n, width).astype(np.int32)
+    windows = data[: total * width].reshape(total, width)
+    if max_tokens and max_tokens // width < total:
+        keep = max(1, max_tokens // width)
+        windows = windows[np.linspace(0, total - 1, keep).round().astype(np.int64)]
+    return windows.astype(np.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "compute_dtype"))

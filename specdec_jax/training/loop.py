@@ -72,8 +72,9 @@ def _device_name() -> str:
 
 def run_training(o: TrainOptions, train_ids: np.ndarray, heldout_ids: np.ndarray, *,
                  tokenizer_dir: str | os.PathLike | None = None, vocab_size: int | None = None,
-                 data_description: str = "", eos_token_id: int = 0) -> dict:
-    """Train, evaluate on the held-out split, write the checkpoint folder `o.out`; returns the summary."""
+                 data_description: str = "", eos_token_id: int = 0, extra_files=()) -> dict:
+    """Train, evaluate on the held-out split, write the checkpoint folder `o.out` (with `extra_files`
+    copied in); returns the summary."""
     if o.arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}; got {o.arch!r}")
     t_start = time.perf_counter()
@@ -88,7 +89,8 @@ def run_training(o: TrainOptions, train_ids: np.ndarray, heldout_ids: np.ndarray
         params = init_qwen35_params(cfg, key)
         width = o.seq_len + 2
         def loss_fn(params, tokens):
-            return qwen35_loss(params, cfg, tokens, mtp_weight=o.mtp_weight, compute_dtype=compute_dtype)
+            return qwen35_loss(params, cfg, tokens, mtp_weight=o.mtp_weight, compute_dtype=compute_dtype,
+                               mtp_distill=o.mtp_distill)
         config_json = qwen35_config_json(cfg)
         sizes = {k: config_json[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                                "num_key_value_heads", "head_dim", "intermediate_size",
@@ -194,7 +196,8 @@ def run_training(o: TrainOptions, train_ids: np.ndarray, heldout_ids: np.ndarray
                 best_ce, best_step, best_params = ev["ce"], step, jax.tree.map(jnp.copy, params)
             eval_s += time.perf_counter() - t_eval
             log(f"eval step {step}: held-out loss {ev['ce']:.4f} ppl {ev['ppl']:.2f} acc {ev['acc']:.3f}"
-                + (f"  mtp loss {ev['mtp_ce']:.4f} acc {ev['mtp_acc']:.3f}" if "mtp_ce" in ev else ""))
+                + (f"  mtp loss {ev['mtp_ce']:.4f} acc {ev['mtp_acc']:.3f} agree {ev['mtp_agree']:.3f}"
+                   if "mtp_ce" in ev else ""))
     if pending is not None:
         m = {k: float(v) for k, v in jax.device_get(pending[2]).items()}
         window_losses.append(m["loss"])
@@ -217,13 +220,13 @@ def run_training(o: TrainOptions, train_ids: np.ndarray, heldout_ids: np.ndarray
     final["windows"] = int(windows.shape[0])
     if o.arch == "qwen35":
         log(f"held-out: loss {final['ce']:.4f} ppl {final['ppl']:.2f} acc {final['acc']:.3f}  "
-            f"mtp loss {final['mtp_ce']:.4f} acc {final['mtp_acc']:.3f}")
+            f"mtp loss {final['mtp_ce']:.4f} acc {final['mtp_acc']:.3f} agree {final['mtp_agree']:.3f}")
     else:
         for r, m in final["per_depth"].items():
             log(f"held-out r={r:3d}: loss {m['ce']:.4f} ppl {m['ppl']:.2f} acc {m['acc']:.3f}")
 
     out = Path(o.out)
-    save_checkpoint(out, o.arch, params, cfg, config_json, tokenizer_dir)
+    save_checkpoint(out, o.arch, params, cfg, config_json, tokenizer_dir, extra_files)
     final_window = min(len(window_losses), max(o.log_every, 1))
     summary = {
         "arch": o.arch, "vocab_size": vocab, "num_params": n_params, "model_sizes": sizes,

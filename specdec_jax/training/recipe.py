@@ -57,6 +57,7 @@ class TrainOptions:
     linear_head_dim: int = 32
     rope_theta: float = 10_000.0
     mtp_weight: float = 0.3
+    mtp_distill: float = 0.0  # share of the MTP loss taken against the model's own next-next distribution
     # huginn
     prelude: int = 2
     core: int = 2
@@ -194,8 +195,10 @@ def ce_rows(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]
 
 def qwen35_outputs(params: dict, cfg: Qwen35Config, tokens: jax.Array, *, compute_dtype) -> dict[str, jax.Array]:
     """tokens [B, T + 2] -> per-row metrics [B]: ce, acc (next token) and, with an MTP head, mtp_ce, mtp_acc
-    (token after next, from the target's hidden state and the true next token). GDN runs the
-    differentiable chunked jnp reference."""
+    (token after next, from the target's hidden state and the true next token), mtp_agree (the MTP
+    head's top-1 equals the model's own top-1 for that token, which is what a draft needs) and
+    mtp_distill_ce (cross-entropy against the model's own distribution for that token, held fixed by a
+    stop-gradient). GDN runs the differentiable chunked jnp reference."""
     p = cast(params, compute_dtype)
     B, W = tokens.shape
     T = W - 2
@@ -206,14 +209,23 @@ def qwen35_outputs(params: dict, cfg: Qwen35Config, tokens: jax.Array, *, comput
     if "mtp" in params:
         mtp_logits, _ = mtp.mtp_forward_train(p, cfg, extras["hidden"], tokens[:, 1:T + 1])
         out["mtp_ce"], out["mtp_acc"] = ce_rows(mtp_logits, tokens[:, 2:T + 2])
+        # mtp_logits[:, t] and logits[:, t + 1] both predict token t + 2 after the same true prefix.
+        head, model = mtp_logits[:, :T - 1].astype(jnp.float32), lax.stop_gradient(logits[:, 1:T]).astype(jnp.float32)
+        out["mtp_agree"] = jnp.mean((jnp.argmax(head, -1) == jnp.argmax(model, -1)).astype(jnp.float32), axis=-1)
+        out["mtp_distill_ce"] = jnp.mean(optax.softmax_cross_entropy(head, jax.nn.softmax(model, axis=-1)), axis=-1)
     return out
 
 
-def qwen35_loss(params: dict, cfg: Qwen35Config, tokens: jax.Array, *, mtp_weight: float, compute_dtype):
-    """tokens [B, T + 2] -> (CE + mtp_weight * MTP CE, mean metrics)."""
+def qwen35_loss(params: dict, cfg: Qwen35Config, tokens: jax.Array, *, mtp_weight: float, compute_dtype,
+                mtp_distill: float = 0.0):
+    """tokens [B, T + 2] -> (CE + mtp_weight * ((1 - mtp_distill) * MTP CE + mtp_distill * MTP distill CE),
+    mean metrics). The distillation term trains the head toward the model's own prediction, the one a
+    draft must match to be accepted."""
     metrics = {k: jnp.mean(v) for k, v in qwen35_outputs(params, cfg, tokens, compute_dtype=compute_dtype).items()}
-    loss = metrics["ce"] + mtp_weight * metrics["mtp_ce"] if "mtp_ce" in metrics else metrics["ce"]
-    return loss, metrics
+    if "mtp_ce" not in metrics:
+        return metrics["ce"], metrics
+    mtp_loss = (1.0 - mtp_distill) * metrics["mtp_ce"] + mtp_distill * metrics["mtp_distill_ce"]
+    return metrics["ce"] + mtp_weight * mtp_loss, metrics
 
 
 def huginn_loss(params: dict, cfg: looped.LoopedConfig, tokens: jax.Array, n_no_grad: jax.Array,
