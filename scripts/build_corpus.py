@@ -21,6 +21,7 @@ import collections
 import gzip
 import json
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer-chars", type=float, default=40e6,
                         help="train the BPE on a stable sample of this many train characters; 0 = all")
     parser.add_argument("--max-file-bytes", type=int, default=400_000, help="larger files (generated) are skipped")
+    parser.add_argument("--tokenizer", type=Path, default=None,
+                        help="reuse this tokenizer folder (e.g. a shipped checkpoint's) instead of training one")
     args = parser.parse_args(argv)
     if not 0.0 <= args.heldout_fraction < 1.0:
         parser.error(f"--heldout-fraction must be in [0, 1), got {args.heldout_fraction}")
@@ -81,8 +84,14 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     sample = corpus.cap_chars(train, int(args.tokenizer_chars))
-    tokenizer_dir = corpus.train_tokenizer([f.text for f in sample], args.out / "tokenizer",
-                                           vocab_size=args.vocab_size)
+    if args.tokenizer is None:
+        tokenizer_dir = corpus.train_tokenizer([f.text for f in sample], args.out / "tokenizer",
+                                               vocab_size=args.vocab_size)
+    else:  # the same ids as a model already trained on this corpus
+        tokenizer_dir = args.out / "tokenizer"
+        tokenizer_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(args.tokenizer / name, tokenizer_dir / name)
     t_tok = time.perf_counter() - start - t_read
     train_ids = corpus.encode_corpus(tokenizer_dir, [f.text for f in train])
     heldout_ids = corpus.encode_corpus(tokenizer_dir, [f.text for f in heldout])
@@ -110,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         "packages": len(counts),
         "train_chars": _chars(train),
         "heldout_chars": _chars(heldout),
-        "tokenizer_sample_chars": _chars(sample),
+        "tokenizer_sample_chars": _chars(sample) if args.tokenizer is None else 0,
+        "tokenizer_from": str(args.tokenizer) if args.tokenizer is not None else "trained on the train split",
         "train_tokens": int(train_ids.size),
         "heldout_tokens": int(heldout_ids.size),
         "num_prompts": len(prompts),

@@ -3,14 +3,15 @@
 #
 #   bash scripts/gpu_suite.sh PART OUT_DIR        PART in: decode, curve, final, tiny, exact, exact-curve, gdn, qwen,
 #                                                  ab, tune, looped, looped-grid, exact-all, qwen-all,
-#                                                  looped-scale, reuse, train
+#                                                  looped-scale, reuse, train,
+#                                                  train-huginn
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -171,6 +172,28 @@ train)  # issue 15: the corpus from this machine's Python and site-packages, the
     tar czf "$out/ck.tgz" -C "$dir" ck && split -b 15m -d "$out/ck.tgz" "$out/ck.tgz.part" && rm "$out/ck.tgz" \
         && rm -rf "$dir/ck"
     ls -la "$out" | tee -a "$dir/suite.log"
+    ;;
+train-huginn)  # issue 15: two Huginn layouts at the same time on the corpus rebuilt with the Qwen checkpoint's
+    # tokenizer: 2+2+2 layers (recurrence mean 16, backprop 8) and 1+4+1 (more of the work inside the loop), both
+    # with the wider MLP; the checkpoints come back as tar parts of <= 15 MiB
+    step 200 corpus python scripts/build_corpus.py --out build/corpus --tokenizer checkpoints/tiny-qwen35-code \
+        ${CORPUS_ARGS:-}
+    budget=$(( ${TRAIN_END_S:-440} - SECONDS ))
+    (( budget < 60 )) && budget=60
+    echo "training budget ${budget} s per run" | tee -a "$dir/suite.log"
+    common=(--arch huginn --corpus build/corpus --batch 128 --seq-len 512 --lr 3e-3 --steps 200000
+            --time-budget-s "$budget" --eval-every 400 --eval-max-tokens 262144 --keep-best --log-every 100
+            --intermediate 1024 ${TRAIN_ARGS:-})
+    export XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
+    limit=$(( 580 - SECONDS ))
+    step "$limit" train_huginn_222 python scripts/train_tiny.py --prelude 2 --core 2 --coda 2 --mean-recurrence 16 \
+        --backprop-depth 8 --out "$dir/ck/tiny-huginn-code-222" "${common[@]}" &
+    step "$limit" train_huginn_141 python scripts/train_tiny.py --prelude 1 --core 4 --coda 1 --mean-recurrence 16 \
+        --backprop-depth 4 --out "$dir/ck/tiny-huginn-code-141" "${common[@]}" &
+    wait
+    cp build/corpus/manifest.json "$dir/"
+    tar czf "$out/ck.tgz" -C "$dir" ck && split -b 15m -d "$out/ck.tgz" "$out/ck.tgz.part" && rm "$out/ck.tgz" \
+        && rm -rf "$dir/ck"
     ;;
 *)
     echo "unknown part $part" >&2
