@@ -4,14 +4,14 @@
 #   bash scripts/gpu_suite.sh PART OUT_DIR        PART in: decode, curve, final, tiny, exact, exact-curve, gdn, qwen,
 #                                                  ab, tune, looped, looped-grid, exact-all, qwen-all,
 #                                                  looped-scale, reuse, train,
-#                                                  train-huginn
+#                                                  train-huginn, retrained
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -194,6 +194,15 @@ train-huginn)  # issue 15: two Huginn layouts at the same time on the corpus reb
     cp build/corpus/manifest.json "$dir/"
     tar czf "$out/ck.tgz" -C "$dir" ck && split -b 15m -d "$out/ck.tgz" "$out/ck.tgz.part" && rm "$out/ck.tgz" \
         && rm -rf "$dir/ck"
+    ;;
+retrained)  # issue 15 (and 12, 13, 14): the retrained checkpoints: every chain method of tiny Qwen against AR (equality,
+    # speed, exact and fast paths), the looped methods of tiny Huginn likewise, then das-wave end to end
+    step 200 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 32 --prompt-len 64 \
+        --tag _qwen --out "$dir"
+    step 150 exact_huginn python scripts/bench_exact.py --part tiny --models huginn --num-prompts 32 --prompt-len 64 \
+        --tag _huginn --out "$dir"
+    step 140 looped_dw python scripts/bench_looped_spec.py --grid small --methods das-wave --num-prompts 8 \
+        --time-budget-s 115 --out "$dir"
     ;;
 *)
     echo "unknown part $part" >&2
