@@ -161,7 +161,7 @@ def run_config(model, prompts, method, opts, args) -> dict:
     """Paired AR / method runs over every prompt; returns per-prompt rows and the summary."""
     R, N = args.num_steps, args.max_new_tokens
     plan = ls.make_plan(method, R, **opts)
-    max_len = prompts.shape[1] + N + max(plan.gamma, 1)
+    max_len = prompts.shape[1] + N + max(plan.gamma, plan.decode_rows, 1)  # room for the last verification
     gen = functools.partial(ls.generate_looped_spec, model, num_steps=R, eos_ids=(), max_len=max_len, **opts)
     ar_gen = functools.partial(looped_ar.generate, model, max_new_tokens=N, num_steps=R, eos_ids=(), max_len=max_len)
     warm = gen(prompts[:1], N, method)  # compile (cached for the rest)
