@@ -7,7 +7,8 @@ Layers, lowest first (a module may import its own layer and those below):
   2  specdec_jax.models.*                                          the model families (pure functions)
   3  specdec_jax.decoding.*, specdec_jax.drafters.*                AR / speculative loops, acceptance, drafters
   4  specdec_jax.api, methods, training                            the public calls, the method registry, training
-  5  specdec_jax.bench, cli, __main__, specdec_jax (package)       tools on top
+  5  specdec_jax.bench, harness, cli, __main__, specdec_jax (pkg)  tools on top; harness: the benchmark
+                                                                 plumbing bench.py and scripts/ share
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ LAYERS = [
     ("specdec_jax.models",),
     ("specdec_jax.decoding", "specdec_jax.drafters"),
     ("specdec_jax.api", "specdec_jax.methods", "specdec_jax.training"),
-    ("specdec_jax.bench", "specdec_jax.cli", "specdec_jax.__main__", "specdec_jax"),
+    # harness: timing, pairing, statistics, result headers and writers for benchmarks (bench.py and scripts/);
+    # a tool, so nothing in the library below may depend on it.
+    ("specdec_jax.bench", "specdec_jax.harness", "specdec_jax.cli", "specdec_jax.__main__", "specdec_jax"),
 ]
 
 
