@@ -138,12 +138,12 @@ def _summary(rows: list[dict]) -> dict:
 
 def nine_b_part(args, header) -> dict:
     from scripts.bench_spec import random_9b_model
-    from specdec_jax.api import qwen_ops
-    from specdec_jax.decoding.autoregressive import generate_autoregressive
+    from specdec_jax.decoding.autoregressive import ar_ops, generate_autoregressive
     from specdec_jax.decoding.decode_shape import choose_decode_rows
     from specdec_jax.decoding.sampling import SamplingConfig
     from specdec_jax.decoding.speculative import generate_speculative
     from specdec_jax.drafters.ngram import NgramDrafter
+    from specdec_jax.models.family import QWEN35
     model = random_9b_model(args.tiny_shape, damp=args.damp)
     cfg, params = model.config, model.params
     rng = np.random.default_rng(0)
@@ -154,7 +154,7 @@ def nine_b_part(args, header) -> dict:
     common = dict(max_len=max_len, sampling=SamplingConfig(), seed=0, eos_ids=(), state_dtype=model.dtype)
 
     def ar(ids, exact):
-        return generate_autoregressive(qwen_ops(rows if exact else 0), params, cfg, ids, N, **common)
+        return generate_autoregressive(ar_ops(QWEN35, rows if exact else 0), params, cfg, ids, N, **common)
 
     def spec(ids, drafter, exact, ref=None):
         p = params if ref is None else dict(params, forced_reference=jnp.asarray(ref))
@@ -172,7 +172,7 @@ def nine_b_part(args, header) -> dict:
     sweep = [r for r in (int(x) for x in args.ar_rows.split(",") if x) if r != rows]
 
     def ar_rows(ids, r):
-        return generate_autoregressive(qwen_ops(r), params, cfg, ids, N, **common)
+        return generate_autoregressive(ar_ops(QWEN35, r), params, cfg, ids, N, **common)
 
     with ThreadPoolExecutor(max_workers=max(len(sweep), 1)) as pool:
         list(pool.map(lambda r: ar_rows(prompts[0], r), sweep))

@@ -43,10 +43,10 @@ import numpy as np  # noqa: E402
 from scripts.bench_looped_spec import huginn_config, random_model, tiny_config  # noqa: E402
 from specdec_jax.harness import alternate, compile_timed, finish_plot, result_header, write_results  # noqa: E402
 from specdec_jax.decoding import autoregressive as ar_mod  # noqa: E402
-from specdec_jax.decoding import looped_ar  # noqa: E402
 from specdec_jax.decoding import looped_spec as ls  # noqa: E402
 from specdec_jax.decoding.decode_shape import exact_rows  # noqa: E402
 from specdec_jax.decoding.sampling import SamplingConfig  # noqa: E402
+from specdec_jax.models.family import looped_family  # noqa: E402
 
 CURVE_METHODS = ("das-wave", "self-spec", "mature-spec")  # the sampler has no acceptance step to force
 MATCH_OPTIONS = ("gamma", "k", "draft_steps", "read_k", "read_v", "carry", "window_init")
@@ -70,7 +70,7 @@ def lower_all(model, plans: dict, prompt, key, R: int, N: int, ar_rows: int) -> 
     cfg, params, dtype = model.config, model.params, model.params["wte"].dtype
     greedy = SamplingConfig()
     max_len = prompt.shape[1] + N + max([ar_rows] + [max(p.decode_rows, p.gamma) for p in plans.values()])
-    static_ap = dict(ops=looped_ar._ar_ops(R, "full", ar_rows), cfg=cfg, max_len=max_len, state_dtype=dtype)
+    static_ap = dict(ops=ar_mod.ar_ops(looped_family(R), ar_rows), cfg=cfg, max_len=max_len, state_dtype=dtype)
     logits_s, state_s = jax.eval_shape(functools.partial(ar_mod._prefill, **static_ap), params, prompt)
     jobs = {"ar_prefill": functools.partial(ar_mod._prefill.lower, params, prompt, **static_ap),
             "ar_loop": functools.partial(ar_mod._decode_loop.lower, params, state_s, logits_s, key,

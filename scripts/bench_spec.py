@@ -164,17 +164,17 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
     key = jax.random.PRNGKey(0)
     drafters = {m: curve_drafter(model, m) for m in methods}
     sampling = SamplingConfig()
-    from specdec_jax.api import qwen_ops
     from specdec_jax.decoding.decode_shape import choose_decode_rows
+    from specdec_jax.models.family import QWEN35
     rows_of = {g: choose_decode_rows(g, None, "qwen3_5") for g in gammas}
     ar_rows = choose_decode_rows(0, None, "qwen3_5")
     max_len = prompt_len + new_tokens + max(max(gammas) + 1, *rows_of.values())
-    static_ap = dict(ops=qwen_ops(), cfg=cfg, max_len=max_len, state_dtype=model.dtype)
+    static_ap = dict(ops=ar_mod.ar_ops(QWEN35), cfg=cfg, max_len=max_len, state_dtype=model.dtype)
     logits_s, state_s = jax.eval_shape(functools.partial(ar_mod._prefill, **static_ap), params, prompt)
     jobs = {"ar_prefill": lambda: ar_mod._prefill.lower(params, prompt, **static_ap)}
     static_ad = {}
     for ex in exact_modes:
-        static_ad[ex] = dict(ops=qwen_ops(ar_rows if ex else 0), cfg=cfg, max_new_tokens=new_tokens,
+        static_ad[ex] = dict(ops=ar_mod.ar_ops(QWEN35, ar_rows if ex else 0), cfg=cfg, max_new_tokens=new_tokens,
                              sampling=sampling, eos_ids=())
         jobs["ar_loop", ex] = functools.partial(ar_mod._decode_loop.lower, params, state_s, logits_s, key,
                                                 **static_ad[ex])
