@@ -32,7 +32,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import specdec_jax.decoding.compiled as compiled  # noqa: E402
-from scripts.bench_common import result_header, write_results  # noqa: E402
+from specdec_jax.harness import (alternate, cut_prompts, decode_tokens_per_second,  # noqa: E402
+                                  own_reference_rows, result_header, write_results)
 from specdec_jax.drafters.stateless import StatelessDrafter  # noqa: E402
 
 QWEN_METHODS = ("ngram", "ngram:8", "ngram-table", "mtp", "mtp-shortlist", "layer-skip", "residual-reuse", "partial-mlp")
@@ -76,8 +77,7 @@ def tiny_part(args, header, save) -> dict:
         # The first --num-prompts prompts of at least --prompt-len tokens, cut to their last --prompt-len: one
         # prompt shape, so every setting compiles once.
         encoded = [tok.encode(t, add_special_tokens=False) for t in prompts_text]
-        encoded = [e[-args.prompt_len:] for e in encoded if len(e) >= args.prompt_len][:args.num_prompts]
-        prompts = [np.asarray([e]) for e in encoded]
+        prompts = [np.asarray([e]) for e in cut_prompts(encoded, args.prompt_len, args.num_prompts)]
         modes = [m == "exact" for m in args.modes.split(",")]
         name = os.path.basename(os.path.normpath(folder))
 
@@ -107,9 +107,9 @@ def tiny_part(args, header, save) -> dict:
                         continue
                     r = run(ids, spec, exact)
                     rows_used = r.stats["decode_rows"] if exact else ar.stats["decode_rows"]
-                    # exact output is AR's at the same decode row count
-                    ref = ar if rows_used == ar.stats["decode_rows"] else run(ids, None, True, decode_rows=rows_used)
-                    tps = (r.stats["new_tokens"] - 1) / r.stats["decode_seconds"]
+                    own_rows = own_reference_rows(r.stats, ar.stats)
+                    ref = ar if own_rows is None else run(ids, None, True, decode_rows=own_rows)
+                    tps = decode_tokens_per_second(r.stats)
                     row[f"{spec}/{mode}"] = {"equal_to_ar": bool((r.tokens == ref.tokens).all()),
                                              "tps": tps, "speedup": tps / ar_tps,
                                              "mean_accepted": r.stats["mean_accepted"],
@@ -138,12 +138,12 @@ def _summary(rows: list[dict]) -> dict:
 
 def nine_b_part(args, header) -> dict:
     from scripts.bench_spec import random_9b_model
-    from specdec_jax.api import qwen_ops
-    from specdec_jax.decoding.autoregressive import generate_autoregressive
+    from specdec_jax.decoding.autoregressive import ar_ops, generate_autoregressive
     from specdec_jax.decoding.decode_shape import choose_decode_rows
     from specdec_jax.decoding.sampling import SamplingConfig
     from specdec_jax.decoding.speculative import generate_speculative
     from specdec_jax.drafters.ngram import NgramDrafter
+    from specdec_jax.models.family import QWEN35
     model = random_9b_model(args.tiny_shape, damp=args.damp)
     cfg, params = model.config, model.params
     rng = np.random.default_rng(0)
@@ -154,7 +154,7 @@ def nine_b_part(args, header) -> dict:
     common = dict(max_len=max_len, sampling=SamplingConfig(), seed=0, eos_ids=(), state_dtype=model.dtype)
 
     def ar(ids, exact):
-        return generate_autoregressive(qwen_ops(rows if exact else 0), params, cfg, ids, N, **common)
+        return generate_autoregressive(ar_ops(QWEN35, rows if exact else 0), params, cfg, ids, N, **common)
 
     def spec(ids, drafter, exact, ref=None):
         p = params if ref is None else dict(params, forced_reference=jnp.asarray(ref))
@@ -172,16 +172,13 @@ def nine_b_part(args, header) -> dict:
     sweep = [r for r in (int(x) for x in args.ar_rows.split(",") if x) if r != rows]
 
     def ar_rows(ids, r):
-        return generate_autoregressive(qwen_ops(r), params, cfg, ids, N, **common)
+        return generate_autoregressive(ar_ops(QWEN35, r), params, cfg, ids, N, **common)
 
     with ThreadPoolExecutor(max_workers=max(len(sweep), 1)) as pool:
         list(pool.map(lambda r: ar_rows(prompts[0], r), sweep))
-    times = {True: [], False: [], **{r: [] for r in sweep}}
-    for _ in range(args.repeats):  # alternate: drift hits all
-        for exact in (True, False):
-            times[exact].append(ar(prompts[0], exact).stats["decode_tokens_per_second"])
-        for r in sweep:
-            times[r].append(ar_rows(prompts[0], r).stats["decode_tokens_per_second"])
+    tok_s = lambda result: result.stats["decode_tokens_per_second"]  # noqa: E731
+    times = alternate({True: lambda: tok_s(ar(prompts[0], True)), False: lambda: tok_s(ar(prompts[0], False)),
+                       **{r: (lambda r=r: tok_s(ar_rows(prompts[0], r))) for r in sweep}}, args.repeats)
     out["ar_tok_s"] = {"exact": float(np.median(times[True])), "fast": float(np.median(times[False]))}
     out["ar_exact_time_ratio"] = out["ar_tok_s"]["fast"] / out["ar_tok_s"]["exact"]
     out["ar_tok_s_by_rows"] = {1: out["ar_tok_s"]["fast"], rows: out["ar_tok_s"]["exact"],

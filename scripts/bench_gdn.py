@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 
 from pallas_kernels import gated_delta as gd  # noqa: E402
 from pallas_kernels.gated_delta import pallas_ops, reference  # noqa: E402
-from scripts.bench_common import result_header  # noqa: E402
+from specdec_jax.harness import alternate, result_header, write_results  # noqa: E402
 
 CHUNK_T = 64  # T above this uses the chunk kernel, at or below it the recurrent kernel
 
@@ -210,15 +210,6 @@ class TorchEager:
         end.record()
         end.synchronize()
         return start.elapsed_time(end) * 1e-3 / self.n
-
-
-def paired_medians(timers: dict, repeats: int) -> dict:
-    """Alternate the timers `repeats` times; median seconds per call of each."""
-    samples = {name: [] for name in timers}
-    for _ in range(repeats):
-        for name, fn in timers.items():
-            samples[name].append(fn())
-    return {name: float(np.median(v)) for name, v in samples.items()}
 
 
 # ------------------------------------------------------------------------------------- cost accounting
@@ -424,7 +415,7 @@ def bench(log, args, save=lambda rows: None):
                                                              use_qk_l2norm_in_kernel=True)[1], "recurrent")
                 add_torch("fla_snapshot_verify", lambda s: fla_snap(qt, kt, vt, gt, bt, s, scale)[2][
                     :, t // 2 if t > 1 else 0].contiguous(), "recurrent", 4 * b * t * hv * kd * vd)
-        med = paired_medians(timers, repeats)
+        med = {name: float(np.median(v)) for name, v in alternate(timers, repeats).items()}
         for name, sec in med.items():
             kind, extra = meta[name]
             if kind == "chunk":
@@ -512,11 +503,9 @@ def main(argv=None):
     checks = [] if args.skip_check else check_correctness(log, not args.skip_fla, args.small, args.check_fp32)
 
     def save(rows):  # after every size, so a run cut short still leaves its numbers
-        with open(os.path.join(args.out, f"gdn_{args.tag}.json"), "w") as f:
-            json.dump(dict(header, ceilings=ceilings, correctness=checks, timings=rows), f, indent=1)
         md = markdown(header, ceilings, checks, rows)
-        with open(os.path.join(args.out, f"gdn_{args.tag}.md"), "w") as f:
-            f.write(md)
+        write_results(args.out, f"gdn_{args.tag}", dict(header, ceilings=ceilings, correctness=checks, timings=rows),
+                      md, echo=False)
         return md
 
     rows = bench(log, args, save)

@@ -28,14 +28,11 @@ starts after the budget, so a slow compile costs the last mature-spec rows, not 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
-import io
 import json
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -43,13 +40,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scripts.bench_common import finish_plot, result_header, write_results  # noqa: E402
 from scripts.bench_looped_spec import huginn_config, random_model, tiny_config  # noqa: E402
+from specdec_jax.harness import alternate, compile_timed, finish_plot, result_header, write_results  # noqa: E402
 from specdec_jax.decoding import autoregressive as ar_mod  # noqa: E402
-from specdec_jax.decoding import looped_ar  # noqa: E402
 from specdec_jax.decoding import looped_spec as ls  # noqa: E402
 from specdec_jax.decoding.decode_shape import exact_rows  # noqa: E402
 from specdec_jax.decoding.sampling import SamplingConfig  # noqa: E402
+from specdec_jax.models.family import looped_family  # noqa: E402
 
 CURVE_METHODS = ("das-wave", "self-spec", "mature-spec")  # the sampler has no acceptance step to force
 MATCH_OPTIONS = ("gamma", "k", "draft_steps", "read_k", "read_v", "carry", "window_init")
@@ -73,7 +70,7 @@ def lower_all(model, plans: dict, prompt, key, R: int, N: int, ar_rows: int) -> 
     cfg, params, dtype = model.config, model.params, model.params["wte"].dtype
     greedy = SamplingConfig()
     max_len = prompt.shape[1] + N + max([ar_rows] + [max(p.decode_rows, p.gamma) for p in plans.values()])
-    static_ap = dict(ops=looped_ar._ar_ops(R, "full", ar_rows), cfg=cfg, max_len=max_len, state_dtype=dtype)
+    static_ap = dict(ops=ar_mod.ar_ops(looped_family(R), ar_rows), cfg=cfg, max_len=max_len, state_dtype=dtype)
     logits_s, state_s = jax.eval_shape(functools.partial(ar_mod._prefill, **static_ap), params, prompt)
     jobs = {"ar_prefill": functools.partial(ar_mod._prefill.lower, params, prompt, **static_ap),
             "ar_loop": functools.partial(ar_mod._decode_loop.lower, params, state_s, logits_s, key,
@@ -89,17 +86,6 @@ def lower_all(model, plans: dict, prompt, key, R: int, N: int, ar_rows: int) -> 
         jobs["loop", name] = functools.partial(ls._loop.lower, params, state_s, key, jnp.float32(0.5), cfg=cfg,
                                                plan=plan, sampling=greedy, eos_ids=(), max_new_tokens=N)
     return {k: make() for k, make in jobs.items()}, max_len
-
-
-def compile_parallel(lowered: dict, workers: int) -> tuple[dict, dict]:
-    """({job: executable}, {job: seconds}); XLA releases the GIL, so the compiles overlap."""
-    def timed(lo):
-        t0 = time.perf_counter()
-        return lo.compile(), time.perf_counter() - t0
-
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        done = dict(zip(lowered, pool.map(timed, lowered.values())))
-    return {k: v[0] for k, v in done.items()}, {str(k): v[1] for k, v in done.items()}
 
 
 def interpolate(rows: list[dict], tpv: float) -> dict:
@@ -139,7 +125,7 @@ def run_curve(args, model, on_row=None, t_start: float | None = None) -> dict:
     ar_rows = exact_rows({}, 0, "looped", None)  # what generate(method="ar") runs at by default
     lowered, max_len = lower_all(model, plans, prompt, key, R, N, ar_rows)
     print(f"lowered {len(lowered)} functions in {time.perf_counter() - t_start:.0f} s", flush=True)
-    exe, compile_s = compile_parallel(lowered, args.workers)
+    exe, compile_s = compile_timed(lowered, args.workers)
     print(f"compiled in {time.perf_counter() - t_start:.0f} s since start (pool of {args.workers})", flush=True)
 
     def ar_run() -> float:
@@ -172,10 +158,8 @@ def run_curve(args, model, on_row=None, t_start: float | None = None) -> dict:
             if over_budget():
                 result["skipped"].append(f"{name} p={p}")
                 continue
-            runs, ar_times = [], []
-            for _ in range(args.repeats):  # AR alternates with speculation, so drift hits both
-                runs.append(spec_run(name, p))
-                ar_times.append(ar_run())
+            paired = alternate({"spec": lambda: spec_run(name, p), "ar": ar_run}, args.repeats)
+            runs, ar_times = paired["spec"], paired["ar"]
             ar_all += ar_times
             sec, core = float(np.median([r[0] for r in runs])), float(np.median([r[2] for r in runs]))
             ar_sec = float(np.median(ar_times))
@@ -300,8 +284,7 @@ def main(argv=None) -> dict:
 
     def save(res):
         full = {**head, **res}
-        with contextlib.redirect_stdout(io.StringIO()):  # rows are printed as they come
-            write_results(args.out, stem, full, markdown(full))
+        write_results(args.out, stem, full, markdown(full), echo=False)  # rows are printed as they come
         if full["rows"]:
             plot(full, os.path.join(args.out, stem + ".png"))
         return full

@@ -48,7 +48,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scripts.bench_common import median_time, result_header, write_results  # noqa: E402
+from specdec_jax.harness import (alternate, bootstrap_ci, cut_prompts, median_time,  # noqa: E402
+                                  result_header, write_results)
 from specdec_jax.decoding import looped_spec as ls  # noqa: E402
 from specdec_jax.decoding.sampling import SamplingConfig  # noqa: E402
 from specdec_jax.model import Model  # noqa: E402
@@ -132,7 +133,7 @@ def load_prompts(args, model) -> tuple[np.ndarray, str]:
     except OSError:
         texts = []
     ids = [tok.encode(t).ids for t in texts]
-    ids = [i[-args.prompt_len:] for i in ids if len(i) >= args.prompt_len][:args.num_prompts]
+    ids = cut_prompts(ids, args.prompt_len, args.num_prompts)
     if len(ids) < args.num_prompts:
         print(f"warning: only {len(ids)} held-out prompts have >= {args.prompt_len} tokens", flush=True)
     if not ids:
@@ -141,16 +142,6 @@ def load_prompts(args, model) -> tuple[np.ndarray, str]:
 
 
 # ------------------------------------------------------------------------------------ end to end
-
-def bootstrap_mean(values, n: int, seed: int = 0) -> tuple[float, float]:
-    """95% percentile interval of the mean of `values`, resampling them with replacement."""
-    v = np.asarray(values, np.float64)
-    if len(v) < 2:
-        return float(v.mean()), float(v.mean())
-    idx = np.random.default_rng(seed).integers(0, len(v), (n, len(v)))
-    means = v[idx].mean(axis=1)
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
-
 
 def prefix_agreement(a: np.ndarray, b: np.ndarray) -> int:
     diff = np.nonzero(a != b)[0]
@@ -169,13 +160,10 @@ def run_config(model, prompts, method, opts, args) -> dict:
     rows = []
     for p in prompts:
         ids = p[None]
-        ar_tps, sp_tps = [], []
-        for _ in range(args.repeats):
-            ar = ar_gen(ids)
-            sp = gen(ids, N, method)
-            ar_tps.append(ar.stats["decode_tokens_per_second"])
-            sp_tps.append(sp.stats["decode_tokens_per_second"])
-        a, s = float(np.median(ar_tps)), float(np.median(sp_tps))
+        paired = alternate({"ar": lambda: ar_gen(ids), "method": lambda: gen(ids, N, method)}, args.repeats)
+        ar, sp = paired["ar"][-1], paired["method"][-1]
+        a = float(np.median([r.stats["decode_tokens_per_second"] for r in paired["ar"]]))
+        s = float(np.median([r.stats["decode_tokens_per_second"] for r in paired["method"]]))
         rows.append({"ar_tps": a, "tps": s, "speedup": s / a, "tokens_per_step": sp.stats["tokens_per_step"],
                      "mean_accepted": sp.stats["mean_accepted"], "verify_steps": sp.stats["verify_steps"],
                      "core_applications_per_token": sp.stats["core_applications_per_token"],
@@ -183,7 +171,7 @@ def run_config(model, prompts, method, opts, args) -> dict:
                      "agreement": float((sp.tokens == ar.tokens).mean()),
                      "agree_prefix": prefix_agreement(sp.tokens[0], ar.tokens[0])})
     sp_ = [r["speedup"] for r in rows]
-    lo, hi = bootstrap_mean(sp_, args.bootstrap, args.seed)
+    lo, hi = bootstrap_ci(sp_, np.mean, resamples=args.bootstrap, seed=args.seed)
     summary = {
         "method": method, "options": plan.describe(), "key": config_key(method, opts),
         "compile_seconds": warm.stats["compile_seconds"],
@@ -242,8 +230,8 @@ def round_costs(args, deadline: float | None = None, save=None) -> dict:
             plan = ls.make_plan("das-wave", R, gamma=g, k=k)
             state = ls._prefill(params, prompt, key, cfg=cfg, plan=plan, max_len=max_len, sampling=greedy, eos_ids=(),
                                 max_new_tokens=2, state_dtype=jnp.bfloat16)
-            propose = jax.jit(lambda p, s, kk, plan=plan: ls._das_wave_propose(p, cfg, s, kk, plan=plan,
-                                                                               sampling=greedy))
+            propose = jax.jit(lambda p, s, kk, plan=plan: ls.das_wave_propose(p, cfg, s, kk, plan=plan,
+                                                                              sampling=greedy))
             t = median_time(lambda: propose(params, state, key)[0], reps)
             out["das_wave_block_s"][f"{g},{k}"] = {"block": t, "rounds": plan.gamma - plan.window_init + 1,
                                                    "per_round": t / (plan.gamma - plan.window_init + 1)}
@@ -251,8 +239,8 @@ def round_costs(args, deadline: float | None = None, save=None) -> dict:
             for read in ("aligned", "deep"):
                 plan = ls.make_plan("mature-spec", R, gamma=g, draft_steps=min(d, R), read_k=read, read_v=read)
                 # The drafts write the cache: donate it (as the decode loop does), so no copy is timed.
-                propose = jax.jit(lambda p, c, a, kk, plan=plan: ls._sequential_propose(p, cfg, c, a, kk, plan,
-                                                                                        greedy)[2], donate_argnums=1)
+                propose = jax.jit(lambda p, c, a, kk, plan=plan: ls.sequential_propose(p, cfg, c, a, kk, plan,
+                                                                                       greedy)[2], donate_argnums=1)
                 holder = [jax.tree.map(jnp.copy, cache)]
 
                 def call(propose=propose, holder=holder):
@@ -470,25 +458,17 @@ def main(argv=None) -> dict:
                   f"[{s['speedup_ci95'][0]:.2f}, {s['speedup_ci95'][1]:.2f}], tokens/step {s['tokens_per_step']:.2f}, "
                   f"equal to AR {s['equal_to_ar']:.0%}", flush=True)
             result["e2e"].append(row)
-            _write_quiet(args.out, stem, result)
+            write_results(args.out, stem, result, markdown(result), echo=False)  # partial results survive
     if args.costs:
         def save(partial):
             result["costs"] = partial
             result["predicted"] = predicted_speedups(partial, result["e2e"])
-            _write_quiet(args.out, stem, result)
+            write_results(args.out, stem, result, markdown(result), echo=False)  # partial results survive
 
         deadline = t_start + args.time_budget_s if args.time_budget_s else None
         save(round_costs(args, deadline, save))
     write_results(args.out, stem, result, markdown(result))
     return result
-
-
-def _write_quiet(out_dir: str, stem: str, result: dict) -> None:
-    """Rewrite the JSON + Markdown after each configuration without printing (partial results survive)."""
-    import contextlib
-    import io
-    with contextlib.redirect_stdout(io.StringIO()):
-        write_results(out_dir, stem, result, markdown(result))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scripts.bench_common import chained_time, result_header, write_results  # noqa: E402
+from specdec_jax.harness import chained_time, result_header, write_results  # noqa: E402
 
 PEAK_BW = 4.3e12  # vendor copy figure (PERFORMANCE.md); measured copy ~4.3 TB/s on this machine
 

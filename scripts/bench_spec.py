@@ -27,7 +27,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scripts.bench_common import finish_plot, median_time, result_header, write_results  # noqa: E402
+from specdec_jax.harness import (alternate, compile_all, compile_timed, cut_prompts,  # noqa: E402
+                                  decode_tokens_per_second, finish_plot, median_time, own_reference_rows,
+                                  result_header, write_results)
 
 
 RESIDUAL_WRITES = ("o_proj", "out_proj", "down_proj")  # the projections that write into the residual stream
@@ -76,21 +78,24 @@ def load_prompts(spec: str, tokenizer, limit: int) -> list[list[int]]:
     return [tokenizer(t)["input_ids"][-384:] for t in texts[:limit]]
 
 
+def prefix_state(model, prefix: int, max_len: int):
+    """A state as after a `prefix`-token prompt: that length, random GDN states (the K/V slots stay zeros)."""
+    from specdec_jax.models import qwen35
+    base = qwen35.init_state(model.config, 1, max_len, model.dtype)
+    return base.replace(length=jnp.full((1,), prefix, jnp.int32),
+                        recurrent=tuple(jax.random.normal(jax.random.PRNGKey(i), r.shape, jnp.float32) * 0.1
+                                        for i, r in enumerate(base.recurrent)))
+
+
 def step_costs(model, gammas, prompt_len: int, repeats: int):
     """Median time of one verification forward (gamma + 1 tokens, collect) vs one AR step, plus commit.
 
     Every variant is lowered first and compiled on a thread pool (XLA compiles release the GIL):
     a 9B forward takes tens of seconds to compile, and there are two per (gamma, rollback).
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     from specdec_jax.models import qwen35
     cfg, params = model.config, model.params
-    max_len = prompt_len + max(gammas) + 2
-    base = qwen35.init_state(cfg, 1, max_len, model.dtype)
-    base = base.replace(length=jnp.full((1,), prompt_len, jnp.int32),
-                        recurrent=tuple(jax.random.normal(jax.random.PRNGKey(i), r.shape, jnp.float32) * 0.1
-                                        for i, r in enumerate(base.recurrent)))
+    base = prefix_state(model, prompt_len, prompt_len + max(gammas) + 2)
     tok1 = jnp.ones((1, 1), jnp.int32)
     ar = jax.jit(lambda p, s, t: qwen35.forward(p, cfg, s, t, logits_for="last")[0])
     commit = jax.jit(lambda s, v, e, n: qwen35.commit(s, v, e, n))
@@ -100,8 +105,7 @@ def step_costs(model, gammas, prompt_len: int, repeats: int):
     for rb, g in variants:
         verify_fns[rb, g] = jax.jit(lambda p, s, t, rb=rb: qwen35.forward(p, cfg, s, t, collect=rb))
         lowered[rb, g] = verify_fns[rb, g].lower(params, base, jnp.ones((1, g + 1), jnp.int32))
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        compiled = dict(zip(lowered, pool.map(lambda lo: lo.compile(), lowered.values())))
+    compiled = compile_all(lowered, workers=8)
     print(f"compiled {len(compiled)} forwards", flush=True)
     t_ar = median_time(lambda: compiled["ar"](params, base, tok1), repeats)
     rows = []
@@ -150,8 +154,6 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
     exact_modes: True (AR and verification at the decode shape, the default path), False (AR at one row,
     verification at gamma + 1 rows), or both; every row is paired with AR of its own setting.
     methods: the drafters (CURVE_METHODS), compiled together; each row names its method."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from specdec_jax.decoding import autoregressive as ar_mod
     from specdec_jax.decoding import speculative as sp
     from specdec_jax.decoding.sampling import SamplingConfig
@@ -162,17 +164,17 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
     key = jax.random.PRNGKey(0)
     drafters = {m: curve_drafter(model, m) for m in methods}
     sampling = SamplingConfig()
-    from specdec_jax.api import qwen_ops
     from specdec_jax.decoding.decode_shape import choose_decode_rows
+    from specdec_jax.models.family import QWEN35
     rows_of = {g: choose_decode_rows(g, None, "qwen3_5") for g in gammas}
     ar_rows = choose_decode_rows(0, None, "qwen3_5")
     max_len = prompt_len + new_tokens + max(max(gammas) + 1, *rows_of.values())
-    static_ap = dict(ops=qwen_ops(), cfg=cfg, max_len=max_len, state_dtype=model.dtype)
+    static_ap = dict(ops=ar_mod.ar_ops(QWEN35), cfg=cfg, max_len=max_len, state_dtype=model.dtype)
     logits_s, state_s = jax.eval_shape(functools.partial(ar_mod._prefill, **static_ap), params, prompt)
     jobs = {"ar_prefill": lambda: ar_mod._prefill.lower(params, prompt, **static_ap)}
     static_ad = {}
     for ex in exact_modes:
-        static_ad[ex] = dict(ops=qwen_ops(ar_rows if ex else 0), cfg=cfg, max_new_tokens=new_tokens,
+        static_ad[ex] = dict(ops=ar_mod.ar_ops(QWEN35, ar_rows if ex else 0), cfg=cfg, max_new_tokens=new_tokens,
                              sampling=sampling, eos_ids=())
         jobs["ar_loop", ex] = functools.partial(ar_mod._decode_loop.lower, params, state_s, logits_s, key,
                                                 **static_ad[ex])
@@ -198,15 +200,8 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
     lowered = {name: make() for name, make in jobs.items()}
     print(f"lowered {len(lowered)} functions in {time.perf_counter() - t_start:.0f} s", flush=True)
 
-    def compile_timed(lo):
-        t0 = time.perf_counter()
-        return lo.compile(), time.perf_counter() - t0
-
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=12) as pool:
-        done = dict(zip(lowered, pool.map(compile_timed, lowered.values())))
-    exe = {k: v[0] for k, v in done.items()}
-    compile_s = {str(k): v[1] for k, v in done.items()}
+    exe, compile_s = compile_timed(lowered, workers=12)
     print(f"compiled in {time.perf_counter() - t0:.0f} s (pool of 12)", flush=True)
 
     def ar_run(ex):
@@ -251,10 +246,9 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
             if time.perf_counter() - t_start > time_budget_s:
                 print("time budget reached", flush=True)
                 return result
-            runs = []
-            for _ in range(repeats):
-                runs.append(spec_run(m, g, rb, ex, p))
-                ar_times[ex].append(ar_run(ex))  # AR alternates with speculation: drift hits both
+            paired = alternate({"spec": lambda: spec_run(m, g, rb, ex, p), "ar": lambda: ar_run(ex)}, repeats)
+            runs = paired["spec"]
+            ar_times[ex] += paired["ar"]
             per_emitted = float(np.median([r[0] / r[3] for r in runs]))  # seconds per token the steps made
             per_returned = float(np.median([r[0] / r[4] for r in runs]))
             tps = float(np.mean([r[1] for r in runs]))
@@ -404,7 +398,7 @@ def main():
         tok = AutoTokenizer.from_pretrained(args.model)
         prompts = load_prompts(args.prompts, tok, 10 ** 4 if args.prompt_len else args.num_prompts)
         if args.prompt_len:
-            prompts = [p[-args.prompt_len:] for p in prompts if len(p) >= args.prompt_len]
+            prompts = cut_prompts(prompts, args.prompt_len)
         prompts = [np.asarray([p]) for p in prompts[:args.num_prompts]]
         from specdec_jax.decoding.speculative import DEFAULT_ROLLBACK
         available = set(sj.supported_methods(model))
@@ -435,11 +429,10 @@ def main():
             for c in configs:
                 sp = run(ids, *c)
                 # Same formula as AR's decode tok/s: tokens after the first (which comes from the prefill).
-                tps = (sp.stats["new_tokens"] - 1) / sp.stats["decode_seconds"]
-                ref = ar.tokens  # an exact run equals AR at its own decode row count
-                if sp.stats.get("exact") and sp.stats["decode_rows"] != ar.stats["decode_rows"]:
-                    ref = sj.generate(model, ids, args.max_new_tokens, eos_token_id=False,
-                                      decode_rows=sp.stats["decode_rows"]).tokens
+                tps = decode_tokens_per_second(sp.stats)
+                own_rows = own_reference_rows(sp.stats, ar.stats)
+                ref = ar.tokens if own_rows is None else sj.generate(model, ids, args.max_new_tokens,
+                                                                     eos_token_id=False, decode_rows=own_rows).tokens
                 row[label(*c)] = {"tps": tps, "speedup": tps / row["ar_tps"],
                                   "mean_accepted": sp.stats["mean_accepted"], "verify_steps": sp.stats["verify_steps"],
                                   "equal_to_ar": bool((sp.tokens == ref).all())}

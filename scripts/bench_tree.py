@@ -22,13 +22,10 @@ Files (tree_<name>.json / .md in --out) are rewritten after every section and co
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -36,8 +33,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scripts.bench_common import median_time, result_header, write_results  # noqa: E402
-from scripts.bench_spec import load_prompts, random_9b_model  # noqa: E402
+from scripts.bench_spec import load_prompts, prefix_state, random_9b_model  # noqa: E402
+from specdec_jax.harness import (compile_all, cut_prompts, decode_tokens_per_second,  # noqa: E402
+                                  median_time, result_header, write_results)
 from specdec_jax.decoding.tree_spec import path_table, tree_commit, tree_depth, tree_forward, \
     tree_from_branching  # noqa: E402
 from specdec_jax.models import qwen35  # noqa: E402
@@ -54,13 +52,6 @@ def step_shapes(branching, n: int, keep=("bushy", "star", "chain")) -> dict:
     shapes = {"bushy": bushy[:n], "star": tree_from_branching((n - 1,))[0],
               "chain": tree_from_branching((1,) * (n - 1))[0]}
     return {k: (p, tree_depth(p)) for k, p in shapes.items() if k in keep}
-
-
-def prefix_state(model, prefix: int, max_len: int):
-    base = qwen35.init_state(model.config, 1, max_len, model.dtype)
-    return base.replace(length=jnp.full((1,), prefix, jnp.int32),
-                        recurrent=tuple(jax.random.normal(jax.random.PRNGKey(i), r.shape, jnp.float32) * 0.1
-                                        for i, r in enumerate(base.recurrent)))
 
 
 def nbytes(x) -> int:
@@ -94,8 +85,7 @@ def step_costs(model, name, nodes, branching, prefix, repeats, keep):
                                              jnp.full((1,), dep[node] + 1, jnp.int32))
     t0 = time.perf_counter()
     lowered = {k: fns[k].lower(*args[k]) for k in fns}
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        run = dict(zip(lowered, pool.map(lambda lo: lo.compile(), lowered.values())))
+    run = compile_all(lowered, workers=8)
     print(f"[{name}] compiled {len(run)} variants in {time.perf_counter() - t0:.1f} s", flush=True)
 
     def ms(key, *a):
@@ -146,7 +136,7 @@ def end_to_end(model, args, result, save, t_start):
     tok = AutoTokenizer.from_pretrained(args.model)
     prompts = load_prompts(args.prompts, tok, 10 ** 4)
     if args.prompt_len:
-        prompts = [p[-args.prompt_len:] for p in prompts if len(p) >= args.prompt_len]
+        prompts = cut_prompts(prompts, args.prompt_len)
     prompts = prompts[:args.num_prompts]
     trees = [tuple(int(b) for b in t.split(",")) for t in args.trees.split(";") if t.strip()]
     supported = sj.supported_methods(model)
@@ -169,7 +159,7 @@ def end_to_end(model, args, result, save, t_start):
                 warm = sj.generate(model, ids, args.max_new_tokens, method=method, eos_token_id=False, **kw)
                 warmed[ids.shape[1]] = warm.stats["compile_seconds"]
             r = sj.generate(model, ids, args.max_new_tokens, method=method, eos_token_id=False, **kw)
-            tps = (r.stats["new_tokens"] - 1) / r.stats["decode_seconds"]  # tokens after the prefill's
+            tps = decode_tokens_per_second(r.stats)  # tokens after the prefill's
             if method == "ar":
                 ar_tokens.append(r.tokens)
                 ar_tps.append(tps)
@@ -289,8 +279,7 @@ def main():
               "steps": [], "memory": [], "e2e": []}
 
     def save(final=False):
-        with contextlib.redirect_stdout(sys.stdout if final else io.StringIO()):
-            write_results(args.out, f"tree_{name}", result, markdown(result, args))
+        write_results(args.out, f"tree_{name}", result, markdown(result, args), echo=final)
 
     model = None
     for mname, make in models:

@@ -28,8 +28,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
-from scripts.bench_common import chain_seconds, result_header, write_results  # noqa: E402
 from scripts.bench_looped import bench_config, tree_bytes  # noqa: E402
+from specdec_jax.harness import chain_seconds, result_header, write_results  # noqa: E402
 from specdec_jax.models import looped  # noqa: E402
 
 
@@ -91,21 +91,21 @@ def main():
     kv_bytes = 2 * S * cfg.kv_dim * 2
 
     def attention(x, ap, kc, vc):
-        return looped._attention(ap, cfg, x, cos, sin, (kc, vc), cache.length)[0]
+        return looped.block_attention(ap, cfg, x, cos, sin, (kc, vc), cache.length)[0]
     record("attention (Wqkv + prefix attention + proj)",
            chain_seconds(attention, (x, lp["attn"], cache.core_k[0, 0], cache.core_v[0, 0]), 0, args.chain,
                          args.repeats), tree_bytes(lp["attn"]) + kv_bytes)
 
     def prefix_attention(q, kc, vc):
         k_new = q[:, :, :cfg.num_key_value_heads]
-        return looped._attend(q, k_new, k_new, (kc, vc), cache.length, cfg.head_dim ** -0.5)
+        return looped.attend_prefix(q, k_new, k_new, (kc, vc), cache.length, cfg.head_dim ** -0.5)
     q = jax.random.normal(key, (1, 1, cfg.n_heads, cfg.head_dim), jnp.float32).astype(jnp.bfloat16)
     record("prefix attention only (no projections)",
            chain_seconds(prefix_attention, (q, cache.core_k[0, 0], cache.core_v[0, 0]), 0, args.chain, args.repeats),
            kv_bytes)
 
     def block(x, lp, kc, vc):
-        return looped._block(lp, cfg, x, cos, sin, (kc, vc), cache.length)[0]
+        return looped.apply_block(lp, cfg, x, cos, sin, (kc, vc), cache.length)[0]
     record("one block", chain_seconds(block, (x, lp, cache.core_k[0, 0], cache.core_v[0, 0]), 0, args.chain,
                                       args.repeats), tree_bytes(lp) + kv_bytes)
 

@@ -33,7 +33,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scripts.bench_common import (carried_lowered, chain_lowered, compile_all, env_setting,  # noqa: E402
+from specdec_jax.harness import (carried_lowered, chain_lowered, compile_all, env_setting,  # noqa: E402
                                   result_header, time_chain, write_results)
 
 ENV = "SPECDEC_GDN_IMPLEMENTATION"

@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 from pallas_kernels.gated_delta import chunk_kernel, pallas_ops  # noqa: E402
 from pallas_kernels.gated_delta.reference import compensated_cumsum  # noqa: E402
 from pallas_kernels.gated_delta._kernel_utils import F32, dot_precisions  # noqa: E402
-from scripts.bench_common import chain_seconds, result_header, write_results  # noqa: E402
+from specdec_jax.harness import chain_seconds, result_header, write_results  # noqa: E402
 
 
 def main():

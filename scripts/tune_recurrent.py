@@ -20,7 +20,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scripts.bench_common import median_time, result_header, write_results  # noqa: E402
+from specdec_jax.harness import median_time, result_header, write_results  # noqa: E402
 
 
 def main():

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import os
 
 import jax.numpy as jnp
 import numpy as np
 
 from .config import read_config
-from .decoding.autoregressive import FamilyOps, generate_autoregressive
+from .decoding.autoregressive import generate_ar
 from .decoding.decode_shape import exact_rows
 from .decoding.sampling import SamplingConfig
 from . import methods
@@ -50,24 +49,6 @@ def supported_methods(model: Model) -> tuple[str, ...]:
     """Methods this model can run (the registry, `methods.py`): MTP needs mtp.* weights, table drafters need
     draft tables."""
     return methods.supported(model)
-
-
-@functools.cache
-def qwen_ops(decode_rows: int = 0) -> FamilyOps:
-    """Qwen3.5 AR operations; decode_rows > 0: each decode step at that padded row count (exact path)."""
-    from .decoding.decode_shape import pad_rows
-    from .models import qwen35
-
-    def step(params, cfg, state, ids):
-        logits, state, _ = qwen35.forward(params, cfg, state, ids, logits_for="last")
-        return logits[:, 0], state
-
-    def decode(params, cfg, state, ids):  # ids [B, 1]; logits of every row, as a verification computes them
-        n_valid = jnp.ones((ids.shape[0],), jnp.int32)
-        logits, state, _ = qwen35.forward(params, cfg, state, pad_rows(ids, decode_rows), n_valid=n_valid)
-        return logits[:, 0], state
-
-    return FamilyOps(init_state=qwen35.init_state, step=step, decode=decode if decode_rows else None)
 
 
 def forward_logits(model: Model, input_ids, **options):
@@ -120,12 +101,7 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
                                    method_options)
     gamma = (int_option(method_options, "gamma", DEFAULT_GAMMA, 0, None, " (the draft length)")
              if spec.kind == methods.CHAIN else 0)
-    if model.family != "looped":
-        rows = exact_rows(method_options, gamma, "qwen3_5", _not_exact_because(method_options, gamma))
-    else:
-        compressed = method_options.get("cache_mode") == "compressed"
-        rows = exact_rows(method_options, 0, "looped", "a compressed cache is another model (cache_mode='full' "
-                                                       "is exact)" if compressed else None)
+    rows = exact_rows(method_options, gamma, model.family, _not_exact_because(model.family, method_options, gamma))
     extra, extra_what = (rows, f"decode_rows ({rows})") if rows else (gamma, f"gamma ({gamma})")
     needed = ids.shape[1] + int(max_new_tokens) + extra
     check_context_length(needed, model.config.max_position_embeddings,
@@ -137,24 +113,22 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
         raise InputError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens})"
                          + (f" + {extra_what}" if extra else "") + f" = {needed} exceeds the cache length "
                          f"max_len={max_len}")
-    if model.family == "looped":
-        from .decoding import looped_ar
-        options = {k: v for k, v in method_options.items() if k not in ("exact", "decode_rows")}
-        return looped_ar.generate(model, ids, int(max_new_tokens), sampling=sampling, seed=seed, eos_ids=eos_ids,
-                                  max_len=max_len, decode_rows=rows, **options)
     if spec.kind == methods.CHAIN:
         return _generate_speculative_qwen(model, ids, int(max_new_tokens), spec, gamma, max_len, sampling, seed,
                                           eos_ids, method_options, rows)
-    result = generate_autoregressive(qwen_ops(rows), model.params, model.config, ids, int(max_new_tokens),
-                                     max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
-                                     state_dtype=model.dtype)
-    result.stats.update(exact=bool(rows), decode_rows=rows or 1)
-    return result
+    # AR: the family's remaining options choose the model (looped: num_steps, cache_mode); checked there.
+    from .models.family import family_for
+    family = family_for(model.config, **{k: v for k, v in method_options.items() if k not in ("exact", "decode_rows")})
+    return generate_ar(family, model, ids, int(max_new_tokens), decode_rows=rows, max_len=max_len, sampling=sampling,
+                       seed=seed, eos_ids=eos_ids)
 
 
-def _not_exact_because(options: dict, gamma: int) -> str | None:
-    """Why a Qwen3.5 chain generation with these options cannot take the exact path (None: it can)."""
+def _not_exact_because(family: str, options: dict, gamma: int) -> str | None:
+    """Why a generation of this family with these options cannot take the exact path (None: it can)."""
     from .decoding.decode_shape import MAX_DECODE_ROWS
+    if family == "looped":
+        return ("a compressed cache is another model (cache_mode='full' is exact)"
+                if options.get("cache_mode") == "compressed" else None)
     if options.get("rollback") == "pseudo":
         return ("rollback='pseudo' rebuilds the GDN state from pseudo-values, exact only in exact arithmetic "
                 "(use rollback='replay' or 'snapshot')")

@@ -22,8 +22,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -32,42 +30,14 @@ from pathlib import Path
 import numpy as np
 
 from .errors import CheckpointError, InputError
+from .harness import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, alternation, bootstrap_ci,
+                      decode_tokens_per_second, jsonable, own_reference_rows, result_header, write_results)
 from .text import load_tokenizer, unescape
 
 BASELINE = "ar"
-BOOTSTRAP_RESAMPLES = 10_000
-BOOTSTRAP_SEED = 0
 METRIC = ("decode tok/s = (new_tokens - 1) / decode_seconds: tokens after the first (every method takes the "
           "first from the prefill logits) over the wall time of the decode loop; prefill and compile excluded")
 REPORT_STEM = "bench"
-
-
-# ----------------------------------------------------------------------------------------------------------
-# statistics
-
-
-def bootstrap_ci(values, statistic=np.median, *, confidence: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
-                 seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
-    """Percentile-bootstrap interval of `statistic` over `values` (resampled with replacement).
-
-    Deterministic for a given seed. One value gives (v, v); no values give (nan, nan).
-    `statistic` must accept `axis=1` (numpy reductions do).
-    """
-    x = np.asarray(values, np.float64).ravel()
-    if x.size == 0:
-        return (math.nan, math.nan)
-    if x.size == 1:
-        return (float(x[0]), float(x[0]))
-    rng = np.random.default_rng(seed)
-    stats = statistic(x[rng.integers(0, x.size, size=(resamples, x.size))], axis=1)
-    alpha = (1.0 - confidence) / 2.0
-    lo, hi = np.quantile(stats, [alpha, 1.0 - alpha])
-    return (float(lo), float(hi))
-
-
-def decode_tokens_per_second(stats: Mapping, batch: int = 1) -> float:
-    """(new_tokens - batch) / decode_seconds: every method samples each row's first token from the prefill."""
-    return max(int(stats["new_tokens"]) - batch, 0) / max(float(stats["decode_seconds"]), 1e-9)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -147,43 +117,6 @@ def check_methods(model, methods: Sequence[str]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# provenance
-
-
-def git_commit() -> str:
-    """HEAD of the checkout this package lives in (+dirty with uncommitted tracked changes), or 'unknown'."""
-    where = os.path.dirname(os.path.abspath(__file__))
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, cwd=where)
-        commit = out.stdout.strip() if out.returncode == 0 else ""
-        if not commit:
-            return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, timeout=10, cwd=where).stdout.strip()
-        return commit + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def result_header(name: str, command: str | None = None) -> dict:
-    """Device, versions, commit, command and date (the fields of scripts/bench_common.result_header)."""
-    import jax
-    import jaxlib
-    dev = jax.devices()[0]
-    return {
-        "benchmark": name,
-        "device": getattr(dev, "device_kind", str(dev)),
-        "platform": dev.platform,
-        "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__,
-        "python": sys.version.split()[0],
-        "git_commit": os.environ.get("BENCH_GIT_COMMIT") or git_commit(),
-        "command": command or ("python " + " ".join(shlex.quote(a) for a in sys.argv)),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-    }
-
-
-# ----------------------------------------------------------------------------------------------------------
 # running
 
 
@@ -251,9 +184,8 @@ def run_bench(model_dir: str | os.PathLike, methods: Sequence[str] | str, prompt
     def reference_for(rec: dict, base: dict, ids) -> dict:
         """The AR record a method's output is compared with: AR at the method's decode row count when it took
         the exact path there (an exact generation equals AR at the same row count; one untimed extra run)."""
-        stats, base_stats = rec.get("stats", {}), base.get("stats", {})
-        rows = stats.get("decode_rows")
-        if not stats.get("exact") or rows == base_stats.get("decode_rows") or not base_stats.get("exact"):
+        rows = own_reference_rows(rec.get("stats", {}), base.get("stats", {}))
+        if rows is None:
             return base
         return dict(base, tokens=np.asarray(generate(BASELINE, ids, decode_rows=rows).tokens[0]).tolist())
 
@@ -270,21 +202,19 @@ def run_bench(model_dir: str | os.PathLike, methods: Sequence[str] | str, prompt
                 out = generate(m, item["ids"])
                 record[m]["compile_seconds"] = float(out.stats.get("compile_seconds", math.nan))
                 bar.update()
-            for r in range(repeats):
-                k = r % len(methods)
-                for m in methods[k:] + methods[:k]:
-                    bar.set_postfix_str(f"prompt {p + 1}/{len(items)} {m} {r + 1}/{repeats}")
-                    out = generate(m, item["ids"])
-                    s = out.stats
-                    record[m]["timed"].append({
-                        "decode_tps": decode_tokens_per_second(s, out.tokens.shape[0]),
-                        "decode_seconds": float(s["decode_seconds"]), "prefill_seconds": float(s["prefill_seconds"]),
-                        "new_tokens": int(s["new_tokens"])})
-                    if r == 0:  # the same seed gives the same tokens in every round
-                        record[m]["tokens"] = np.asarray(out.tokens[0]).tolist()
-                        record[m]["stats"] = {k2: v for k2, v in s.items()
-                                              if k2 != "state" and isinstance(v, (int, float, str, bool, list))}
-                    bar.update()
+            for r, m in alternation(methods, repeats, rotate=True):
+                bar.set_postfix_str(f"prompt {p + 1}/{len(items)} {m} {r + 1}/{repeats}")
+                out = generate(m, item["ids"])
+                s = out.stats
+                record[m]["timed"].append({
+                    "decode_tps": decode_tokens_per_second(s, out.tokens.shape[0]),
+                    "decode_seconds": float(s["decode_seconds"]), "prefill_seconds": float(s["prefill_seconds"]),
+                    "new_tokens": int(s["new_tokens"])})
+                if r == 0:  # the same seed gives the same tokens in every round
+                    record[m]["tokens"] = np.asarray(out.tokens[0]).tolist()
+                    record[m]["stats"] = {k2: v for k2, v in s.items()
+                                          if k2 != "state" and isinstance(v, (int, float, str, bool, list))}
+                bar.update()
             for m in methods:
                 runs[m].append(_prompt_row(record[m], reference_for(record[m], record[BASELINE], item["ids"]),
                                            temperature))
@@ -486,18 +416,6 @@ def plot_report(result: dict, path: str | os.PathLike) -> None:
     fig.savefig(os.fspath(path), dpi=120)
 
 
-def _jsonable(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.generic):
-        return _jsonable(x.item())
-    return x
-
-
 def write_report(result: dict, out_dir: str | os.PathLike) -> dict[str, str | None]:
     """Write bench.json (everything), bench.md and bench.png into out_dir; returns {"json", "markdown", "png"}
     (png None, with result["plot_error"] set, when matplotlib is missing or plotting fails)."""
@@ -513,9 +431,5 @@ def write_report(result: dict, out_dir: str | os.PathLike) -> dict[str, str | No
     md = markdown_report(result, png.name if png_path else None)
     paths = {"json": str(out / f"{REPORT_STEM}.json"), "markdown": str(out / f"{REPORT_STEM}.md"), "png": png_path}
     result["report_files"] = paths
-    with open(paths["json"], "w", encoding="utf-8") as f:
-        json.dump(_jsonable(result), f, indent=1)
-        f.write("\n")
-    with open(paths["markdown"], "w", encoding="utf-8") as f:
-        f.write(md)
+    write_results(out, REPORT_STEM, jsonable(result), md, echo=False)
     return paths

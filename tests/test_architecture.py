@@ -4,10 +4,12 @@ into another's underscore names. Read from the source (ast), so it costs no comp
 Layers, lowest first (a module may import its own layer and those below):
   0  pallas_kernels.*; specdec_jax.errors, options, model          kernels, errors, option checks, result types
   1  specdec_jax.loading, looped_config, config, text, corpus      files: safetensors, configs, tokenizers, corpus
-  2  specdec_jax.models.*                                          the model families (pure functions)
+  2  specdec_jax.models.*                                          the model families (pure functions) and
+                                                                 their common interface (models.family)
   3  specdec_jax.decoding.*, specdec_jax.drafters.*                AR / speculative loops, acceptance, drafters
   4  specdec_jax.api, methods, training                            the public calls, the method registry, training
-  5  specdec_jax.bench, cli, __main__, specdec_jax (package)       tools on top
+  5  specdec_jax.bench, harness, cli, __main__, specdec_jax (pkg)  tools on top; harness: the benchmark
+                                                                 plumbing bench.py and scripts/ share
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ LAYERS = [
     ("specdec_jax.models",),
     ("specdec_jax.decoding", "specdec_jax.drafters"),
     ("specdec_jax.api", "specdec_jax.methods", "specdec_jax.training"),
-    ("specdec_jax.bench", "specdec_jax.cli", "specdec_jax.__main__", "specdec_jax"),
+    # harness: timing, pairing, statistics, result headers and writers for benchmarks (bench.py and scripts/);
+    # a tool, so nothing in the library below may depend on it.
+    ("specdec_jax.bench", "specdec_jax.harness", "specdec_jax.cli", "specdec_jax.__main__", "specdec_jax"),
 ]
 
 

@@ -1,16 +1,17 @@
 """Autoregressive generation fully on device: one jitted prefill, one jitted `lax.while_loop` decode.
 
-Family-agnostic: a family supplies `init_state(cfg, batch, max_len, dtype)`,
+Family-agnostic: the loop runs a `FamilyOps` -- `init_state(cfg, batch, max_len, dtype)`,
 `step(params, cfg, state, ids [B, T]) -> (last-position logits [B, vocab], new state)` (the prefill, and
 decode unless given) and optionally `decode(params, cfg, state, ids [B, 1])`, the decode step (the exact
-path's runs at the generation's decode shape).
+path's runs at the generation's decode shape) -- which `ar_ops` builds from a model family
+(`models.family`); `generate_ar` runs a model through its family.
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,13 +20,33 @@ from jax import lax
 
 from ..model import GenerateResult
 from .compiled import compiled
+from .decode_shape import pad_rows
 from .sampling import SamplingConfig, select_token
+
+if TYPE_CHECKING:  # the families import both model modules; `import specdec_jax` stays light without them
+    from ..models.family import Family
 
 
 class FamilyOps(NamedTuple):
     init_state: Callable
     step: Callable  # (params, cfg, state, ids) -> (logits [B, V], state)
     decode: Callable | None = None  # as step, for one token per row; None: step
+
+
+@functools.cache
+def ar_ops(family: Family, decode_rows: int = 0) -> FamilyOps:
+    """The AR loop's operations on `family` (cached, so compiled loops are reused). decode_rows > 0: the exact
+    path, each decode step a `decode_forward` at that padded row count (the shape a verification runs at)."""
+    def step(params, cfg, state, ids):
+        logits, state = family.forward(params, cfg, state, ids, logits_for="last")
+        return logits[:, 0], state
+
+    def decode(params, cfg, state, ids):  # ids [B, 1]; logits of every row, as a verification computes them
+        logits, state = family.decode_forward(params, cfg, state, pad_rows(ids, decode_rows),
+                                              jnp.ones((ids.shape[0],), jnp.int32))
+        return logits[:, 0], state
+
+    return FamilyOps(init_state=family.init_state, step=step, decode=decode if decode_rows else None)
 
 
 def _eos_hit(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
@@ -111,3 +132,14 @@ def generate_autoregressive(ops: FamilyOps, params, cfg, prompt: np.ndarray, max
     if return_state:
         stats["state"] = state
     return GenerateResult(tokens=tokens, stats=stats)
+
+
+def generate_ar(family: Family, model, prompt, max_new_tokens: int, *, decode_rows: int = 0, max_len: int,
+                sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...]) -> GenerateResult:
+    """AR generation of `model` through its family (inputs already checked); decode_rows > 0: the exact path.
+    stats add the family's settings (`Family.describe`), exact and decode_rows."""
+    result = generate_autoregressive(ar_ops(family, decode_rows), model.params, model.config, prompt, max_new_tokens,
+                                     max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
+                                     state_dtype=family.state_dtype(model))
+    result.stats.update(family.describe(), exact=bool(decode_rows), decode_rows=decode_rows or 1)
+    return result

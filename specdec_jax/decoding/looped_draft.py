@@ -192,12 +192,6 @@ def window_update(params, cfg, cache: looped.LoopedCache, x, e, depth, cos, sin,
     return h, None, None
 
 
-def window_prelude(params, cfg, cache, tokens, cos, sin):
-    """Prelude over window input tokens [B, W] after the committed prefix -> (e [B, W, D], prelude K/V)."""
-    e = looped.embed(params, cfg, tokens)
-    return looped.run_blocks(params.get("prelude", []), cfg, e, cos, sin, cache.prelude_k, cache.prelude_v, cache.length)
-
-
 def window_rope(cfg, cache, width: int):
     positions = cache.length[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
     return looped.rope_tables(cfg, positions)
@@ -245,7 +239,7 @@ def das_wave_propose(params, cfg, state: LoopedSpecState, key, plan: LoopedSpecP
         # A row past its rounds keeps its window as is (results do not depend on the batch).
         active = (slot < jnp.minimum(w0 + r, G)[:, None]) & (r < rounds)[:, None]
         tokens = jnp.concatenate([anchor[:, None], props[:, :-1]], axis=1)
-        e, _, _ = window_prelude(params, cfg, cache, tokens, cos, sin)
+        e, _, _ = looped.prelude(params, cfg, cache, tokens, cos, sin)
         x = jnp.where((depth == 0)[..., None], looped.initial_state(cfg, e), x)
 
         def update(_, c):

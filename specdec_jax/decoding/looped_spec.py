@@ -53,7 +53,9 @@ Entry point: `generate_looped_spec(model, input_ids, max_new_tokens, method, ...
 This module owns the driver: `spec_step` (propose, verify at full depth, accept, commit),
 `sampler_step`, the jitted prefill and loop, and `generate_looped_spec`. The plan (methods, options,
 `LoopedSpecPlan`, `make_plan`) is in `looped_plan`; the state and the drafting (sequential drafts,
-DAS-Wave's window) in `looped_draft`; both are re-exported here.
+DAS-Wave's window) in `looped_draft`; both are re-exported here. The target model is reached through
+its family interface (`models.family.looped_family(R)`: init state, forward, verify, commit, decode shape,
+and the prelude / core / coda stages the parallel sampler runs by hand).
 """
 
 from __future__ import annotations
@@ -70,17 +72,18 @@ from ..errors import InputError
 from ..options import check_context_length, validate_input_ids
 from ..model import GenerateResult
 from ..models import looped
+from ..models.family import looped_family
 from .acceptance import leading_true, accept
 from .compiled import compiled
 from .decode_shape import pad_rows
 from .looped_draft import (LoopedSpecState, das_wave_propose, draft_forward, sequential_propose,  # noqa: F401
-                           shift_left, window_prelude, window_rope, window_update, write_slot)
+                           shift_left, window_rope, window_update, write_slot)
 from .looped_plan import LOOPED_SPEC_METHODS, READ_MODES, LoopedSpecPlan, make_plan  # noqa: F401
 from .speculative import append_rows, eos_mask, emit_accepted, forced_acceptance
 from .sampling import SamplingConfig, select_token
 
-# Former private names of what moved to looped_draft (tests and scripts/bench_looped_spec.py use them).
-_shift_left, _sequential_propose, _das_wave_propose = shift_left, sequential_propose, das_wave_propose
+# The former private name of what moved to looped_draft (tests/test_looped_spec.py uses it).
+_shift_left = shift_left
 
 
 def _record_len(plan: LoopedSpecPlan, max_new_tokens: int) -> int:
@@ -97,6 +100,7 @@ def spec_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPlan,
     in one full-depth forward from the committed cache, accept, commit (ragged per row). accept_p: None, or
     a traced probability forcing the accepted count (`speculative.forced_acceptance`; cost benchmarks only)."""
     G, R = plan.gamma, plan.num_steps
+    family = looped_family(R)
     k_draft, k_accept = jax.random.split(key)
     active = ~state.done
     length = state.cache.length
@@ -108,11 +112,11 @@ def spec_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPlan,
         rounds = jnp.full_like(length, G)  # one draft forward per token
     verify_ids = jnp.concatenate([state.anchor[:, None], drafts], axis=1)  # [B, G + 1]
     if plan.decode_rows:  # the exact path: the decode shape every exact AR step runs at
-        logits, verified = looped.decode_forward(params, cfg, cache, pad_rows(verify_ids, plan.decode_rows),
-                                                 jnp.full_like(length, plan.decode_rows), num_steps=R)
+        logits, verified = family.decode_forward(params, cfg, cache, pad_rows(verify_ids, plan.decode_rows),
+                                                 jnp.full_like(length, plan.decode_rows))
         logits = logits[:, :G + 1]
     else:
-        logits, verified, _ = looped.forward(params, cfg, cache, verify_ids, num_steps=R)
+        logits, verified, _ = family.verify(params, cfg, cache, verify_ids)
     n_acc, next_token = accept(drafts, q, logits, k_accept, sampling)
     if accept_p is not None:  # the real acceptance stays a dependency, so its cost is still paid
         n_acc, next_token = forced_acceptance(n_acc, logits, accept_p, jax.random.fold_in(k_accept, 1))
@@ -121,7 +125,7 @@ def spec_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPlan,
     new_anchor = jnp.take_along_axis(emitted, jnp.maximum(n_emit - 1, 0)[:, None], axis=1)[:, 0]
     n_out = state.n_out + n_emit
     state = state.replace(
-        cache=verified.replace(length=length + n_keep),
+        cache=family.commit(state.cache, verified, None, n_keep),
         anchor=jnp.where(active, new_anchor, state.anchor),
         out=append_rows(state.out, state.n_out, emitted),
         n_out=n_out,
@@ -144,12 +148,13 @@ def sampler_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPl
     """One round of the parallel (diffusion-forcing) sampler; see the module docstring."""
     cache, anchor = state.cache, state.anchor
     G, R = plan.gamma, plan.num_steps
+    family = looped_family(R)
     live = ~state.done
     slot = jnp.arange(G, dtype=jnp.int32)[None, :]
     active = slot < state.win_n[:, None]
     cos, sin = window_rope(cfg, cache, G)
     tokens = jnp.concatenate([anchor[:, None], state.win_tok[:, :-1]], axis=1)  # slot i's input
-    e_new, pk, pv = window_prelude(params, cfg, cache, tokens, cos, sin)
+    e_new, pk, pv = family.prelude(params, cfg, cache, tokens, cos, sin)
     fresh = (state.win_depth == 0)[..., None]
     e = jnp.where(fresh, e_new, (plan.ema * state.win_e.astype(jnp.float32)
                                  + (1 - plan.ema) * e_new.astype(jnp.float32)).astype(e_new.dtype))
@@ -159,11 +164,11 @@ def sampler_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPl
 
     def inner(_, c):
         x, depth, _, _ = c
-        x_new, k, v = looped.core_step(params, cfg, cache, x, e, depth[..., None], cos, sin, R - 1, R - 1)
+        x_new, k, v = family.core(params, cfg, cache, x, e, depth[..., None], cos, sin, R - 1, R - 1)
         return jnp.where(active[..., None], x_new, x), depth + active, k.astype(zero_kv.dtype), v.astype(zero_kv.dtype)
 
     x, depth, ck, cv = lax.fori_loop(0, plan.inner_steps, inner, (x0, state.win_depth, zero_kv, zero_kv))
-    logits, _, dk, dv = looped.coda_head(params, cfg, cache, x, cos, sin, "all")
+    logits, _, dk, dv = family.coda(params, cfg, cache, x, cos, sin, "all")
     props = jnp.where(active, select_token(logits, key, sampling), state.win_tok)
     x32, x032 = x.astype(jnp.float32), x0.astype(jnp.float32)
     moved = jnp.linalg.norm(x32 - x032, axis=-1) / jnp.maximum(jnp.linalg.norm(x32, axis=-1), 1e-12)
@@ -206,8 +211,9 @@ def _prefill(params, prompt, key, *, cfg, plan: LoopedSpecPlan, max_len: int, sa
              eos_ids: tuple[int, ...], max_new_tokens: int, state_dtype):
     """Prompt at full depth R -> LoopedSpecState whose anchor is the first new token (chosen as AR does)."""
     B = prompt.shape[0]
-    cache = looped.init_cache(cfg, B, max_len, plan.num_steps, "full", state_dtype)
-    logits, cache, _ = looped.forward(params, cfg, cache, prompt, num_steps=plan.num_steps, logits_for="last")
+    family = looped_family(plan.num_steps)
+    cache = family.init_state(cfg, B, max_len, state_dtype)
+    logits, cache = family.forward(params, cfg, cache, prompt, logits_for="last")
     first = select_token(logits[:, 0], key, sampling)
     W, D = plan.window, cfg.n_embd
     latent_dtype = params["wte"].dtype

@@ -24,8 +24,9 @@ s reads the verified prefix from step slot `read_step_k[s]` (K) and `read_step_v
 default s itself -- and its new K/V are written to slot s. Compressed mode keeps one slot per core
 layer ("latest recurrence wins"): the prefix is always read at the last depth it was computed at.
 
-This module owns the recurrence and the forwards: `core_step`, `coda_head`, `forward` (any depth,
-read schedules, early exits), the exact path's `decode_forward`, `forward_jit` and `forward_logits`.
+This module owns the three stages and the forwards: `prelude`, `core_step` (one recurrence step),
+`coda_head`, `forward` (any depth, read schedules, early exits), the exact path's `decode_forward`,
+`forward_jit` and `forward_logits`.
 The rest lives beside it and is re-exported here: weights and loading in `looped_params`, the cache
 in `looped_cache`, the layer math (norm, RoPE, attention, blocks, embedding, initial state, adapter)
 in `looped_layers`.
@@ -46,17 +47,27 @@ from ..looped_config import (INITIAL_STATE_MODES, VARIANTS, LoopedConfig, looped
 from ..options import validate_input_ids
 from . import layers as L
 from .looped_cache import (CACHE_MODES, LoopedCache, cache_bytes, cache_lengths, cache_positions,  # noqa: F401
-                           init_cache, write_layer, write_tokens)
+                           check_cache_mode, init_cache, write_layer, write_tokens)
 from .looped_layers import (apply_block, apply_rope, attend_prefix, block_attention, block_mlp,  # noqa: F401
                             block_norm, embed, initial_state, inject, rope_tables, run_blocks)
 from .looped_params import (detect_variant, expected_shapes, init_random_params, load_looped,  # noqa: F401
                             load_looped_params, official_tensors, param_path)
 
-# The layer functions' former private names (scripts/profile_looped_core.py times them).
-_attend, _attention, _block = attend_prefix, block_attention, apply_block
 
+# ---------------------------------------------------------------------------------- stages
 
-# ---------------------------------------------------------------------------------- recurrence
+def prelude(params: dict, cfg: LoopedConfig, cache: LoopedCache | None, input_ids: jax.Array, cos: jax.Array,
+            sin: jax.Array):
+    """Embedding and prelude layers of input_ids [B, T] after the cache's committed prefix (None: no prefix).
+
+    cos/sin from `rope_tables` at the new tokens' positions. The cache is only read. Returns (embedded
+    [B, T, D]: what every recurrence step injects, k, v [P, B, T, NKV, hd]: the prelude layers' new K/V).
+    """
+    e = embed(params, cfg, input_ids)
+    pk = None if cache is None else cache.prelude_k
+    pv = None if cache is None else cache.prelude_v
+    return run_blocks(params.get("prelude", []), cfg, e, cos, sin, pk, pv, cache_lengths(cache, input_ids.shape[0]))
+
 
 def core_step(params: dict, cfg: LoopedConfig, cache: LoopedCache | None, x: jax.Array, embedded: jax.Array,
               step, cos: jax.Array, sin: jax.Array, read_k=None, read_v=None):
@@ -174,12 +185,8 @@ def forward(params: dict, cfg: LoopedConfig, cache: LoopedCache | None, input_id
     read_k = _read_schedule(read_step_k, num_steps, slots, "read_step_k")
     read_v = _read_schedule(read_step_v, num_steps, slots, "read_step_v")
     cos, sin = rope_tables(cfg, cache_positions(cache, B, T))
-    length = cache_lengths(cache, B)
 
-    e = embed(params, cfg, input_ids)
-    pk = None if cache is None else cache.prelude_k
-    pv = None if cache is None else cache.prelude_v
-    e, new_pk, new_pv = run_blocks(params.get("prelude", []), cfg, e, cos, sin, pk, pv, length)
+    e, new_pk, new_pv = prelude(params, cfg, cache, input_ids, cos, sin)
     x0 = initial_state(cfg, e, init_key, init_scale)
     depths = tuple(sorted(set(exit_depths) | {num_steps}))
     states, new_ck, new_cv = _recur(params, cfg, cache, x0, e, cos, sin, read_k, read_v, num_steps, depths)

@@ -47,6 +47,13 @@ class LoopedCache:
         return self.core_k.shape[0]
 
 
+def check_cache_mode(mode) -> str:
+    """`mode` if it is one of CACHE_MODES, else one InputError naming them."""
+    if mode not in CACHE_MODES:
+        raise InputError(f"cache_mode {mode!r} is not supported; use one of {', '.join(CACHE_MODES)}")
+    return mode
+
+
 def _cache_shapes(cfg: LoopedConfig, batch: int, max_len: int, num_steps: int, mode: str) -> dict:
     if mode not in CACHE_MODES:
         raise InputError(f"cache mode {mode!r} is not supported; use one of {', '.join(CACHE_MODES)}")
