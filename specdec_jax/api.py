@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 
@@ -56,16 +55,15 @@ def load(path: str | os.PathLike, dtype="bfloat16", mesh=None) -> Model:
 
 
 def _with_mesh(cfg, mesh, path: str):
-    """cfg laid out for `mesh` (axes made Auto: GSPMD places what the steps compute), after checking that the
-    mesh has a "tp" axis and that the model can be split over it: one InputError, before any tensor is read."""
+    """cfg laid out for `mesh` (qwen35.with_mesh: a "tp" axis, every count splittable): one InputError, before any
+    tensor is read."""
     where = f"load({path!r}, mesh=...)"
     sharding.check_mesh(mesh, where)
     if cfg.family == "looped":
         raise InputError(f"{where}: tensor parallelism (mesh=) is supported for Qwen3.5 models only; "
                          f"this is a looped ({cfg.variant}) model (load it without mesh=)")
     from .models import qwen35
-    sharding.check_split(qwen35.split_counts(cfg), mesh, f"{where} ({os.path.join(path, 'config.json')})")
-    return dataclasses.replace(cfg, mesh=sharding.auto_axes(mesh))
+    return qwen35.with_mesh(cfg, mesh, f"{where} ({os.path.join(path, 'config.json')})")
 
 
 def supported_methods(model: Model) -> tuple[str, ...]:

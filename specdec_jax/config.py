@@ -55,8 +55,8 @@ class Qwen35Config:
     mtp_num_hidden_layers: int = 0
     eos_token_id: tuple[int, ...] = ()
     model_type: str = "qwen3_5_text"
-    # The tensor-parallel mesh (axis "tp") the parameters are laid out for, None: one device. Not an HF field:
-    # `load(path, mesh=...)` sets it (sharding.py); being static, it keys every compiled program.
+    # The tensor-parallel mesh (axis "tp", Auto axes) the parameters are laid out for, None: one device. Not an HF
+    # field: `load(path, mesh=...)` sets it (models/qwen35.with_mesh); being static, it keys every compiled program.
     mesh: Any = None
 
     family = "qwen3_5"

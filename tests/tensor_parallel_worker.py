@@ -86,8 +86,41 @@ def refused_meshes() -> dict:
             "looped": refusal(lambda: sj.load(LOOPED_CHECKPOINT, dtype="float32", mesh=mesh_of(2)))}
 
 
+def random_moe_model(mesh=None):
+    """A random MoE model: 8 experts (top 2) and a shared expert, 2 GDN key heads (copied on 4 devices)."""
+    from specdec_jax.config import qwen35_config_from_dict
+    from specdec_jax.loading import build_tree
+    from specdec_jax.model import Model
+    from specdec_jax.models import mtp, qwen35
+    cfg = qwen35_config_from_dict(dict(
+        model_type="qwen3_5_moe_text", vocab_size=96, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+        linear_num_value_heads=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+        shared_expert_intermediate_size=24))
+    specs = qwen35.param_specs(cfg, {"model.embed_tokens.weight"}, "random")
+    rng = np.random.default_rng(0)  # numpy: no per-shape compile
+    params = build_tree(specs, lambda leaf: (rng.standard_normal(mtp.leaf_shape(leaf)) * 0.3).astype(np.float32))
+    if mesh is None:
+        return Model(config=cfg, params=jax.tree.map(jax.numpy.asarray, params), dtype=np.float32)
+    cfg = qwen35.with_mesh(cfg, mesh, "random_moe_model")
+    params = qwen35.shard_params(params, cfg)
+    return Model(config=cfg, params=params, dtype=np.float32)
+
+
+def moe_logits() -> dict:
+    """Logits of 4 tokens of the random MoE model on one device and on 4 (4 tokens x top-2 <= 8 experts: the
+    decode path, which reads only the selected experts' weights)."""
+    single, split = random_moe_model(), random_moe_model(mesh_of(4))
+    ids = np.array([[3, 50, 7, 91]], np.int32)
+    a, b = np.asarray(sj.forward_logits(single, ids)), np.asarray(sj.forward_logits(split, ids))
+    mlp = split.params["layers"][0]["mlp"]
+    return {"experts": placement(mlp["experts_gate_up"]), "shared": placement(mlp["shared_gate_up_proj"]),
+            "rel": float(np.linalg.norm(a - b) / np.linalg.norm(a)),
+            "argmax_equal": bool((a.argmax(-1) == b.argmax(-1)).all())}
+
+
 def main() -> None:
-    out = {"devices": len(jax.devices()), "refused": refused_meshes()}
+    out = {"devices": len(jax.devices()), "refused": refused_meshes(), "moe": moe_logits()}
     single = sj.load(CHECKPOINT, dtype="float32")
     out["single"] = {m: generate(single, m) for m in METHODS}
     for n in MESH_SIZES:

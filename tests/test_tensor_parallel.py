@@ -8,7 +8,7 @@ Checked: greedy AR, n-gram and MTP outputs of the shipped checkpoint in float32 
 the single-device outputs token for token; parameters and decode state are split over the mesh (the shipped model
 has 2 KV heads: on 4 devices each holds a copy of one, as vLLM replicates them); a head count that neither divides
 nor is divided by the mesh, a mesh without a "tp" axis and a looped model are each one InputError, raised before
-any tensor is read.
+any tensor is read; a random MoE model's experts are split over the mesh and its logits match one device's.
 """
 
 from __future__ import annotations
@@ -89,3 +89,10 @@ def test_refused_meshes_are_one_input_error(results):
     assert no_tp["type"] == "InputError" and "'tp'" in no_tp["message"] and "('data',)" in no_tp["message"], no_tp
     looped = results["refused"]["looped"]
     assert looped["type"] == "InputError" and "looped" in looped["message"], looped
+
+
+def test_moe_experts_split_over_the_mesh(results):
+    moe = results["moe"]
+    assert moe["experts"]["shard_shapes"] == [[2, 32, 32]] * 4  # 8 experts, 2 per device
+    assert moe["shared"]["shard_shapes"] == [[12, 32]] * 4  # shared expert: 24 gate + 24 up columns, 6 + 6 each
+    assert moe["rel"] < 1e-4 and moe["argmax_equal"], moe

@@ -13,6 +13,7 @@ Entry points (all pure; `forward` is what prefill, decode and verification share
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -266,6 +267,14 @@ def split_counts(cfg: Qwen35Config) -> tuple[SplitCount, ...]:
     return tuple(counts)
 
 
+def with_mesh(cfg: Qwen35Config, mesh, where: str) -> Qwen35Config:
+    """cfg laid out for `mesh` (its axes made Auto: GSPMD places what the jitted steps compute), after checking that
+    the mesh has a "tp" axis and that every count can be split over it: one InputError naming `where` otherwise."""
+    sharding.check_mesh(mesh, where)
+    sharding.check_split(split_counts(cfg), mesh, where)
+    return dataclasses.replace(cfg, mesh=sharding.auto_axes(mesh))
+
+
 def place_param(path: tuple, x: jax.Array, cfg: Qwen35Config) -> jax.Array:
     """One parameter as `cfg.mesh` holds it: fused rows in grouped order, split by its role
     (sharding.param_partition). Unchanged without a mesh."""
@@ -278,7 +287,8 @@ def place_param(path: tuple, x: jax.Array, cfg: Qwen35Config) -> jax.Array:
 
 
 def shard_params(params: dict, cfg: Qwen35Config) -> dict:
-    """A one-device parameter tree (checkpoint row order, e.g. built in memory) laid out over `cfg.mesh`."""
+    """A one-device parameter tree (checkpoint row order, e.g. built in memory) laid out over `cfg.mesh`
+    (cfg from `with_mesh`)."""
     return build_tree({path: (path, x) for path, x in flatten_tree(params).items()},
                       lambda item: place_param(item[0], item[1], cfg))
 
