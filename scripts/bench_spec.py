@@ -35,22 +35,40 @@ from specdec_jax.harness import (alternate, compile_all, compile_timed, cut_prom
 RESIDUAL_WRITES = ("o_proj", "out_proj", "down_proj")  # the projections that write into the residual stream
 
 
+# Shapes of random Qwen3.5 models, as overrides of transformers' Qwen3_5TextConfig defaults (the 9B shape).
+# "27b": Qwen3.5-27B (dense) as public copies of its config.json give it (model_type qwen3_5, text_config): 64 layers
+# (full attention every 4th), hidden 5120, MLP 17408, 24 query heads and 4 KV heads of 256, GDN 16 key and 48 value
+# heads of 128, vocabulary 248320. Not read from the official file (no access here); MTP head left out.
+QWEN35_SHAPES = {
+    "9b": {},
+    "27b": dict(vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
+                num_attention_heads=24, num_key_value_heads=4, head_dim=256, linear_key_head_dim=128,
+                linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=48, layer_types=None,
+                full_attention_interval=4, tie_word_embeddings=False),
+    "tiny": dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16,
+                 linear_num_key_heads=2, linear_num_value_heads=4, layer_types=None),
+}
+
+
+def qwen35_shape_config(shape: str):
+    """The Qwen35Config of a named random shape (QWEN35_SHAPES)."""
+    from specdec_jax.config import qwen35_config_from_dict
+    from transformers import Qwen3_5TextConfig
+    raw = Qwen3_5TextConfig().to_dict()
+    raw.update(QWEN35_SHAPES[shape])
+    raw["model_type"] = "qwen3_5_text"
+    return qwen35_config_from_dict(raw)
+
+
 def random_9b_model(tiny: bool, dtype: str = "bfloat16", damp: float = 1.0):
     """Random bf16 weights made on the device in the fused layout (no file, no transformers).
     damp: every residual write (attention / GDN output, MLP down projection) scaled by it; 0.02 keeps the
     embedding dominant, so top-1 margins are wide and greedy outputs are stable text-like sequences."""
-    from specdec_jax.config import qwen35_config_from_dict
     from specdec_jax.loading import build_tree
     from specdec_jax.model import Model
     from specdec_jax.models import qwen35
-    from transformers import Qwen3_5TextConfig
-    raw = Qwen3_5TextConfig().to_dict()
-    if tiny:
-        raw.update(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_key_head_dim=16,
-                   linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, layer_types=None)
-    raw["model_type"] = "qwen3_5_text"
-    cfg = qwen35_config_from_dict(raw)
+    cfg = qwen35_shape_config("tiny" if tiny else "9b")
     specs = qwen35.param_specs(cfg, {"model.embed_tokens.weight"}, "random")
     keys = iter(jax.random.split(jax.random.PRNGKey(0), len(specs)))
 

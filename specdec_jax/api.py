@@ -11,7 +11,7 @@ from .config import read_config
 from .decoding.autoregressive import generate_ar
 from .decoding.decode_shape import exact_rows
 from .decoding.sampling import SamplingConfig
-from . import methods
+from . import methods, sharding
 from .errors import InputError
 from .loading import TensorSource, resolve_dtype
 from .methods import DRAFT_TABLES_FILE
@@ -22,16 +22,22 @@ QWEN35_METHODS = methods.family_methods("qwen3_5")
 LOOPED_METHODS = methods.family_methods("looped")
 
 
-def load(path: str | os.PathLike, dtype="bfloat16") -> Model:
+def load(path: str | os.PathLike, dtype="bfloat16", mesh=None) -> Model:
     """Load an HF checkpoint folder (config.json + safetensors) as a `Model`.
 
     Qwen3.5 (`qwen3_5`, `qwen3_5_text`, `qwen3_5_moe`, `qwen3_5_moe_text`) and looped models
     (`huginn_raven`: Huginn-0125 and the Raven retrofits). Every tensor's presence and shape is
     checked from the file headers before any tensor is read.
+
+    mesh: None (one device), or a `jax.sharding.Mesh` with an axis "tp" (Qwen3.5 only): tensor parallelism.
+    Heads, MLP columns, experts and the vocabulary are split over that axis (sharding.py); generation then
+    runs the same jitted steps on every device of the mesh. Whether the model can be split is checked first.
     """
     path = os.fspath(path)
     cfg = read_config(path)
     jdtype = resolve_dtype(dtype)
+    if mesh is not None:
+        cfg = _with_mesh(cfg, mesh, path)
     if cfg.family == "looped":
         from .models import looped
         return looped.load_looped(path, dtype)
@@ -42,7 +48,21 @@ def load(path: str | os.PathLike, dtype="bfloat16") -> Model:
     if os.path.isfile(tables):
         from .drafters.table import load_draft_tables
         params["draft"] = load_draft_tables(tables, cfg.vocab_size)
+        if cfg.mesh is not None:
+            params["draft"] = sharding.replicate(params["draft"], cfg.mesh)
     return Model(config=cfg, params=params, path=path, dtype=jdtype)
+
+
+def _with_mesh(cfg, mesh, path: str):
+    """cfg laid out for `mesh` (qwen35.with_mesh: a "tp" axis, every count splittable): one InputError, before any
+    tensor is read."""
+    where = f"load({path!r}, mesh=...)"
+    sharding.check_mesh(mesh, where)
+    if cfg.family == "looped":
+        raise InputError(f"{where}: tensor parallelism (mesh=) is supported for Qwen3.5 models only; "
+                         f"this is a looped ({cfg.variant}) model (load it without mesh=)")
+    from .models import qwen35
+    return qwen35.with_mesh(cfg, mesh, f"{where} ({os.path.join(path, 'config.json')})")
 
 
 def supported_methods(model: Model) -> tuple[str, ...]:

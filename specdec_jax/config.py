@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from .errors import CheckpointError
+from .sharding import tp_size
 from .looped_config import looped_config_from_dict
 
 QWEN35_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
@@ -54,8 +55,16 @@ class Qwen35Config:
     mtp_num_hidden_layers: int = 0
     eos_token_id: tuple[int, ...] = ()
     model_type: str = "qwen3_5_text"
+    # The tensor-parallel mesh (axis "tp", Auto axes) the parameters are laid out for, None: one device. Not an HF
+    # field: `load(path, mesh=...)` sets it (models/qwen35.with_mesh); being static, it keys every compiled program.
+    mesh: Any = None
 
     family = "qwen3_5"
+
+    @property
+    def tp_size(self) -> int:
+        """Devices the heads, MLP columns, experts and vocabulary are split over (1 without a mesh)."""
+        return tp_size(self.mesh)
 
     @property
     def is_moe(self) -> bool:

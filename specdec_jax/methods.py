@@ -114,6 +114,9 @@ REGISTRY: tuple[MethodSpec, ...] = (
     MethodSpec("residual-reuse", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"skip_layers"}, needs="more than one layer",
                available=_deep, drafter=lambda m, o: _self_draft(m, o, "residual-reuse")),
     MethodSpec("partial-mlp", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"mlp_keep"},
+               needs="a model on one device (its MLP cut takes the first columns in the checkpoint's order; "
+                     "load without mesh=)",
+               available=lambda m: getattr(m.config, "mesh", None) is None,
                drafter=lambda m, o: _self_draft(m, o, "partial-mlp")),
     MethodSpec("ngram-tree", "qwen3_5", TREE, _TREE_OPTIONS, drafter=_tree_ngram),
     MethodSpec("mtp-tree", "qwen3_5", TREE, _TREE_OPTIONS, needs=_MTP_NEED, available=_has_mtp, drafter=_tree_mtp),

@@ -19,7 +19,7 @@ import numpy as np
 from jax import lax
 
 from ..model import GenerateResult
-from .compiled import compiled
+from .compiled import compiled, output_structs
 from .decode_shape import pad_rows
 from .sampling import SamplingConfig, select_token
 
@@ -111,7 +111,7 @@ def generate_autoregressive(ops: FamilyOps, params, cfg, prompt: np.ndarray, max
     static_p = dict(ops=ops, cfg=cfg, max_len=max_len, state_dtype=state_dtype)
     static_d = dict(ops=ops, cfg=cfg, max_new_tokens=max_new_tokens, sampling=sampling, eos_ids=eos_ids)
     prefill_c, compile_p = compiled(_prefill, static_p, params, prompt)
-    logits_shape, state_shape = jax.eval_shape(functools.partial(_prefill, **static_p), params, prompt)
+    logits_shape, state_shape = output_structs(prefill_c)
     decode_c, compile_d = compiled(_decode_loop, static_d, params, state_shape, logits_shape, key)
     compile_s = compile_p + compile_d
 

@@ -2,7 +2,7 @@
 
 `generate()` compiles its prefill and decode loop ahead of time (so compile time is reported apart from
 run time). Without a cache every call would compile again; with it, a second call with the same static
-settings and argument shapes (params, prompt, state) reuses the executables. The implementation switches
+settings, argument shapes and shardings (params, prompt, state) reuses the executables. The implementation switches
 read at trace time (SPECDEC_GDN_IMPLEMENTATION, SPECDEC_MATVEC) are part of the key.
 """
 
@@ -20,8 +20,10 @@ _cache: collections.OrderedDict = collections.OrderedDict()
 
 
 def _signature(args) -> tuple:
+    """Tree structure, shapes, dtypes and shardings: a program compiled for parameters split over a mesh is not
+    the one for a single device (nor for another mesh)."""
     leaves, tree = jax.tree.flatten(args)
-    return tree, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+    return tree, tuple((tuple(x.shape), str(x.dtype), getattr(x, "sharding", None)) for x in leaves)
 
 
 def compiled(jitted, static: dict, *args):
@@ -39,6 +41,12 @@ def compiled(jitted, static: dict, *args):
     while len(_cache) > MAX_ENTRIES:
         _cache.popitem(last=False)
     return executable, seconds
+
+
+def output_structs(executable):
+    """The outputs of a compiled program as ShapeDtypeStructs with their shardings: what the next program of a
+    generation is compiled for (jax.eval_shape cannot know where GSPMD places an output)."""
+    return jax.tree.map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding), executable.out_info)
 
 
 def clear() -> None:

@@ -27,7 +27,7 @@ from flax import struct
 from jax import lax
 
 from ..model import GenerateResult
-from .compiled import compiled
+from .compiled import compiled, output_structs
 from ..models import qwen35
 from .acceptance import accept
 from .decode_shape import pad_rows
@@ -163,7 +163,7 @@ def spec_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gam
     if accept_p is not None:
         n_acc, next_token = forced_acceptance(n_acc, logits, accept_p, jax.random.fold_in(k_accept, 1))
     emitted, n_emit, n_keep, hit_eos = emit_accepted(drafts, n_acc, next_token, active, eos_ids)
-    model = qwen35.commit(state.model, verified, extras, n_keep, impl=impl)
+    model = qwen35.commit(state.model, verified, extras, n_keep, impl=impl, mesh=cfg.mesh)
     state = advance(state, model, emitted, n_emit, n_acc, hit_eos, active, max_new_tokens)
     drafter_state = drafter.update(drafter_state, emitted=emitted, n_emitted=n_emit, n_keep=n_keep, verified=extras,
                                    params=params, cfg=cfg)
@@ -253,7 +253,7 @@ def run_spec_loop(params, prompt, key_first, key_loop, static_p: dict, loop, sta
     """Compile the prefill and a speculative loop (chain `_spec_loop` or tree `_tree_loop`), run them
     timed (compile reported apart), and collect the shared statistics (`info` first)."""
     prefill_c, compile_p = compiled(_spec_prefill, static_p, params, prompt, key_first)
-    shapes = jax.eval_shape(functools.partial(_spec_prefill, **static_p), params, prompt, key_first)
+    shapes = output_structs(prefill_c)
     loop_c, compile_l = compiled(loop, static_l, params, shapes[0], shapes[1], key_loop)
     compile_s = compile_p + compile_l
 

@@ -130,8 +130,7 @@ def tree_gdn_mixer(p: dict, cfg, x: jax.Array, conv_state: jax.Array, rec_state:
     """Gated DeltaNet over the N tree nodes: x [B, N, D] -> out [B, N, D], extras (k, g, v_new, the
     conv source [B, W-1+N, C] and, for collect="snapshot", every node's state [B, N, HV, K, V])."""
     B, N, _ = x.shape
-    H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
-    K, V, W = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
+    HV, V, W = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
     qkv, z, b, a = qwen35.gdn_projections(p, cfg, x)
 
     source = jnp.concatenate([conv_state.astype(qkv.dtype), qkv], axis=1)  # [B, W-1+N, C]
@@ -140,10 +139,7 @@ def tree_gdn_mixer(p: dict, cfg, x: jax.Array, conv_state: jax.Array, rec_state:
     conv = sum(window[:, :, i].astype(jnp.float32) * w[:, i] for i in range(W))  # same order as gdn_mixer
     conv = jax.nn.silu(conv.astype(qkv.dtype))
 
-    key_dim = H * K
-    q = conv[..., :key_dim].reshape(B, N, H, K)
-    k = conv[..., key_dim:2 * key_dim].reshape(B, N, H, K)
-    v = conv[..., 2 * key_dim:].reshape(B, N, HV, V)
+    q, k, v = qwen35.gdn_heads(cfg, conv)
     beta, g = qwen35.gdn_gates(p, b, a)
     tree_impl = impl if impl in tree_wy.IMPLEMENTATIONS else "auto"
     if tree_impl == "auto" and N > tree_wy.MAX_PALLAS_NODES:

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..sharding import split_groups
+
 
 MATVEC_MODES = ("auto", "dot", "reduce")
 
@@ -80,11 +82,13 @@ def swiglu(x: jax.Array, gate_w: jax.Array, up_w: jax.Array, down_w: jax.Array) 
     return linear(jax.nn.silu(linear(x, gate_w)) * linear(x, up_w), down_w)
 
 
-def swiglu_fused(x: jax.Array, gate_up_w: jax.Array, down_w: jax.Array) -> jax.Array:
-    """SwiGLU with gate and up stacked as one [2F, D] weight (one GEMV at decode)."""
+def swiglu_fused(x: jax.Array, gate_up_w: jax.Array, down_w: jax.Array, groups: int = 1) -> jax.Array:
+    """SwiGLU with gate and up stacked as one [2F, D] weight (one GEMV at decode); groups > 1: the rows grouped
+    per tensor-parallel device (each group its gate columns, then its up columns: sharding.py)."""
     h = linear(x, gate_up_w)
-    F = h.shape[-1] // 2
-    return linear(jax.nn.silu(h[..., :F]) * h[..., F:], down_w)
+    F = h.shape[-1] // (2 * groups)
+    gate, up = split_groups(h, (F, F), groups)
+    return linear(jax.nn.silu(gate) * up, down_w)
 
 
 # ---------------------------------------------------------------------------------------- RoPE

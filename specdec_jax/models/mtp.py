@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .. import sharding
 from ..config import Qwen35Config
 from . import layers as L
 from . import qwen35
@@ -35,9 +36,11 @@ def _norm(x: jax.Array, w: jax.Array, cfg: Qwen35Config) -> jax.Array:
 
 
 def init_mtp_cache(cfg: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat16) -> tuple[jax.Array, jax.Array]:
-    """Empty K and V caches of the MTP layer, each [B, S, NKV, hd]."""
-    shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
-    return jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+    """Empty K and V caches of the MTP layer, each [B, S, NKV, hd] (split over its heads under a mesh, as the
+    target's caches)."""
+    shape = (batch, max_len, qwen35.kv_heads(cfg), cfg.head_dim)
+    return tuple(sharding.constrain(jnp.zeros(shape, dtype), cfg.mesh, sharding.STATE_PARTITIONS[field])
+                 for field in ("keys", "values"))
 
 
 def mtp_forward(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_ids: jax.Array, k_cache: jax.Array,

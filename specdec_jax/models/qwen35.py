@@ -13,6 +13,7 @@ Entry points (all pure; `forward` is what prefill, decode and verification share
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -20,12 +21,15 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
 from pallas_kernels import gated_delta
 
+from .. import sharding
 from ..config import FULL_ATTENTION, Qwen35Config
 from ..errors import CheckpointError
-from ..loading import TensorSource, build_tree
+from ..loading import TensorSource, build_tree, flatten_tree
+from ..sharding import STATE_HEADS, TOKEN_HEADS, Segment, SplitCount
 from . import layers as L
 
 # Longest verification the step recurrence runs (snapshot and replay rollback; the Pallas recurrent
@@ -55,17 +59,38 @@ class Qwen35State:
         return self.keys[0].shape[1] if self.keys else 0
 
 
+def kv_heads(cfg: Qwen35Config) -> int:
+    """Key/value heads in the caches and in qkv_proj: num_key_value_heads, or one copy per device when the mesh
+    is larger (sharding.py)."""
+    return sharding.stored_units(cfg.num_key_value_heads, cfg.tp_size)
+
+
+def linear_key_heads(cfg: Qwen35Config) -> int:
+    """GDN key heads as stored (q and k): linear_num_key_heads, or one copy per device when the mesh is larger."""
+    return sharding.stored_units(cfg.linear_num_key_heads, cfg.tp_size)
+
+
+def conv_channels(cfg: Qwen35Config) -> int:
+    """Channels of the GDN conv and its state: cfg.conv_dim, with the key-head copies of a large mesh."""
+    return 2 * linear_key_heads(cfg) * cfg.linear_key_head_dim + cfg.linear_value_dim
+
+
 def init_state(cfg: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat16) -> Qwen35State:
+    """Empty state; under a mesh each field is created split over its heads (sharding.STATE_PARTITIONS)."""
     n_attn, n_lin = len(cfg.attention_layers), len(cfg.linear_layers)
-    kv_shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+    kv_shape = (batch, max_len, kv_heads(cfg), cfg.head_dim)
     rec_shape = (batch, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
-    conv_shape = (batch, cfg.linear_conv_kernel_dim - 1, cfg.conv_dim)
+    conv_shape = (batch, cfg.linear_conv_kernel_dim - 1, conv_channels(cfg))
+
+    def zeros(field, shape, dtype):
+        return sharding.constrain(jnp.zeros(shape, dtype), cfg.mesh, sharding.STATE_PARTITIONS[field])
+
     return Qwen35State(
-        keys=tuple(jnp.zeros(kv_shape, dtype) for _ in range(n_attn)),
-        values=tuple(jnp.zeros(kv_shape, dtype) for _ in range(n_attn)),
-        conv=tuple(jnp.zeros(conv_shape, dtype) for _ in range(n_lin)),
-        recurrent=tuple(jnp.zeros(rec_shape, jnp.float32) for _ in range(n_lin)),
-        length=jnp.zeros((batch,), jnp.int32),
+        keys=tuple(zeros("keys", kv_shape, dtype) for _ in range(n_attn)),
+        values=tuple(zeros("values", kv_shape, dtype) for _ in range(n_attn)),
+        conv=tuple(zeros("conv", conv_shape, dtype) for _ in range(n_lin)),
+        recurrent=tuple(zeros("recurrent", rec_shape, jnp.float32) for _ in range(n_lin)),
+        length=zeros("length", (batch,), jnp.int32),
     )
 
 
@@ -202,24 +227,94 @@ def _is_conv(key: str) -> bool:
     return key.endswith("conv1d.weight")  # stored [C, 1, W]; kept as [C, W]
 
 
+# ------------------------------------------------------------------------------ tensor parallelism
+
+def _gdn_conv_segments(cfg: Qwen35Config) -> tuple[Segment, ...]:
+    H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    return (Segment(H, cfg.linear_key_head_dim), Segment(H, cfg.linear_key_head_dim),
+            Segment(HV, cfg.linear_value_head_dim))
+
+
+def fused_segments(cfg: Qwen35Config) -> dict[str, tuple[Segment, ...]]:
+    """Leaf name -> the parts its row axis joins, in the checkpoint's order (what the specs above concatenate):
+    the grouped tensor-parallel layout is built from these (sharding.grouped_rows)."""
+    nH, nKV, hd, HV = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.linear_num_value_heads
+    out = {"qkv_proj": (Segment(nH, 2 * hd), Segment(nKV, hd), Segment(nKV, hd)),  # (q ; gate) per head | k | v
+           "in_proj": _gdn_conv_segments(cfg) + (Segment(HV, cfg.linear_value_head_dim), Segment(HV), Segment(HV)),
+           "conv": _gdn_conv_segments(cfg)}
+    if not cfg.is_moe:
+        out["gate_up_proj"] = (Segment(cfg.intermediate_size), Segment(cfg.intermediate_size))
+    elif cfg.shared_expert_intermediate_size:
+        S = cfg.shared_expert_intermediate_size
+        out["shared_gate_up_proj"] = (Segment(S), Segment(S))
+    return out
+
+
+def split_counts(cfg: Qwen35Config) -> tuple[SplitCount, ...]:
+    """Every count the mesh splits (sharding.PARAM_PARTITIONS); key/value and GDN key heads may be copied."""
+    counts = [SplitCount("num_attention_heads", cfg.num_attention_heads),
+              SplitCount("num_key_value_heads", cfg.num_key_value_heads, repeatable=True),
+              SplitCount("vocab_size", cfg.vocab_size)]
+    if cfg.linear_layers:
+        counts += [SplitCount("linear_num_value_heads", cfg.linear_num_value_heads),
+                   SplitCount("linear_num_key_heads", cfg.linear_num_key_heads, repeatable=True)]
+    if cfg.is_moe:
+        counts.append(SplitCount("num_experts", cfg.num_experts))
+        if cfg.shared_expert_intermediate_size:
+            counts.append(SplitCount("shared_expert_intermediate_size", cfg.shared_expert_intermediate_size))
+    else:
+        counts.append(SplitCount("intermediate_size", cfg.intermediate_size))
+    return tuple(counts)
+
+
+def with_mesh(cfg: Qwen35Config, mesh, where: str) -> Qwen35Config:
+    """cfg laid out for `mesh` (its axes made Auto: GSPMD places what the jitted steps compute), after checking that
+    the mesh has a "tp" axis and that every count can be split over it: one InputError naming `where` otherwise."""
+    sharding.check_mesh(mesh, where)
+    sharding.check_split(split_counts(cfg), mesh, where)
+    return dataclasses.replace(cfg, mesh=sharding.auto_axes(mesh))
+
+
+def place_param(path: tuple, x: jax.Array, cfg: Qwen35Config) -> jax.Array:
+    """One parameter as `cfg.mesh` holds it: fused rows in grouped order, split by its role
+    (sharding.param_partition). Unchanged without a mesh."""
+    if cfg.mesh is None:
+        return x
+    segments = fused_segments(cfg).get(path[-1])
+    if segments is not None:
+        x = x[sharding.grouped_rows(segments, cfg.tp_size)]
+    return sharding.place(x, cfg.mesh, sharding.param_partition(path))
+
+
+def shard_params(params: dict, cfg: Qwen35Config) -> dict:
+    """A one-device parameter tree (checkpoint row order, e.g. built in memory) laid out over `cfg.mesh`
+    (cfg from `with_mesh`)."""
+    return build_tree({path: (path, x) for path, x in flatten_tree(params).items()},
+                      lambda item: place_param(item[0], item[1], cfg))
+
+
 def load_params(source: TensorSource, cfg: Qwen35Config, dtype) -> dict:
-    """Validate every key and shape first (headers only), then stream tensors to the device."""
+    """Validate every key and shape first (headers only), then stream tensors to the device (under `cfg.mesh`:
+    each tensor split over the mesh as it is read, `place_param`)."""
     specs = param_specs(cfg, set(source.keys()), source.description)
     source.check({k: s for leaf in specs.values() for k, s in leaf.parts()})
 
-    def read(leaf: Leaf):
+    def read(path: tuple, leaf: Leaf):
         def one(key):
             x = source.read(key, dtype)
             return x[:, 0, :] if _is_conv(key) else x
         groups = [jnp.concatenate([one(k) for k, _ in g], axis=0) if len(g) > 1 else one(g[0][0])
                   for g in leaf.groups]
-        return jnp.stack(groups) if leaf.stack else groups[0]
+        return place_param(path, jnp.stack(groups) if leaf.stack else groups[0], cfg)
 
-    return build_tree(specs, read)
+    return build_tree({path: (path, leaf) for path, leaf in specs.items()}, lambda item: read(*item))
 
 
 def hf_tensors(params: dict, cfg: Qwen35Config, prefix: str = "model.") -> dict[str, jax.Array]:
     """Inverse of load_params (fused expert layout): {HF key: array}, for saving checkpoints."""
+    if cfg.mesh is not None:
+        raise ValueError("hf_tensors reads the checkpoint's row order; these parameters are laid out for a mesh "
+                         "(load the checkpoint without mesh= to save it)")
     keys = {prefix + "embed_tokens.weight"}  # selects the prefix and the fused expert layout
     specs = param_specs(cfg, keys | ({"mtp.fc.weight"} if params.get("mtp") else set()), "params")
     mtp_layers = len(params["mtp"]["layers"]) if params.get("mtp") else 0
@@ -249,13 +344,50 @@ def lm_head_weight(params: dict) -> jax.Array:
 
 
 def gdn_projections(p: dict, cfg: Qwen35Config, x: jax.Array):
-    """The fused input projection split: x [B, T, D] -> qkv [B, T, conv_dim] (pre-conv), z [B, T, HV, V],
-    b, a [B, T, HV]."""
+    """The fused input projection split: x [B, T, D] -> qkv [B, T, conv_channels] (pre-conv), z [B, T, HV, V],
+    b, a [B, T, HV]. Under a mesh the rows are grouped per device (sharding.py): qkv stays grouped, as the conv
+    weight and conv state are."""
     B, T, _ = x.shape
     HV, V = cfg.linear_num_value_heads, cfg.linear_value_head_dim
-    C, VD = cfg.conv_dim, cfg.linear_value_dim
+    widths = sharding.group_widths(fused_segments(cfg)["in_proj"], cfg.tp_size)  # q, k, v, z, b, a
     proj = L.linear(x, p["in_proj"])  # [B, T, C + HV*V + 2*HV]: qkv | z | b | a
-    return proj[..., :C], proj[..., C:C + VD].reshape(B, T, HV, V), proj[..., C + VD:C + VD + HV], proj[..., C + VD + HV:]
+    qkv, z, b, a = sharding.split_groups(proj, (sum(widths[:3]),) + widths[3:], cfg.tp_size)
+    return qkv, z.reshape(B, T, HV, V), b, a
+
+
+def gdn_heads(cfg: Qwen35Config, conv: jax.Array):
+    """The conv output [B, T, conv_channels] as heads: q, k [B, T, H, K] (H = linear_key_heads(cfg)),
+    v [B, T, HV, V]."""
+    B, T, _ = conv.shape
+    q, k, v = sharding.split_groups(conv, sharding.group_widths(_gdn_conv_segments(cfg), cfg.tp_size), cfg.tp_size)
+    H, K = linear_key_heads(cfg), cfg.linear_key_head_dim
+    return (q.reshape(B, T, H, K), k.reshape(B, T, H, K),
+            v.reshape(B, T, cfg.linear_num_value_heads, cfg.linear_value_head_dim))
+
+
+# The outputs of a gated-delta op, per device under a mesh: every field split over its heads.
+_GDN_OUTPUT_SPECS = gated_delta.GatedDeltaOutput(o=TOKEN_HEADS, final_state=STATE_HEADS, v_new=TOKEN_HEADS,
+                                                 g_cumsum=TOKEN_HEADS, all_states=TOKEN_HEADS)
+
+
+def gdn_rule(cfg: Qwen35Config, rule, q, k, v, g, beta, initial_state, state_steps=None, **options):
+    """rule (gated_delta.fused_recurrent_gated_delta_rule or chunk_gated_delta_rule) from initial_state; under a
+    mesh once per device on its own heads (sharding.over_heads: the heads are independent, and a Pallas kernel
+    cannot be split by GSPMD). options: the rule's static keyword arguments."""
+    def run(q, k, v, g, beta, s0, steps):
+        return rule(q, k, v, g, beta, initial_state=s0, **({} if steps is None else {"state_steps": steps}),
+                    **options)
+
+    run = sharding.over_heads(run, cfg.mesh, (TOKEN_HEADS,) * 5 + (STATE_HEADS, P()), _GDN_OUTPUT_SPECS)
+    return run(q, k, v, g, beta, initial_state, state_steps)
+
+
+def gdn_state_rule(mesh, rule, initial_state, *per_token, n, **options):
+    """A commit rule (gated_delta.replay_state or commit_state) of the state [B, HV, K, V] over per-token tensors
+    [B, T, heads, ...] and counts n [B]; under a mesh (cfg.mesh) once per device on its own heads."""
+    run = sharding.over_heads(lambda s0, *xs: rule(s0, *xs[:-1], xs[-1], **options), mesh,
+                              (STATE_HEADS,) + (TOKEN_HEADS,) * len(per_token) + (P(),), STATE_HEADS)
+    return run(initial_state, *per_token, n)
 
 
 def gdn_gates(p: dict, b: jax.Array, a: jax.Array):
@@ -276,8 +408,7 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
 
     n_valid [B] or None: rows past it are padding (decode shape); the new states are those after n_valid."""
     B, T, _ = x.shape
-    H, HV = cfg.linear_num_key_heads, cfg.linear_num_value_heads
-    K, V, W = cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
+    HV, V, W = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
     qkv, z, b, a = gdn_projections(p, cfg, x)
 
     window = jnp.concatenate([conv_state.astype(qkv.dtype), qkv], axis=1)  # [B, W-1+T, C]
@@ -286,35 +417,32 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
     conv = jax.nn.silu(conv.astype(qkv.dtype))
     new_conv = window[:, T:] if n_valid is None else conv_window_at(window, n_valid, W - 1)  # [B, W-1, C]
 
-    key_dim = H * K
-    q = conv[..., :key_dim].reshape(B, T, H, K)
-    k = conv[..., key_dim:2 * key_dim].reshape(B, T, H, K)
-    v = conv[..., 2 * key_dim:].reshape(B, T, HV, V)
+    q, k, v = gdn_heads(cfg, conv)
     beta, g = gdn_gates(p, b, a)
 
     snapshots, replay = collect == "snapshot", collect == "replay"
-    kwargs = dict(initial_state=rec_state, output_final_state=True,
-                  return_pseudo_values=bool(collect) and not replay, use_qk_l2norm=True, implementation=impl)
+    kwargs = dict(output_final_state=True, return_pseudo_values=bool(collect) and not replay, use_qk_l2norm=True,
+                  implementation=impl)
     if (snapshots or replay or n_valid is not None) and T > MAX_RECURRENT_VERIFY:
         raise ValueError(f"{collect or 'a decode-shape forward'} runs at most {MAX_RECURRENT_VERIFY} positions "
                          f"through the step recurrence; got T={T}")
+    recurrent = gated_delta.fused_recurrent_gated_delta_rule
     if n_valid is not None:
         # Decode shape: every row, AR step or verification, through the same step kernel; the state is
         # the one after the valid rows.
-        res = gated_delta.fused_recurrent_gated_delta_rule(q, k, v, g, beta, return_all_states=snapshots,
-                                                           state_steps=n_valid, **kwargs)
+        res = gdn_rule(cfg, recurrent, q, k, v, g, beta, rec_state, n_valid, return_all_states=snapshots, **kwargs)
     elif snapshots:
-        res = gated_delta.fused_recurrent_gated_delta_rule(q, k, v, g, beta, return_all_states=True, **kwargs)
+        res = gdn_rule(cfg, recurrent, q, k, v, g, beta, rec_state, return_all_states=True, **kwargs)
     elif T == 1 or replay or (collect and T <= MAX_RECURRENT_VERIFY
                               and gated_delta.resolve(impl, "recurrent") == "pallas"):
         # Decode; verification under replay rollback (the commit re-runs this very step, so the committed
         # state is the recurrence's); short verification when the recurrent op is a Pallas kernel (one
         # launch per layer, measured faster than the chunk kernels on the GPU: see verify_forms_choice()).
-        res = gated_delta.fused_recurrent_gated_delta_rule(q, k, v, g, beta, **kwargs)
+        res = gdn_rule(cfg, recurrent, q, k, v, g, beta, rec_state, **kwargs)
     else:
         # Prefill (an unrolled 64-step kernel took minutes to compile), and verification elsewhere: the
         # chunked form is parallel over T (as an XLA loop the step recurrence is T dependent launches).
-        res = gated_delta.chunk_gated_delta_rule(q, k, v, g, beta, **kwargs)
+        res = gdn_rule(cfg, gated_delta.chunk_gated_delta_rule, q, k, v, g, beta, rec_state, **kwargs)
     o = L.gated_rms_norm(res.o.astype(x.dtype), z, p["norm"], cfg.rms_norm_eps)  # [B, T, HV, V]
     out = L.linear(o.reshape(B, T, HV * V), p["out_proj"])
     extras = {}
@@ -331,14 +459,16 @@ def attention_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, k_cache: jax.Array
                     positions: jax.Array, mask: jax.Array):
     """Gated full attention. positions [B, T]; mask [B, T, S]. Returns out and the updated caches."""
     B, T, _ = x.shape
-    nH, nKV, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    nH, nKV, hd = cfg.num_attention_heads, kv_heads(cfg), cfg.head_dim
     qkv = L.linear(x, p["qkv_proj"])  # [B, T, 2*nH*hd + 2*nKV*hd]: (q_h ; gate_h) per head | k | v
-    qg = qkv[..., :2 * nH * hd].reshape(B, T, nH, 2 * hd)
+    widths = sharding.group_widths(fused_segments(cfg)["qkv_proj"], cfg.tp_size)
+    qg, k, v = sharding.split_groups(qkv, widths, cfg.tp_size)  # grouped per device under a mesh
+    qg = qg.reshape(B, T, nH, 2 * hd)
     q, gate = qg[..., :hd], qg[..., hd:]
     q = L.rms_norm(q, p["q_norm"], cfg.rms_norm_eps, zero_centered=True)
-    k = qkv[..., 2 * nH * hd:(2 * nH + nKV) * hd].reshape(B, T, nKV, hd)
+    k = k.reshape(B, T, nKV, hd)
     k = L.rms_norm(k, p["k_norm"], cfg.rms_norm_eps, zero_centered=True)
-    v = qkv[..., (2 * nH + nKV) * hd:].reshape(B, T, nKV, hd)
+    v = v.reshape(B, T, nKV, hd)
     cos, sin = L.rope_angles(positions, _inv_freq(cfg))
     if (mscale := L.rope_attention_factor(cfg.rope_scaling_dict)) != 1.0:  # YaRN's attention temperature
         cos, sin = cos * mscale, sin * mscale
@@ -390,7 +520,7 @@ def moe_mlp(p: dict, cfg: Qwen35Config, x: jax.Array) -> jax.Array:
         y = jnp.zeros_like(y_sorted).at[order].set(y_sorted).reshape(N, k, D)
     out = jnp.sum((y * top_w[..., None]).astype(jnp.float32), axis=1).astype(x.dtype)
     if "shared_gate_up_proj" in p:
-        shared = L.swiglu_fused(xt, p["shared_gate_up_proj"], p["shared_down_proj"])
+        shared = L.swiglu_fused(xt, p["shared_gate_up_proj"], p["shared_down_proj"], groups=cfg.tp_size)
         out = out + jax.nn.sigmoid(L.linear(xt, p["shared_expert_gate"])) * shared
     return out.reshape(B, T, D)
 
@@ -398,7 +528,7 @@ def moe_mlp(p: dict, cfg: Qwen35Config, x: jax.Array) -> jax.Array:
 def mlp(p: dict, cfg: Qwen35Config, x: jax.Array) -> jax.Array:
     if cfg.is_moe:
         return moe_mlp(p, cfg, x)
-    return L.swiglu_fused(x, p["gate_up_proj"], p["down_proj"])
+    return L.swiglu_fused(x, p["gate_up_proj"], p["down_proj"], groups=cfg.tp_size)
 
 
 # --------------------------------------------------------------------------------------- forward
@@ -483,7 +613,7 @@ def decode_step(params, cfg, state, token_ids, impl="auto"):
 
 
 def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax.Array, *,
-           impl: str = "auto") -> Qwen35State:
+           impl: str = "auto", mesh=None) -> Qwen35State:
     """State after keeping the first n_keep [B] of the T positions a verification forward ran.
 
     before: the committed state the verification started from; verified, extras: what
@@ -492,6 +622,7 @@ def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax
     the window at the accepted boundary; the GDN state is replayed from `before` over the kept
     positions by the recurrence's own step (`replay_state`, bit-identical to the recurrence), rebuilt
     from pseudo-values (`commit_state`) or, in snapshot mode, selected from the per-position states.
+    mesh: the model's cfg.mesh (None: one device); the commit kernels then run per device on their heads.
     """
     n_keep = n_keep.astype(jnp.int32)
     conv, rec = [], []
@@ -499,14 +630,14 @@ def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax
         window = ex["conv_window"]  # [B, W-1+T, C]
         conv.append(conv_window_at(window, n_keep, window.shape[1] - ex["k"].shape[1]))
         if "beta" in ex:
-            rec.append(gated_delta.replay_state(s0, ex["k"], ex["v"], ex["g"], ex["beta"], n_keep, use_qk_l2norm=True,
-                                                implementation=impl))
+            rec.append(gdn_state_rule(mesh, gated_delta.replay_state, s0, ex["k"], ex["v"], ex["g"], ex["beta"],
+                                      n=n_keep, use_qk_l2norm=True, implementation=impl))
         elif "all_states" in ex:
             idx = jnp.maximum(n_keep - 1, 0)
             picked = jnp.take_along_axis(ex["all_states"], idx[:, None, None, None, None], axis=1)[:, 0]
             rec.append(jnp.where((n_keep > 0)[:, None, None, None], picked, s0))
         else:
-            rec.append(gated_delta.commit_state(s0, ex["k"], ex["g"], ex["v_new"], n_keep, use_qk_l2norm=True,
-                                                implementation=impl))
+            rec.append(gdn_state_rule(mesh, gated_delta.commit_state, s0, ex["k"], ex["g"], ex["v_new"], n=n_keep,
+                                      use_qk_l2norm=True, implementation=impl))
     return Qwen35State(keys=verified.keys, values=verified.values, conv=tuple(conv), recurrent=tuple(rec),
                        length=before.length + n_keep)
