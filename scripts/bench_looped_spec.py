@@ -6,9 +6,9 @@
    the method alternate (--repeats pairs, median), greedy, no EOS: decode tok/s (first token, which
    comes from the prefill, excluded; compile excluded), accepted drafts per verification, speedup =
    method / AR decode tok/s of the same prompt, mean over prompts with a bootstrap 95% interval
-   (resampling prompts) and the median; outputs compared with AR (lossless methods must agree in
-   exact arithmetic; in bf16 the batched verifier may round differently from T = 1 AR and flip a
-   near-tie, so agreement is reported, not asserted). The parallel sampler (not lossless) reports
+   (resampling prompts) and the median; outputs compared with AR. AR runs at the method's decode
+   shape: on the exact path (the default) the padded rows of exact AR, so lossless methods must agree
+   bit for bit in any dtype; with exact=False AR runs one row and bf16 may flip a near-tie. The parallel sampler (not lossless) reports
    its token agreement with AR and the agreeing prefix length beside its speed.
    Grids (--grid full): self-spec and mature-spec (Deep K/V) d in {2,4,8} x gamma in {8,16,32};
    das-wave (Deep K/V, carry) gamma in {8,16,32} x k in {1,2,4}; the component study (sequential
@@ -154,7 +154,10 @@ def run_config(model, prompts, method, opts, args) -> dict:
     plan = ls.make_plan(method, R, **opts)
     max_len = prompts.shape[1] + N + max(plan.gamma, plan.decode_rows or 0, 1)  # the exact path pads each forward to decode_rows
     gen = functools.partial(ls.generate_looped_spec, model, num_steps=R, eos_ids=(), max_len=max_len, **opts)
-    ar_gen = functools.partial(looped_ar.generate, model, max_new_tokens=N, num_steps=R, eos_ids=(), max_len=max_len)
+    # AR at the method's decode shape: on the exact path (the default) that is the AR a user's generate() runs,
+    # and the output the method must equal bit for bit.
+    ar_gen = functools.partial(looped_ar.generate, model, max_new_tokens=N, num_steps=R, eos_ids=(), max_len=max_len,
+                               decode_rows=plan.decode_rows or 0)
     warm = gen(prompts[:1], N, method)  # compile (cached for the rest)
     ar_gen(prompts[:1])
     rows = []
@@ -306,7 +309,8 @@ def markdown(result: dict) -> str:
     if e2e:
         lines += [f"R = {result['num_steps']}, {result['num_prompts']} prompts ({result['prompts']}), "
                   f"{result['max_new_tokens']} new tokens, batch 1, greedy, {result['dtype']}, no EOS; "
-                  f"each configuration alternates with full-depth AR on the same prompts ({result['repeats']} "
+                  f"each configuration alternates with full-depth AR at its decode shape (the exact path's padded "
+                  f"rows when the method runs exact, as generate() does by default) on the same prompts ({result['repeats']} "
                   f"pair(s) per prompt, median); decode tok/s (first token and compile excluded); speedup = "
                   f"mean over prompts of method / AR, 95% bootstrap interval over prompts.", "",
                   "| group | method | d | gamma | k / r' | reads K/V | carry | accepted / verify | tokens / step | "

@@ -36,7 +36,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from scripts.bench_common import result_header, write_results  # noqa: E402
+from specdec_jax.harness import result_header, write_results  # noqa: E402
 from scripts.bench_spec import qwen35_shape_config  # noqa: E402
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")

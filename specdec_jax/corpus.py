@@ -219,7 +219,7 @@ def train_tokenizer(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(out / "tokenizer.json"))
+    tokenizer.save(str(out / "tokenizer.json"), pretty=False)  # compact: the checkpoint folders have a size budget
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": EOS_TOKEN,

@@ -118,3 +118,66 @@ def test_encode_corpus_separates_documents_with_eos(small_tokenizer):
     tok = Tokenizer.from_file(str(small_tokenizer / "tokenizer.json"))
     pieces = np.split(ids, eos_positions + 1)[: len(docs)]
     assert [tok.decode(p[:-1].tolist()) for p in pieces] == docs
+
+
+# ------------------------------------------------------------------ the larger corpus (site-packages)
+
+def _file(package, path, text):
+    import hashlib
+    return corpus.SourceFile(package, "1.0", path, text, hashlib.sha256(text.encode()).hexdigest())
+
+
+def test_deduplicate_keeps_the_first_of_each_text():
+    a, b, a2 = _file("p", "a.py", "x = 1\n"), _file("p", "b.py", "y = 2\n"), _file("q", "vendored/a.py", "x = 1\n")
+    assert corpus.deduplicate([a, b, a2]) == [a, b]
+
+
+def test_split_by_module_holds_out_whole_directories_and_the_stdlib_modules():
+    files = [_file("pkg", f"pkg/sub{i % 40}/m{i}.py", f"v = {i}\n") for i in range(400)]
+    files += [_file(corpus.STDLIB_PACKAGE, name, f"# {name}\n") for name in corpus.HELD_OUT_MODULES[:3]]
+    files += [_file(corpus.STDLIB_PACKAGE, "json/decoder.py", "# decoder\n")]
+    files += [_file("other", "copy_of_heldout.py", "# bisect.py\n")]  # same text as a held-out module
+    train, held = corpus.split_by_module(files, 0.25)
+    assert {id(f) for f in train}.isdisjoint(id(f) for f in held)
+    assert len(train) + len(held) == len(files) - 1  # the copy of a held-out text is dropped
+    assert all(f.path != "copy_of_heldout.py" for f in train + held)
+    held_groups = {f.module_group for f in held if f.package == "pkg"}
+    assert 0 < len(held_groups) < 40  # whole directories, about a quarter of them
+    assert not any(f.module_group in held_groups for f in train)
+    assert {f.path for f in held if f.package == corpus.STDLIB_PACKAGE} == set(corpus.HELD_OUT_MODULES[:3])
+    assert corpus.split_by_module(files, 0.25) == (train, held)  # stable: no run-dependent randomness
+
+
+def test_cap_chars_keeps_a_stable_subset_in_input_order():
+    files = [_file("p", f"m{i}.py", "x" * (10 + i)) for i in range(50)]
+    kept = corpus.cap_chars(files, 400)
+    assert 0 < sum(len(f.text) for f in kept) <= 400
+    assert kept == [f for f in files if f in kept] and kept == corpus.cap_chars(files, 400)
+    assert corpus.cap_chars(files, 0) == files
+
+
+def test_file_manifest_and_licence_note():
+    train = [_file("p", "a.py", "a\n"), _file("q", "b.py", "b\n")]
+    held = [_file("p", "c.py", "c\n")]
+    m = corpus.file_manifest(train, held)
+    assert m["p"]["version"] == "1.0" and [r[0] for r in m["p"]["train"]] == ["a.py"]
+    assert m["p"]["heldout"] == [["c.py", held[0].sha256[:corpus.MANIFEST_HASH_HEX]]]
+    note = corpus.licence_note({"p": {"version": "1.0", "license": "MIT"}, "q": {"version": "2", "license": "A|B"}},
+                               {"p": 2, "q": 1})
+    assert "| p | 1.0 | 2 | MIT |" in note and "| q | 2 | 1 | A/B |" in note
+
+
+def test_installed_sources_reads_distributions_and_leaves_out_tests_and_this_project():
+    files, packages = corpus.installed_sources()
+    names = {f.package for f in files}
+    assert "numpy" in names and "numpy" in packages and packages["numpy"]["license"] != ""
+    assert not any(f.package.replace("-", "_").lower() == "specdec_jax" for f in files)
+    assert not any("/tests/" in "/" + f.path or f.path.split("/")[-1].startswith("test_") for f in files)
+    assert all(f.path.endswith(".py") for f in files)
+
+
+def test_parallel_encoding_equals_serial(small_tokenizer, monkeypatch):
+    docs = [f"def f{i}():\n    return {i} * 'ü'\n" * (1 + i % 3) for i in range(40)]
+    serial = corpus.encode_corpus(small_tokenizer, docs, workers=1)
+    monkeypatch.setattr(corpus, "_PARALLEL_ENCODE_CHARS", 0)
+    np.testing.assert_array_equal(corpus.encode_corpus(small_tokenizer, docs, workers=2), serial)

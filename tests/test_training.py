@@ -42,7 +42,7 @@ def bigram_tokens(n: int, seed: int) -> np.ndarray:
 
 
 def _options(tmp_path, arch: str, **kw) -> training.TrainOptions:
-    base = dict(arch=arch, out=str(tmp_path / arch), steps=40, batch=8, seq_len=32, lr=1e-2, warmup_steps=5,
+    base = dict(arch=arch, out=str(tmp_path / arch) if tmp_path is not None else arch, steps=40, batch=8, seq_len=32, lr=1e-2, warmup_steps=5,
                 log_every=5, eval_every=0, time_budget_s=300, quiet=True, schedule="steps")
     base.update(TINY_QWEN if arch == "qwen35" else TINY_HUGINN)
     base.update(kw)
@@ -74,6 +74,25 @@ def test_qwen35_training_lowers_loss_and_writes_checkpoint(qwen_run):
     config = json.loads((folder / "config.json").read_text())
     assert config["mtp_num_hidden_layers"] == 1 and config["eos_token_id"] == 0
     assert "held-out" in (folder / "README.md").read_text().lower()
+
+
+def test_mtp_agreement_and_self_distillation():
+    """mtp_agree compares the head's top-1 for token t + 2 with the model's own (logits at t + 1); the
+    distillation term is the cross-entropy against the model's distribution, zero gradient to that target."""
+    cfg = training.qwen35_config(VOCAB, _options(None, "qwen35"))
+    params = training.init_qwen35_params(cfg, jax.random.PRNGKey(0))
+    tokens = jnp.asarray(bigram_tokens(2 * 18, seed=1).reshape(2, 18), jnp.int32)
+    out = training.qwen35_outputs(params, cfg, tokens, compute_dtype=jnp.float32)
+    logits, _, extras = qwen35.forward(params, cfg, qwen35.init_state(cfg, 2, 16, jnp.float32), tokens[:, :16],
+                                       impl="reference", collect=True)
+    head, _ = mtp.mtp_forward_train(params, cfg, extras["hidden"], tokens[:, 1:17])
+    agree = (jnp.argmax(head[:, :15], -1) == jnp.argmax(logits[:, 1:16], -1)).mean(-1)
+    np.testing.assert_allclose(out["mtp_agree"], agree, atol=1e-6)
+    ce = -(jax.nn.softmax(logits[:, 1:16]) * jax.nn.log_softmax(head[:, :15])).sum(-1).mean(-1)
+    np.testing.assert_allclose(out["mtp_distill_ce"], ce, rtol=1e-5)
+    loss, _ = training.qwen35_loss(params, cfg, tokens, mtp_weight=0.5, compute_dtype=jnp.float32, mtp_distill=0.4)
+    m = {k: jnp.mean(v) for k, v in out.items()}
+    np.testing.assert_allclose(loss, m["ce"] + 0.5 * (0.6 * m["mtp_ce"] + 0.4 * m["mtp_distill_ce"]), rtol=1e-5)
 
 
 def test_qwen35_checkpoint_matches_transformers(qwen_run):
@@ -194,3 +213,20 @@ def test_mtp_cached_forward_equals_full(mtp_setup):
         hiddens.append(ho)
     assert H.rel_err(jnp.concatenate(pieces, axis=1), full) <= 1e-5
     assert H.rel_err(jnp.concatenate(hiddens, axis=1), full_hidden) <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen35-code", "tiny-huginn-code"])
+def test_shipped_checkpoint_folder_budget_manifest_and_licences(name):
+    import gzip
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "checkpoints" / name
+    assert training.folder_bytes(folder) <= training.MAX_CHECKPOINT_BYTES
+    manifest = json.loads(gzip.open(folder / "corpus_manifest.json.gz", "rt").read())["packages"]
+    licences = (folder / "LICENSES.md").read_text()
+    assert len(manifest) > 20  # the standard library and the installed packages
+    for package, entry in manifest.items():
+        assert f"| {package} | " in licences and entry["version"]
+        assert all(len(sha) == 16 and path.endswith(".py") for path, sha in entry["train"] + entry["heldout"])
+    assert sum(len(e["heldout"]) for e in manifest.values()) > 0
+    assert (folder / "tokenizer.json").read_bytes() == (folder.parent / "tiny-qwen35-code" / "tokenizer.json").read_bytes()

@@ -63,8 +63,17 @@ def build_tables(sequences: list[np.ndarray], vocab_size: int, shortlist_size: i
             "shortlist": shortlist}
 
 
+TOKEN_ID_TABLES = ("table_ctx", "table_next", "uni_next", "shortlist")
+
+
 def save_draft_tables(tables: dict[str, np.ndarray], path: str, metadata: dict[str, str]) -> None:
-    save_file({k: np.ascontiguousarray(v) for k, v in tables.items()}, path, metadata=metadata)
+    """Token-id tables as uint16 when the vocabulary fits (half the bytes: the shipped checkpoint folder has a
+    size budget); `table_keys` (a * vocab + b) stays int32. The loader widens everything to int32."""
+    def stored(name, v):
+        small = name in TOKEN_ID_TABLES and v.size and 0 <= v.min() and v.max() <= np.iinfo(np.uint16).max
+        return np.ascontiguousarray(v.astype(np.uint16) if small else v)
+
+    save_file({k: stored(k, v) for k, v in tables.items()}, path, metadata=metadata)
 
 
 def load_draft_tables(path: str, vocab_size: int) -> dict[str, jax.Array]:
@@ -79,8 +88,8 @@ def load_draft_tables(path: str, vocab_size: int) -> dict[str, jax.Array]:
     if raw["uni_next"].shape[0] != vocab_size:
         raise CheckpointError(f"tensor 'uni_next' in '{path}' has {raw['uni_next'].shape[0]} rows; expected the "
                               f"vocabulary size {vocab_size}")
-    for name in ("table_ctx", "table_next", "uni_next", "shortlist"):
-        x = raw[name]
+    for name in TOKEN_ID_TABLES:
+        x = raw[name].astype(np.int64)
         if x.size and (x.min() < 0 or x.max() >= vocab_size):
             raise CheckpointError(f"tensor '{name}' in '{path}' holds token ids outside [0, {vocab_size})")
     return {k: jnp.asarray(v, jnp.int32) for k, v in raw.items() if k in need}
