@@ -23,7 +23,7 @@ test: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	JAX_PLATFORMS=cpu $(PY) -m specdec_jax generate --method ngram --gamma 8 --compare-ar --max-new-tokens 128 \
-		--prompt 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+		--prompt 'def read_json(path):\n    """Load and return the JSON document stored at path."""'
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -95,13 +95,13 @@ def compile_all(lowered: dict) -> tuple[dict, dict]:
 def ar_programs(model, prompt, new_tokens: int) -> tuple[dict, dict]:
     """The exact path's AR prefill and decode loop of `model`, compiled (prefill first: the loop is compiled for
     the shardings of the state the prefill returns)."""
-    from specdec_jax.api import qwen_ops
     from specdec_jax.decoding import autoregressive as ar
     from specdec_jax.decoding.compiled import output_structs
     from specdec_jax.decoding.decode_shape import choose_decode_rows
     from specdec_jax.decoding.sampling import SamplingConfig
+    from specdec_jax.models.family import QWEN35
     rows = choose_decode_rows(0, None, "qwen3_5")
-    ops, cfg = qwen_ops(rows), model.config
+    ops, cfg = ar.ar_ops(QWEN35, rows), model.config
     prefill = ar._prefill.lower(model.params, prompt, ops=ops, cfg=cfg, max_len=prompt.shape[1] + new_tokens + rows,
                                 state_dtype=model.dtype).compile()
     logits_s, state_s = output_structs(prefill)

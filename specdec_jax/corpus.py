@@ -242,7 +242,7 @@ def encode_corpus(tokenizer_dir: str | os.PathLike, texts: Sequence[str], worker
     separated and a training window that crosses a boundary sees the same
     marker a sampler stops on. The dtype is ``uint16`` when the vocabulary
     fits (halving the size on disk), otherwise ``int32``. Large inputs are
-    encoded by ``workers`` forked processes (default: one per CPU), in order.
+    encoded by ``workers`` processes (default: one per CPU), in order.
     """
     from tokenizers import Tokenizer
 
@@ -262,7 +262,6 @@ def encode_corpus(tokenizer_dir: str | os.PathLike, texts: Sequence[str], worker
 
 
 _PARALLEL_ENCODE_CHARS = 20_000_000  # below this, process start-up costs more than it saves
-_FORKED_TEXTS: Sequence[str] = ()  # the texts a forked encoding worker reads (inherited, not pickled)
 
 
 def _encode_slice(tokenizer, texts: Sequence[str], eos_id: int, dtype) -> np.ndarray:
@@ -273,17 +272,17 @@ def _encode_slice(tokenizer, texts: Sequence[str], eos_id: int, dtype) -> np.nda
     return np.concatenate(pieces) if pieces else np.zeros((0,), dtype=dtype)
 
 
-def _encode_forked(tokenizer_file: str, start: int, stop: int, eos_id: int, dtype) -> np.ndarray:
+def _encode_task(tokenizer_file: str, texts: list[str], eos_id: int, dtype) -> np.ndarray:
     from tokenizers import Tokenizer
-    return _encode_slice(Tokenizer.from_file(tokenizer_file), _FORKED_TEXTS[start:stop], eos_id, dtype)
+    return _encode_slice(Tokenizer.from_file(tokenizer_file), texts, eos_id, dtype)
 
 
 def _encode_in_processes(tokenizer_file: str, texts: Sequence[str], eos_id: int, dtype, workers: int):
-    """Contiguous slices of about equal characters, one task each (4 per worker), results in order."""
+    """Contiguous slices of about equal characters (4 per worker), encoded by spawned processes (not forked:
+    the caller may hold threads, e.g. JAX's), results in order."""
     import concurrent.futures
     import multiprocessing
 
-    global _FORKED_TEXTS
     bounds, target, acc = [0], sum(map(len, texts)) / (4 * workers), 0
     for i, t in enumerate(texts):
         acc += len(t)
@@ -292,14 +291,10 @@ def _encode_in_processes(tokenizer_file: str, texts: Sequence[str], eos_id: int,
             acc = 0
     if bounds[-1] != len(texts):
         bounds.append(len(texts))
-    _FORKED_TEXTS = texts
-    try:
-        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            futures = [pool.submit(_encode_forked, tokenizer_file, a, b, eos_id, dtype)
-                       for a, b in zip(bounds[:-1], bounds[1:])]
-            return [f.result() for f in futures]
-    finally:
-        _FORKED_TEXTS = ()
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_encode_task, tokenizer_file, list(texts[a:b]), eos_id, dtype)
+                   for a, b in zip(bounds[:-1], bounds[1:])]
+        return [f.result() for f in futures]
 
 
 # ------------------------------------------------------------------ installed packages (larger corpus)

@@ -20,8 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import specdec_jax as sj  # noqa: E402
-from specdec_jax.api import qwen_ops  # noqa: E402
-from specdec_jax.decoding.autoregressive import generate_autoregressive  # noqa: E402
+from specdec_jax.decoding.autoregressive import ar_ops, generate_autoregressive  # noqa: E402
+from specdec_jax.models.family import QWEN35  # noqa: E402
 from specdec_jax.decoding.decode_shape import DEFAULT_DECODE_ROWS  # noqa: E402
 from specdec_jax.decoding.sampling import SamplingConfig  # noqa: E402
 
@@ -58,7 +58,7 @@ def shards_equal(x, a: int, b: int) -> bool:
 def ar_state(model):
     """The decode state after an AR generation run as `generate` runs it (same compiled programs)."""
     rows = DEFAULT_DECODE_ROWS["qwen3_5"]
-    result = generate_autoregressive(qwen_ops(rows), model.params, model.config, PROMPT, NEW_TOKENS,
+    result = generate_autoregressive(ar_ops(QWEN35, rows), model.params, model.config, PROMPT, NEW_TOKENS,
                                      max_len=PROMPT.shape[1] + NEW_TOKENS + rows, sampling=SamplingConfig(),
                                      seed=0, eos_ids=(), state_dtype=model.dtype, return_state=True)
     return result.stats["state"]
