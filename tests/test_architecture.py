@@ -165,9 +165,10 @@ def _external(entry: str) -> bool:
     return True
 
 
-@pytest.mark.parametrize("limit", [700])
+@pytest.mark.parametrize("limit", [500])
 def test_no_file_is_far_over_the_size_budget(limit):
-    """Files stay near 500 lines; these are the known exceptions (one cohesive thing each, see README)."""
+    """Library files stay within 500 lines (the largest, corpus.py, is about 460: models/qwen35.py was split
+    into the model and its parameter layout, qwen35_params.py, when tensor parallelism took it past 600)."""
     sizes = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
     over = {n: s for n, s in sizes.items() if s > limit}
     assert not over, over
