@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -38,11 +39,11 @@ DEFAULT_LOOPED_CONFIGS = ("self-spec:gamma=4,draft_steps=4;self-spec:gamma=8,dra
 
 
 def _value(text: str):
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
+    """An option value from the command line: int, float, bool or the string itself."""
+    if re.fullmatch(r"[+-]?\d+", text):
+        return int(text)
+    if re.fullmatch(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?", text):
+        return float(text)
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
