@@ -28,8 +28,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from specdec_jax.harness import (alternate, compile_all, compile_timed, cut_prompts,  # noqa: E402
-                                  decode_tokens_per_second, finish_plot, median_time, own_reference_rows,
-                                  result_header, write_results)
+                                  decode_tokens_per_second, device_kernel_profile, finish_plot,
+                                  kernel_profile_markdown, median_time, own_reference_rows, result_header,
+                                  write_results)
 
 
 RESIDUAL_WRITES = ("o_proj", "out_proj", "down_proj")  # the projections that write into the residual stream
@@ -145,25 +146,48 @@ def step_costs(model, gammas, prompt_len: int, repeats: int):
 CURVE_METHODS = ("ngram", "mtp", "layer-skip", "residual-reuse", "partial-mlp")
 
 
+def parse_curve_method(text: str) -> tuple[str, dict]:
+    """'method[:key=value[:key=value ...]]' -> (method, options); values are Python literals, e.g.
+    'partial-mlp:mlp_keep=0.75:shortlist_size=32768'."""
+    import ast
+    name, *items = text.strip().split(":")
+    options = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"curve method {text!r}: options are key=value, separated by ':'; got {item!r}")
+        try:
+            options[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            raise ValueError(f"curve method {text!r}: {key}={value!r} is not a Python literal") from None
+    return name, options
+
+
 def curve_drafter(model, method: str):
-    """The drafter a cost-curve method runs (self-drafts with their default options)."""
-    from specdec_jax.drafters import self_draft
-    if method == "mtp":
-        from specdec_jax.drafters.mtp import MtpDrafter
-        if not model.params.get("mtp"):
-            raise SystemExit("bench_spec.py: --curve-method mtp needs a checkpoint with an MTP head (mtp.* tensors)")
-        return MtpDrafter()
-    if method in ("layer-skip", "residual-reuse"):
-        return self_draft.SelfDrafter(method, skip_layers=self_draft.default_skip_layers(
-            model.config.num_hidden_layers))
-    if method == "partial-mlp":
-        return self_draft.SelfDrafter(method, mlp_keep=self_draft.DEFAULT_MLP_KEEP)
-    from specdec_jax.drafters.ngram import NgramDrafter
-    return NgramDrafter()
+    """The drafter a cost-curve method runs, built by the method registry (default options unless given)."""
+    from specdec_jax import methods
+    name, options = parse_curve_method(method)
+    if name == "mtp" and not model.params.get("mtp"):
+        raise SystemExit("bench_spec.py: --curve-method mtp needs a checkpoint with an MTP head (mtp.* tensors)")
+    spec = methods.lookup(model, name)
+    methods.check_options(spec, options)
+    return spec.drafter(model, options)
+
+
+def with_synthetic_shortlist(model, methods_text):
+    """A random model has no draft tables: for curve methods with a shortlist_size, give it the first N token
+    ids as its shortlist (only the cost is measured, and it does not depend on which ids they are)."""
+    import dataclasses
+    sizes = [parse_curve_method(m)[1].get("shortlist_size", 0) for m in methods_text]
+    if not any(sizes) or (model.params.get("draft") or {}).get("shortlist") is not None:
+        return model
+    draft = {"shortlist": jnp.arange(max(sizes), dtype=jnp.int32)}
+    return dataclasses.replace(model, params=dict(model.params, draft=draft))
 
 
 def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens: int, repeats: int,
-                      time_budget_s: float, on_row=None, methods=("ngram",), exact_modes=(True,)) -> dict:
+                      time_budget_s: float, on_row=None, methods=("ngram",), exact_modes=(True,),
+                      kernel_profile: bool = False) -> dict:
     """End-to-end time per token of AR and of n-gram speculation whose accepted count follows a seeded
     schedule (each draft kept with probability p, stopping at the first rejection; the real acceptance
     still runs on the verifier's logits: `speculative.forced_acceptance`). One compile per (gamma,
@@ -171,7 +195,9 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
     per step, independently of the weights. Compiles run in parallel; each job's seconds are reported.
     exact_modes: True (AR and verification at the decode shape, the default path), False (AR at one row,
     verification at gamma + 1 rows), or both; every row is paired with AR of its own setting.
-    methods: the drafters (CURVE_METHODS), compiled together; each row names its method."""
+    methods: the drafters (CURVE_METHODS), compiled together; each row names its method.
+    kernel_profile: also trace one AR run and one run per setting (at the largest p) with the profiler, and
+    keep each one's device time kernel by kernel, per token (AR) or per step, under result["kernel_profiles"]."""
     from specdec_jax.decoding import autoregressive as ar_mod
     from specdec_jax.decoding import speculative as sp
     from specdec_jax.decoding.sampling import SamplingConfig
@@ -243,6 +269,16 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
         returned = min(emitted, new_tokens - 1)
         return sec, float((acc + 1).mean()), steps, emitted, returned
 
+    def traced_ar(ex):  # the decode loop alone, from a fresh prefill
+        logits, state = exe["ar_prefill"](params, prompt)
+        jax.block_until_ready(state)
+        return lambda: exe["ar_loop", ex](params, state, logits, key)
+
+    def traced_spec(m, g, rb, ex, p):
+        state, dstate = exe["prefill", m, g](params, prompt, key)
+        jax.block_until_ready(state)
+        return lambda: exe["loop", m, g, rb, ex](params, state, dstate, key, jnp.float32(p))
+
     ar_times = {}
     for ex in exact_modes:
         ar_run(ex)  # warm-up (autotuning)
@@ -258,6 +294,18 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
         result["ar_s_per_token"], result["ar_tok_s"] = default["s_per_token"], default["tok_s"]
 
     ar_summary()
+    if kernel_profile:
+        profiles = result["kernel_profiles"] = {}
+        for ex in exact_modes:
+            profiles[f"AR ({'exact' if ex else 'fast'}), per token"] = device_kernel_profile(
+                traced_ar(ex), new_tokens - 1)
+        for m, g, rb, ex in configs:
+            p = max(ps)
+            steps = spec_run(m, g, rb, ex, p)[2]
+            profiles[f"{m} gamma {g} {rb} ({'exact' if ex else 'fast'}) p {p:g}, per step"] = device_kernel_profile(
+                traced_spec(m, g, rb, ex, p), steps)
+        if on_row:
+            on_row(result)
     for m, g, rb, ex in configs:
         spec_run(m, g, rb, ex, 1.0)  # warm-up
         for p in ps:
@@ -353,11 +401,16 @@ def main():
                     help="cost curve only: acceptance probabilities in [0, 1] that replace the real acceptance "
                          "outcome (n-gram drafts; outputs meaningless); writes spec_cost_curve_<model>")
     ap.add_argument("--rollbacks", default="replay,pseudo,snapshot", help="with --forced-acceptance")
-    ap.add_argument("--curve-method", default="ngram", help="with --forced-acceptance: the drafter, one of "
-                    f"{CURVE_METHODS} (a method without an acceptance step, such as ar, is refused)")
+    ap.add_argument("--curve-method", default="ngram", help="with --forced-acceptance: comma list of drafters, each "
+                    f"one of {CURVE_METHODS} with options as ':key=value' (e.g. partial-mlp:mlp_keep=0.75:"
+                    "shortlist_size=32768; a random model gets a synthetic shortlist); a method without an "
+                    "acceptance step, such as ar, is refused")
     ap.add_argument("--time-budget-s", type=float, default=1e9, help="with --forced-acceptance")
     ap.add_argument("--exact", default="both", choices=("both", "on", "off"),
                     help="with --forced-acceptance: the exact path (default), the fast one, or both")
+    ap.add_argument("--kernel-profile", action="store_true",
+                    help="with --forced-acceptance: also trace AR and each setting once with the profiler and write "
+                         "kernel_profile_<model><tag>.json / .md (device time kernel by kernel, per token or step)")
     ap.add_argument("--skip-e2e", action="store_true")
     ap.add_argument("--skip-steps", action="store_true", help="no step-cost table (end to end only)")
     ap.add_argument("--tag", default="", help="suffix of the result files")
@@ -377,6 +430,10 @@ def main():
             ap.error(f"--forced-acceptance: every probability must lie in [0, 1]; got {args.forced_acceptance!r}")
         curve_methods = [m.strip() for m in args.curve_method.split(",") if m.strip()]
         for m in curve_methods or [args.curve_method]:
+            try:
+                m = parse_curve_method(m)[0]
+            except ValueError as e:
+                ap.error(f"--curve-method: {e}")
             if m not in CURVE_METHODS:
                 ap.error(f"--forced-acceptance needs a chain speculative method with an acceptance step; "
                          f"--curve-method {m!r} is not one of {CURVE_METHODS}")
@@ -390,19 +447,33 @@ def main():
     else:
         model, name = sj.load(args.model, dtype="bfloat16"), os.path.basename(os.path.normpath(args.model))
     if ps is not None:
+        if args.random_9b:
+            model = with_synthetic_shortlist(model, curve_methods)
         stem = f"spec_cost_curve_{name}{args.tag}"
         head = {**header, "commit": header["git_commit"], "model": name, "stem": stem, "method": args.curve_method}
 
         def save_curve(res):
             full = {**head, **res}
             write_results(args.out, stem, full, cost_curve_markdown(full, head, args), echo=False)
+            if full.get("kernel_profiles"):
+                kstem = f"kernel_profile_{name}{args.tag}"
+                md = [f"# Device time kernel by kernel ({name})", "",
+                      f"{head['device']} · jax {head['jax']} · commit {head['commit']} · {head['date']}", "",
+                      f"`{head['command']}`", "",
+                      "One traced decode loop per setting (jax.profiler; the spec rows at the largest forced p). "
+                      "`device busy` is the union of kernel intervals; `gap` = wall - busy: launch and host "
+                      "overhead. Rows: kernel families (instance numbers stripped), per token (AR) or per step.", ""]
+                md += kernel_profile_markdown(full["kernel_profiles"])
+                write_results(args.out, kstem, {**head, "stem": kstem, "kernel_profiles": full["kernel_profiles"]},
+                              "\n".join(md) + "\n", echo=False)
             if full["rows"]:
                 plot_cost_curve(full, os.path.join(args.out, stem + ".png"))
 
         res = forced_cost_curve(model, ps, gammas, args.rollbacks.split(","), args.prompt_len or 256,
                                 args.max_new_tokens, max(1, args.repeats), args.time_budget_s, on_row=save_curve,
                                 methods=tuple(curve_methods),
-                                exact_modes={"both": (True, False), "on": (True,), "off": (False,)}[args.exact])
+                                exact_modes={"both": (True, False), "on": (True,), "off": (False,)}[args.exact],
+                                kernel_profile=args.kernel_profile)
         save_curve(res)
         return
     result = {**header, "model": name, "xla_flags": os.environ.get("XLA_FLAGS", ""),

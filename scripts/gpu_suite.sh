@@ -4,14 +4,14 @@
 #   bash scripts/gpu_suite.sh PART OUT_DIR        PART in: decode, curve, final, tiny, exact, exact-curve, gdn, qwen,
 #                                                  ab, tune, looped, looped-grid, exact-all, qwen-all,
 #                                                  looped-scale, reuse, train,
-#                                                  train-huginn, retrained
+#                                                  train-huginn, retrained, selfdraft, profile
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -129,6 +129,21 @@ qwen-all)  # issues 13, 17: the shipped Qwen checkpoint's chain methods (self-dr
     step 290 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.5,0.7,0.85,1.0 --exact on \
         --curve-method ngram,layer-skip,residual-reuse,partial-mlp --rollbacks replay --gammas 2,4 --repeats 2 \
         --max-new-tokens 128 --prompt-len 256 --time-budget-s 275 --tag _selfdraft --out "$dir"
+    ;;
+selfdraft)  # issue 17: each self-draft's step cost at gamma 2-4 on the 9B forced curve, with and without a token
+    # shortlist (a synthetic 32768-token one: only the cost is measured), partial-mlp at mlp_keep 0.75; n-gram paired
+    step 440 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.7,1.0 --exact on \
+        --curve-method "ngram,layer-skip,layer-skip:shortlist_size=32768,partial-mlp:mlp_keep=0.75,partial-mlp:mlp_keep=0.75:shortlist_size=32768,residual-reuse,residual-reuse:shortlist_size=32768" \
+        --rollbacks replay --gammas 2,3,4 --repeats 2 --max-new-tokens 128 --prompt-len 256 --time-budget-s 425 \
+        --tag _selfdraft --out "$dir"
+    ;;
+profile)  # issues 12, 13: device time kernel by kernel (profiler trace) of AR and speculative steps, 9B and tiny
+    step 230 profile_9b python scripts/bench_spec.py --random-9b --forced-acceptance 1.0 --exact on --curve-method ngram \
+        --rollbacks replay --gammas 2,8 --repeats 1 --max-new-tokens 64 --prompt-len 256 --kernel-profile \
+        --tag _profile --out "$dir"
+    step 200 profile_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --forced-acceptance 1.0 \
+        --exact on --curve-method ngram,mtp --rollbacks replay --gammas 4,8 --repeats 1 --max-new-tokens 64 \
+        --prompt-len 64 --kernel-profile --tag _profile --out "$dir"
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \

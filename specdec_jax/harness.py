@@ -163,6 +163,79 @@ def chain_seconds(fn: Callable, args: tuple, feed: int, chain: int, repeats: int
     return time_chain(chain_lowered(fn, args, feed, chain).compile(), args, chain, repeats)
 
 
+# Stream lines of a device plane carry the kernels; the derived lines (XLA Modules / Ops, Steps) repeat them.
+_DERIVED_LINES = ("XLA Modules", "XLA Ops", "Steps", "Launch Stats", "TensorFlow Name Scope", "Source code")
+
+
+def kernel_family(name: str) -> str:
+    """A kernel's name without its instance number (`loop_add_fusion_12` -> `loop_add_fusion`), cut to 90
+    characters: one row per kind of kernel in a profile."""
+    import re
+    base = re.sub(r"([._]\d+)+$", "", name)
+    return base if len(base) <= 90 else base[:87] + "..."
+
+
+def device_kernel_profile(run: Callable[[], object], per: float, top: int = 30) -> dict:
+    """Where the device time of one `run()` goes, kernel by kernel, from a jax.profiler trace of that call.
+
+    Returns per `per` units (steps, tokens): `wall_us`, `busy_us` (the union of kernel intervals: device
+    time), `gap_us` (wall - busy: launch and host overhead), `kernels` (launches), and `rows`: the `top`
+    kernel families by time, each {"kernel", "count", "us"} per unit, plus `other_us` for the rest.
+    `lines` names the trace lines read (for a trace whose layout differs). Empty rows on a machine
+    without a device tracer (CPU): the numbers then only say so."""
+    import glob
+    import tempfile
+
+    import jax
+    from jax.profiler import ProfileData
+
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir):
+            t0 = time.perf_counter()
+            jax.block_until_ready(run())
+            wall = time.perf_counter() - t0
+        files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+        data = ProfileData.from_file(files[0]) if files else None
+    intervals, families, lines = [], {}, []
+    for plane in (data.planes if data is not None else ()):
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            if line.name in _DERIVED_LINES:
+                continue
+            lines.append(f"{plane.name}/{line.name}")
+            for ev in line.events:
+                start, dur = float(ev.start_ns), float(ev.duration_ns)
+                intervals.append((start, start + dur))
+                fam = families.setdefault(kernel_family(ev.name), [0, 0.0])
+                fam[0] += 1
+                fam[1] += dur
+    busy, end = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    scale = 1e-3 / per  # ns -> us per unit
+    ranked = sorted(families.items(), key=lambda kv: -kv[1][1])
+    rows = [{"kernel": k, "count": c / per, "us": ns * scale} for k, (c, ns) in ranked[:top]]
+    return {"wall_us": wall * 1e6 / per, "busy_us": busy * scale, "gap_us": wall * 1e6 / per - busy * scale,
+            "kernels": len(intervals) / per, "rows": rows,
+            "other_us": sum(ns for _, (_, ns) in ranked[top:]) * scale, "lines": sorted(set(lines))}
+
+
+def kernel_profile_markdown(profiles: Mapping[str, dict], unit: str = "step") -> list[str]:
+    """Markdown lines: one summary table over `profiles` ({label: device_kernel_profile(...)}), then each
+    profile's kernel families."""
+    md = [f"| setting | wall µs / {unit} | device busy µs | gap µs | kernels / {unit} |", "|---|---|---|---|---|"]
+    for label, p in profiles.items():
+        md.append(f"| {label} | {p['wall_us']:.1f} | {p['busy_us']:.1f} | {p['gap_us']:.1f} | {p['kernels']:.1f} |")
+    for label, p in profiles.items():
+        md += ["", f"**{label}** (per {unit})", "", "| kernel | count | µs |", "|---|---|---|"]
+        md += [f"| `{r['kernel']}` | {r['count']:.2f} | {r['us']:.1f} |" for r in p["rows"]]
+        md.append(f"| (the rest) | | {p['other_us']:.1f} |")
+    return md
+
+
 class env_setting:
     """Context manager: set environment variables (None deletes) for the code inside, e.g. while a
     function is traced under another SPECDEC_GDN_IMPLEMENTATION; restores the old values after."""

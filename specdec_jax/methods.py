@@ -71,15 +71,28 @@ def _mtp_shortlist(model, options):
                                                 " (the stored shortlist)"))
 
 
+def _shortlist_size(model, options) -> int:
+    """Option shortlist_size of a self-draft: 0 (default, the full vocabulary) up to the stored shortlist."""
+    if int_option(options, "shortlist_size", 0, 0) == 0:
+        return 0
+    if "shortlist" not in _tables(model):
+        raise InputError(f"shortlist_size={options['shortlist_size']!r} needs the checkpoint's token shortlist "
+                         f"({DRAFT_TABLES_FILE}, scripts/build_draft_tables.py); this model has none")
+    available = int(model.params["draft"]["shortlist"].shape[0])
+    return int_option(options, "shortlist_size", 0, 0, available, " (the stored shortlist)")
+
+
 def _self_draft(model, options, method: str):
     from .drafters import self_draft
+    shortlist = _shortlist_size(model, options)
     if method == "partial-mlp":
         return self_draft.SelfDrafter(method, mlp_keep=self_draft.parse_mlp_keep(
-            options.get("mlp_keep", self_draft.DEFAULT_MLP_KEEP)))
+            options.get("mlp_keep", self_draft.DEFAULT_MLP_KEEP)), shortlist_size=shortlist)
     layers = model.config.num_hidden_layers
     skip = options.get("skip_layers")
     skip = self_draft.default_skip_layers(layers) if skip is None else skip
-    return self_draft.SelfDrafter(method, skip_layers=self_draft.parse_skip_layers(skip, layers))
+    return self_draft.SelfDrafter(method, skip_layers=self_draft.parse_skip_layers(skip, layers),
+                                  shortlist_size=shortlist)
 
 
 def _tree_mtp(model, options):
@@ -109,11 +122,13 @@ REGISTRY: tuple[MethodSpec, ...] = (
     MethodSpec("mtp-shortlist", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"shortlist_size"},
                needs=f"the MTP head and a token shortlist ({DRAFT_TABLES_FILE}, scripts/build_draft_tables.py)",
                available=lambda m: _has_mtp(m) and "shortlist" in _tables(m), drafter=_mtp_shortlist),
-    MethodSpec("layer-skip", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"skip_layers"}, needs="more than one layer",
+    MethodSpec("layer-skip", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"skip_layers", "shortlist_size"},
+               needs="more than one layer",
                available=_deep, drafter=lambda m, o: _self_draft(m, o, "layer-skip")),
-    MethodSpec("residual-reuse", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"skip_layers"}, needs="more than one layer",
+    MethodSpec("residual-reuse", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"skip_layers", "shortlist_size"},
+               needs="more than one layer",
                available=_deep, drafter=lambda m, o: _self_draft(m, o, "residual-reuse")),
-    MethodSpec("partial-mlp", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"mlp_keep"},
+    MethodSpec("partial-mlp", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"mlp_keep", "shortlist_size"},
                needs="a model on one device (its MLP cut takes the first columns in the checkpoint's order; "
                      "load without mesh=)",
                available=lambda m: getattr(m.config, "mesh", None) is None,

@@ -63,6 +63,7 @@ def test_generate_cannot_reach_forced_acceptance():
     (["--forced-acceptance", "x"], "comma list of probabilities"),
     (["--forced-acceptance", "0.5", "--curve-method", "ar"], "needs a chain speculative method"),
     (["--forced-acceptance", "0.5", "--rollbacks", "undo"], "--rollbacks: unknown"),
+    (["--forced-acceptance", "0.5", "--curve-method", "layer-skip:shortlist_size"], "options are key=value"),
 ])
 def test_bad_forced_acceptance_flags_are_one_clear_error(flags, needle, monkeypatch, capsys):
     """argparse's one-line error and exit code 2, before any model is built."""
@@ -75,3 +76,16 @@ def test_bad_forced_acceptance_flags_are_one_clear_error(flags, needle, monkeypa
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert needle in err and "--" in err
+
+
+def test_curve_methods_take_options_and_a_random_model_gets_a_synthetic_shortlist():
+    sys.path.insert(0, str(ROOT))
+    from scripts import bench_spec
+    assert bench_spec.parse_curve_method("partial-mlp:mlp_keep=0.75:shortlist_size=64") == (
+        "partial-mlp", {"mlp_keep": 0.75, "shortlist_size": 64})
+    model = bench_spec.with_synthetic_shortlist(bench_spec.random_9b_model(True), ["ngram", "layer-skip:shortlist_size=64"])
+    drafter = bench_spec.curve_drafter(model, "partial-mlp:mlp_keep=0.75:shortlist_size=64")
+    assert (drafter.method, drafter.mlp_keep, drafter.shortlist_size) == ("partial-mlp", 0.75, 64)
+    np.testing.assert_array_equal(model.params["draft"]["shortlist"], np.arange(64))
+    with pytest.raises(InputError, match="unknown options"):
+        bench_spec.curve_drafter(model, "ngram:mlp_keep=0.5")

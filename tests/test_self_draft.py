@@ -85,14 +85,18 @@ def small_vocab_model(tmp_path_factory):
     return H.small_vocab_model(str(tmp_path_factory.mktemp("v6sd")))
 
 
-@pytest.mark.parametrize("drafter", [SelfDrafter("layer-skip", skip_layers=(1,)),
+@pytest.mark.parametrize("drafter", [SelfDrafter("layer-skip", skip_layers=(1,), shortlist_size=4),
                                      SelfDrafter("residual-reuse", skip_layers=(0,)),
-                                     SelfDrafter("partial-mlp", mlp_keep=0.5)], ids=lambda d: d.method)
+                                     SelfDrafter("partial-mlp", mlp_keep=0.5)],
+                         ids=["layer-skip-shortlist", "residual-reuse", "partial-mlp"])
 def test_self_draft_sampling_preserves_distribution(small_vocab_model, drafter):
+    """layer-skip drafts among a 4-token shortlist of the 6-token vocabulary: tokens 1 and 4 are never drafted
+    (their q is zero), yet every token keeps its target probability."""
     model, n = small_vocab_model, 12_000
     ids = np.tile(np.asarray([[1, 2, 3, 1, 2]]), (n, 1))
     ar = sj.generate(model, ids, 3, temperature=1.0, seed=1, eos_token_id=False).tokens
-    spec = generate_speculative(model.params, model.config, ids, 3, drafter=drafter, gamma=2, max_len=ids.shape[1] + 6,
+    params = dict(model.params, draft={"shortlist": jnp.asarray([0, 2, 3, 5], jnp.int32)})
+    spec = generate_speculative(params, model.config, ids, 3, drafter=drafter, gamma=2, max_len=ids.shape[1] + 6,
                                 sampling=SamplingConfig(temperature=1.0), seed=2, eos_ids=(), state_dtype=jnp.float32)
     assert 0.2 < spec.stats["mean_accepted"] < 1.9  # both the rejection path and the accept path ran
     assert_first_tokens_match(ar, spec.tokens, model.vocab_size)
@@ -112,6 +116,9 @@ def test_self_draft_sampling_preserves_distribution(small_vocab_model, drafter):
     ("layer-skip", {"skip_layers": "3"}, "skip_layers must be a list of layer indices"),
     ("residual-reuse", {"skip_layers": (1.5,)}, "skip_layers must hold integer layer indices"),
     ("layer-skip", {"mlp_keep": 0.5}, r"unknown options \['mlp_keep'\]"),
+    ("layer-skip", {"shortlist_size": -1}, r"shortlist_size must be >= 0; got -1"),
+    ("partial-mlp", {"shortlist_size": 10 ** 6}, r"shortlist_size must be in \[0, \d+\] \(the stored shortlist\)"),
+    ("residual-reuse", {"shortlist_size": 2.5}, "shortlist_size must be an integer"),
 ])
 def test_bad_self_draft_options_are_one_clear_error(method, options, match, monkeypatch):
     from specdec_jax.decoding import speculative
@@ -119,6 +126,25 @@ def test_bad_self_draft_options_are_one_clear_error(method, options, match, monk
     monkeypatch.setattr(speculative, "run_spec_loop", lambda *a, **k: pytest.fail("computed before the error"))
     with pytest.raises(InputError, match=match):
         sj.generate(model, ids, 4, method=method, **options)
+
+
+def test_shortlist_drafts_come_from_the_shortlist_and_the_output_is_ar():
+    """shortlist_size: greedy output still AR's (fp32), every draft of a 3-token shortlist is one of those 3."""
+    model, ids = _shipped()
+    out = sj.generate(model, ids, 24, method="layer-skip", shortlist_size=2048, eos_token_id=False)
+    np.testing.assert_array_equal(out.tokens, _ar(24))
+    assert out.stats["mean_accepted"] > 0.3  # drafts from the shortlist head are real guesses (garbage: ~0)
+    drafter = SelfDrafter("layer-skip", skip_layers=default_skip_layers(8), shortlist_size=3)
+    prompt = jnp.asarray(ids, jnp.int32)
+    dstate = drafter.init(model.params, model.config, prompt[:, :-1], 64, first_token=prompt[:, -1])
+    drafts, _, _ = drafter.propose(model.params, model.config, dstate, None, None, 4, jax.random.PRNGKey(0))
+    allowed = set(np.asarray(model.params["draft"]["shortlist"][:3]).tolist())
+    assert set(np.asarray(drafts).ravel().tolist()) <= allowed
+
+
+def test_shortlist_needs_a_stored_shortlist(small_vocab_model):
+    with pytest.raises(InputError, match=r"shortlist_size=8 needs the checkpoint's token shortlist"):
+        sj.generate(small_vocab_model, [[1, 2]], 4, method="layer-skip", shortlist_size=8)
 
 
 def test_default_skip_layers_is_the_middle_quarter():

@@ -64,3 +64,15 @@ def select_token(logits: jax.Array, key: jax.Array, cfg: SamplingConfig) -> jax.
     if cfg.greedy:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     return jax.random.categorical(key, warp_logits(logits, cfg), axis=-1).astype(jnp.int32)
+
+
+def shortlist_choice(logits: jax.Array, shortlist: jax.Array, vocab: int, key: jax.Array, cfg: SamplingConfig):
+    """A draft chosen among a token shortlist: logits [..., N] over shortlist [N] (token ids) ->
+    (token ids [...], q [..., vocab] or None when greedy): q is the distribution the draft was drawn
+    from, zero off the shortlist, so rejection sampling against the target stays exact."""
+    ids = shortlist[select_token(logits, key, cfg)].astype(jnp.int32)
+    if cfg.greedy:
+        return ids, None
+    q = probabilities(logits, cfg)
+    full = jnp.zeros(q.shape[:-1] + (vocab,), q.dtype)
+    return ids, full.at[..., shortlist].set(q)

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..decoding.sampling import SamplingConfig, probabilities, select_token
+from ..decoding.sampling import SamplingConfig, probabilities, select_token, shortlist_choice
 from ..models import mtp as mtp_head
 from ..models import qwen35
 
@@ -51,17 +51,11 @@ class MtpDrafter:
 
     def _choose(self, params, logits: jax.Array, key, sampling: SamplingConfig):
         """(token ids, q over the full vocabulary or None when greedy) from head logits [B, N]."""
-        ids = select_token(logits, key, sampling)
         if self.shortlist_size:
-            ids = params["draft"]["shortlist"][: self.shortlist_size][ids]
-        if sampling.greedy:
-            return ids.astype(jnp.int32), None
-        q = probabilities(logits, sampling)
-        if self.shortlist_size:
-            vocab = qwen35.lm_head_weight(params).shape[0]
-            full = jnp.zeros(q.shape[:-1] + (vocab,), q.dtype)
-            q = full.at[..., params["draft"]["shortlist"][: self.shortlist_size]].set(q)
-        return ids.astype(jnp.int32), q
+            return shortlist_choice(logits, params["draft"]["shortlist"][: self.shortlist_size],
+                                    qwen35.lm_head_weight(params).shape[0], key, sampling)
+        ids = select_token(logits, key, sampling).astype(jnp.int32)
+        return ids, (None if sampling.greedy else probabilities(logits, sampling))
 
     def _run(self, params, cfg, hidden, next_ids, k, v, positions):
         _, hout, k, v = mtp_head.mtp_forward(params, cfg, hidden, next_ids, k, v, positions, compute_logits=False)

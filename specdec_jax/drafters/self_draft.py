@@ -7,6 +7,12 @@
 - `partial-mlp`: every layer, with only the first `mlp_keep` fraction of each MLP's channels (dense
   SwiGLU, each expert and the shared expert of MoE models), as static slices made once per generation.
 
+Option `shortlist_size` (any of the three; needs the checkpoint's token shortlist, draft_tables.safetensors):
+drafts are chosen among the first N tokens of the shortlist, through an [N, D] head gathered once per
+generation. At the Qwen3.5-9B shape the output head is 2 GB of the 12.4 GB a layer-skip draft reads
+(vocabulary 248320), so a 32768-token shortlist cuts a draft's weight traffic by about 14%; the verifier
+still decides, so the output is unchanged (a sampled draft's q is zero off the shortlist).
+
 Each drafter keeps its own Qwen35State (conv, GDN and K/V state of the layers it runs) covering the prompt
 and every emitted token up to and including the anchor, plus its logits for the token after the anchor.
 A step:
@@ -32,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..decoding.sampling import SamplingConfig, probabilities, select_token
+from ..decoding.sampling import SamplingConfig, probabilities, select_token, shortlist_choice
 from ..errors import InputError
 from ..models import qwen35
 
@@ -122,6 +128,7 @@ class SelfDrafter:
     method: str
     skip_layers: tuple[int, ...] = ()
     mlp_keep: float = 1.0
+    shortlist_size: int = 0  # 0: the full vocabulary
     deterministic = False
 
     @property
@@ -142,7 +149,7 @@ class SelfDrafter:
         p, c = self._draft(params, cfg, dstate)
         skip = () if self.method == "partial-mlp" else self.skip_layers
         logits, model, _ = qwen35.forward(p, c, model, ids, skip=skip, n_valid=n_valid, logits_for=logits_for,
-                                          skip_deltas=deltas)
+                                          skip_deltas=deltas, head=dstate.get("head"))
         return logits, model
 
     def _catch_up(self, params, cfg, dstate: dict, model, ids, n_valid=None, logits_for="all"):
@@ -151,11 +158,15 @@ class SelfDrafter:
         if self.method != "residual-reuse":
             return (*self._forward(params, cfg, dstate, model, ids, n_valid=n_valid, logits_for=logits_for), None)
         logits, model, extras = qwen35.forward(params, cfg, model, ids, n_valid=n_valid, logits_for=logits_for,
-                                               record=self.skip_layers)
+                                               record=self.skip_layers, head=dstate.get("head"))
         return logits, model, extras["deltas"]  # [B, T, n, D]
 
     @staticmethod
-    def _choose(logits, key, sampling: SamplingConfig):
+    def _choose(params, state, logits, key, sampling: SamplingConfig):
+        """(token ids [B], q over the full vocabulary or None when greedy) from draft logits [B, N]."""
+        if "shortlist" in state:
+            vocab = qwen35.lm_head_weight(params).shape[0]
+            return shortlist_choice(logits, state["shortlist"], vocab, key, sampling)
         ids = select_token(logits, key, sampling).astype(jnp.int32)
         return ids, (None if sampling.greedy else probabilities(logits, sampling))
 
@@ -163,6 +174,10 @@ class SelfDrafter:
     def init(self, params, cfg, prompt, max_len, *, first_token, **_):
         B, T = prompt.shape
         dstate = {"mlp": partial_mlp_weights(params, cfg, self.mlp_keep) if self.method == "partial-mlp" else ()}
+        if self.shortlist_size:
+            ids = params["draft"]["shortlist"][: self.shortlist_size].astype(jnp.int32)  # [N]
+            head = qwen35.lm_head_weight(params)
+            dstate.update(shortlist=ids, head=head[ids])  # [N, D], gathered once per generation
         model = qwen35.init_state(cfg, B, max_len, params["embed"].dtype)
         ids = jnp.concatenate([prompt, first_token[:, None]], axis=1)  # [B, T + 1]: the anchor included
         logits, model, deltas = self._catch_up(params, cfg, dstate, model, ids, logits_for="last")
@@ -171,13 +186,13 @@ class SelfDrafter:
 
     def propose(self, params, cfg, state, history, hist_len, gamma: int, key, *, sampling=SamplingConfig(), **_):
         keys = jax.random.split(key, gamma)
-        d1, q1 = self._choose(state["logits"], keys[0], sampling)
+        d1, q1 = self._choose(params, state, state["logits"], keys[0], sampling)
         step_deltas = state["delta"][:, None] if self.method == "residual-reuse" else None  # [B, 1, n, D]
 
         def chain(carry, step_key):
             token, model = carry
             logits, model = self._forward(params, cfg, state, model, token[:, None], step_deltas)
-            nxt, q = self._choose(logits[:, 0], step_key, sampling)
+            nxt, q = self._choose(params, state, logits[:, 0], step_key, sampling)
             return (nxt, model), (nxt, q)
 
         (_, scratch), (rest, q_rest) = lax.scan(chain, (d1, state["model"]), keys[1:])

@@ -294,7 +294,7 @@ def mlp(p: dict, cfg: Qwen35Config, x: jax.Array) -> jax.Array:
 
 def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.Array, *,
             impl: str = "auto", collect=None, logits_for: str = "all", n_valid=None, skip: tuple = (),
-            skip_deltas=None, record: tuple = ()):
+            skip_deltas=None, record: tuple = (), head=None):
     """Run T >= 1 new tokens [B, T] from `state`; returns (logits, new_state, extras).
 
     logits: [B, T, vocab] float32 ("all") or [B, 1, vocab] for the last position ("last").
@@ -311,6 +311,7 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     skip_deltas: None, or [B, T, len(skip), D]: what each skipped layer adds to the residual stream instead.
     record (static layer indices): extras["deltas"] [B, T, len(record), D], what each of those layers
     (mixer + MLP) added to the residual stream.
+    head: None (the model's output head), or [N, D]: logits over N rows only (a draft's token shortlist).
     """
     B, T = input_ids.shape
     dtype = params["embed"].dtype
@@ -342,7 +343,8 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
             deltas.append(x - x_in)
     hidden = L.rms_norm(x, params["final_norm"], cfg.rms_norm_eps, zero_centered=True)
     head_in = hidden[:, -1:] if logits_for == "last" else hidden
-    logits = lax.dot_general(head_in, lm_head_weight(params).astype(dtype), (((2,), (1,)), ((), ())),
+    head = lm_head_weight(params) if head is None else head
+    logits = lax.dot_general(head_in, head.astype(dtype), (((2,), (1,)), ((), ())),
                              preferred_element_type=jnp.float32)
     new_state = Qwen35State(keys=tuple(keys), values=tuple(values), conv=tuple(conv), recurrent=tuple(rec),
                             length=state.length + (T if n_valid is None else n_valid))
