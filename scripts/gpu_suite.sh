@@ -4,14 +4,14 @@
 #   bash scripts/gpu_suite.sh PART OUT_DIR        PART in: decode, curve, final, tiny, exact, exact-curve, gdn, qwen,
 #                                                  ab, tune, looped, looped-grid, exact-all, qwen-all,
 #                                                  looped-scale, reuse, train,
-#                                                  train-huginn, retrained, selfdraft, profile
+#                                                  train-huginn, retrained, selfdraft, profile, graphs
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -144,6 +144,17 @@ profile)  # issues 12, 13: device time kernel by kernel (profiler trace) of AR a
     step 200 profile_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --forced-acceptance 1.0 \
         --exact on --curve-method ngram,mtp --rollbacks replay --gammas 4,8 --repeats 1 --max-new-tokens 64 \
         --prompt-len 64 --kernel-profile --tag _profile --out "$dir"
+    ;;
+graphs)  # issue 12: whole decode loops as CUDA graphs (XLA command buffers with WHILE / CONDITIONAL: no host
+    # round trip per speculative step) against the default flags, each paired with its own AR; tiny, then 9B
+    graphs="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE"
+    tiny=(--model checkpoints/tiny-qwen35-code --forced-acceptance 0.7,1.0 --exact on --curve-method ngram,mtp
+          --rollbacks replay --gammas 4,8 --repeats 3 --max-new-tokens 128 --prompt-len 64 --out "$dir")
+    step 110 tiny_plain python scripts/bench_spec.py "${tiny[@]}" --tag _plain
+    step 110 tiny_graphs env XLA_FLAGS="${XLA_FLAGS:-} $graphs" python scripts/bench_spec.py "${tiny[@]}" --tag _graphs
+    step 200 curve_9b_graphs env XLA_FLAGS="${XLA_FLAGS:-} $graphs" python scripts/bench_spec.py --random-9b \
+        --forced-acceptance 0.7,1.0 --exact on --rollbacks replay --gammas 2,4,8 --repeats 2 --max-new-tokens 128 \
+        --prompt-len 256 --time-budget-s 185 --tag _graphs --out "$dir"
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \
