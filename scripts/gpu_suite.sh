@@ -4,14 +4,15 @@
 #   bash scripts/gpu_suite.sh PART OUT_DIR        PART in: decode, curve, final, tiny, exact, exact-curve, gdn, qwen,
 #                                                  ab, tune, looped, looped-grid, exact-all, qwen-all,
 #                                                  looped-scale, reuse, train,
-#                                                  train-huginn, retrained, selfdraft, profile, graphs
+#                                                  train-huginn, retrained, selfdraft, profile, graphs,
+#                                                  replay
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -155,6 +156,19 @@ graphs)  # issue 12: whole decode loops as CUDA graphs (XLA command buffers with
     step 200 curve_9b_graphs env XLA_FLAGS="${XLA_FLAGS:-} $graphs" python scripts/bench_spec.py --random-9b \
         --forced-acceptance 0.7,1.0 --exact on --rollbacks replay --gammas 2,4,8 --repeats 2 --max-new-tokens 128 \
         --prompt-len 256 --time-budget-s 185 --tag _graphs --out "$dir"
+    ;;
+replay)  # issues 12, 13: every GDN layer's replay in one launch, no state written by verification, the AR state
+    # carried in place: the 9B cost curve (default = exact path), the kernel profile again, bf16 equality with AR
+    # on the shipped Qwen (every chain method, exact path) and at the 9B shape (damped)
+    step 215 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.6,0.8,1.0 --exact on \
+        --rollbacks replay --gammas 2,4,8,16 --repeats 2 --max-new-tokens 128 --prompt-len 256 --time-budget-s 200 \
+        --tag _exact --out "$dir"
+    step 90 profile_9b python scripts/bench_spec.py --random-9b --forced-acceptance 1.0 --exact on --curve-method ngram \
+        --rollbacks replay --gammas 2,8 --repeats 1 --max-new-tokens 64 --prompt-len 256 --kernel-profile \
+        --tag _profile --out "$dir"
+    step 120 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 20 --prompt-len 64 \
+        --modes exact --tag _qwen --out "$dir"
+    step 110 exact_9b python scripts/bench_exact.py --part 9b --num-prompts 1 --ar-rows 8,9 --repeats 3 --out "$dir"
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \

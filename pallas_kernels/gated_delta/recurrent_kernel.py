@@ -16,6 +16,12 @@ outputs it is a decode step at a padded row count (one valid row: the state afte
 Replay (`counts` given, no outputs but the state): It is the commit of the replay rollback: the state after the accepted
 prefix, recomputed from the old state by the very arithmetic that verification (and AR decode) ran,
 so it equals the recurrence's state bit for bit (one read and one write of the state).
+
+Replay of many layers in one launch (`replay_layers_fwd`): grid (L*B*HV, V/BV); program i works on layer
+i // (B*HV) with that layer's own state buffers (one input and one aliased output per layer, no stacking
+copy) and the same per-program body as `replay_fwd`, so each layer's state is the same bits as its own
+launch would give. At the Qwen3.5-9B shape the replay ran as 24 launches of about 6.4 us each (154 us per
+step, benchmarks/results/kernel_profile_qwen35_9b_random_profile.md) for 96 MiB of state traffic (~25 us).
 """
 
 from __future__ import annotations
@@ -55,11 +61,14 @@ def gated_delta_step(state, k, v, g, beta):
 
 
 def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2norm, unroll, replay, n_heads,
-                      preload, counted=False):
+                      preload, counted=False, program=None, want_state=True):
+    """program: pl.program_id(0), read by the caller when this body runs inside a branch (interpret mode
+    cannot read program ids there). want_state: False when no final state is written (outputs only)."""
     n_valid = None
     if replay or counted:
         n_ref, refs = refs[0], refs[1:]
-        n_valid = n_ref[pl.program_id(0) // n_heads]  # leading positions whose update is kept
+        program = pl.program_id(0) if program is None else program
+        n_valid = n_ref[program // n_heads]  # leading positions whose update is kept
     if replay:
         q_ref = None
         k_ref, v_ref, g_ref, beta_ref = refs[:4]
@@ -71,10 +80,11 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         q_ref, k_ref, v_ref, g_ref, beta_ref = refs[:5]
         rest = list(refs[5:])
         s0_ref = rest.pop(0) if has_s0 else None
-        o_ref, st_ref = rest.pop(0), rest.pop(0)
+        o_ref = rest.pop(0)
+        st_ref = rest.pop(0) if want_state else None
         vnew_ref = rest.pop(0) if want_vnew else None
         states_ref = rest.pop(0) if want_states else None
-    kdim, bv = st_ref.shape
+    kdim, bv = k_ref.shape[-1], v_ref.shape[-1]
     state = s0_ref[...].astype(F32) if s0_ref is not None else jnp.zeros((kdim, bv), F32)
 
     def load(t):  # position t's inputs; none depends on the state
@@ -107,7 +117,8 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
             state = step(t, state, load(t))
     else:
         state = lax.fori_loop(0, n_steps, lambda t, st: step(t, st, load(t)), state)
-    st_ref[...] = state
+    if st_ref is not None:
+        st_ref[...] = state
 
 
 def _block_specs(t: int, hv: int, group: int, kp: int, bv: int):
@@ -122,13 +133,15 @@ def _block_specs(t: int, hv: int, group: int, kp: int, bv: int):
 
 
 def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states, block_v, interpret,
-                  num_warps=1, num_stages=2, preload=None, counts=None):
+                  num_warps=1, num_stages=2, preload=None, counts=None, want_state=True):
     """q, k [B, T, H, Kp]; v [B, T, HV, Vp]; g, beta [B, T, HV]; s0 [B, HV, Kp, Vp] fp32 or None;
     counts [Bp] int32 (Bp >= B a power of two) or None: the final state is the state after counts[b]
-    positions (None: after all T).
+    positions (None: after all T). want_state: False writes no final state (a verification whose commit
+    replays from s0).
 
-    Returns o [B, T, HV, Vp] (v.dtype), final state [B, HV, Kp, Vp] fp32, u [B, T, HV, Vp] fp32 or
-    None, states [B, T, HV, Kp, Vp] fp32 or None.
+    Returns o [B, T, HV, Vp] (v.dtype), final state [B, HV, Kp, Vp] fp32 (written over s0's buffer: each
+    program reads its block before writing it; XLA copies s0 first where the caller still needs it) or
+    None, u [B, T, HV, Vp] fp32 or None, states [B, T, HV, Kp, Vp] fp32 or None.
     """
     b, t, h, kp = q.shape
     hv, vp = v.shape[2], v.shape[3]
@@ -145,8 +158,14 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     if has_s0:
         in_specs.append(state_spec)
         args.append(s0)
-    out_specs = [val_spec, state_spec]
-    out_shape = [jax.ShapeDtypeStruct((b, t, hv, vp), v.dtype), jax.ShapeDtypeStruct((b, hv, kp, vp), F32)]
+    out_specs = [val_spec] + ([state_spec] if want_state else [])
+    out_shape = [jax.ShapeDtypeStruct((b, t, hv, vp), v.dtype)]
+    if want_state:
+        out_shape.append(jax.ShapeDtypeStruct((b, hv, kp, vp), F32))
+    # The final state over s0's buffer: in the decode loop the state is carried in place, where a separate
+    # output cost a 2 MiB copy per GDN layer and token at the 9B shape (24 `memcpy128`, 55 us per token:
+    # benchmarks/results/kernel_profile_qwen35_9b_random_profile.md).
+    aliases = {len(args) - 1: 1} if has_s0 and want_state else {}
     if want_vnew:
         out_specs.append(val_spec)
         out_shape.append(jax.ShapeDtypeStruct((b, t, hv, vp), F32))
@@ -157,17 +176,19 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
         functools.partial(_recurrent_kernel, n_steps=t, scale=scale, has_s0=has_s0, want_vnew=want_vnew,
                           want_states=want_states, l2norm=l2norm, replay=False, n_heads=hv,
                           preload=_preload(preload, t), counted=counts is not None,
-                          unroll=_unroll(t, interpret)),
+                          unroll=_unroll(t, interpret), want_state=want_state),
         grid=(b * hv, nv),
         in_specs=in_specs,
         out_specs=out_specs,
         out_shape=out_shape,
+        input_output_aliases=aliases,
         compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="gdn_recurrent",
     )(*args)
     outs = list(outs)
-    o, final = outs.pop(0), outs.pop(0)
+    o = outs.pop(0)
+    final = outs.pop(0) if want_state else None
     u = outs.pop(0) if want_vnew else None
     states = outs.pop(0) if want_states else None
     return o, final, u, states
@@ -199,3 +220,52 @@ def replay_fwd(k, v, g, beta, s0, counts, *, l2norm, block_v, interpret, num_war
         interpret=interpret,
         name="gdn_replay",
     )(counts, k, v, g, beta, s0)
+
+
+def _replay_layers_kernel(n_ref, k_ref, v_ref, g_ref, beta_ref, *state_refs, n_layers, per_layer, **body):
+    """Program i replays layer i // per_layer: only that layer's branch runs (its state refs are the only
+    ones read or written), with `_recurrent_kernel`'s replay body unchanged."""
+    program = pl.program_id(0)
+    layer = program // per_layer
+    for index in range(n_layers):
+        @pl.when(layer == index)
+        def _(index=index):
+            _recurrent_kernel(n_ref, k_ref, v_ref, g_ref, beta_ref, state_refs[index], state_refs[n_layers + index],
+                              replay=True, program=program, **body)
+
+
+def replay_layers_fwd(k, v, g, beta, states, counts, *, l2norm, block_v, interpret, num_warps=1, num_stages=2,
+                      preload=None):
+    """`replay_fwd` for L layers of one shape in one launch.
+
+    k [L, B, T, H, Kp]; v [L, B, T, HV, Vp]; g, beta [L, B, T, HV] (stacked per-token inputs: small);
+    states: L arrays [B, HV, Kp, Vp] fp32; counts [Cp] int32, Cp >= L*B a power of two, counts[l*B + b] the
+    positions kept in row b (the same for every layer). Returns the L new states, each written over its
+    input's buffer."""
+    n_layers, b, t, h, kp = k.shape
+    hv, vp = v.shape[3], v.shape[4]
+    group = hv // h
+    bv = min(block_v, vp)
+    per_layer = b * hv
+    key_spec = pl.BlockSpec((None, None, t, None, kp),
+                            lambda i, j: (i // per_layer, (i % per_layer) // hv, 0, (i % hv) // group, 0))
+    val_spec = pl.BlockSpec((None, None, t, None, bv),
+                            lambda i, j: (i // per_layer, (i % per_layer) // hv, 0, i % hv, j))
+    gate_spec = pl.BlockSpec((None, None, t, None), lambda i, j: (i // per_layer, (i % per_layer) // hv, 0, i % hv))
+    state_spec = pl.BlockSpec((None, None, kp, bv), lambda i, j: ((i % per_layer) // hv, i % hv, 0, j))
+    n_in = 5
+    outs = pl.pallas_call(
+        functools.partial(_replay_layers_kernel, n_layers=n_layers, per_layer=per_layer, n_steps=t, scale=1.0,
+                          has_s0=True, want_vnew=False, want_states=False, l2norm=l2norm, n_heads=hv,
+                          preload=_preload(preload, t), unroll=_unroll(t, interpret)),
+        grid=(n_layers * per_layer, vp // bv),
+        in_specs=[pl.BlockSpec((counts.shape[0],), lambda i, j: (0,)), key_spec, val_spec, gate_spec, gate_spec]
+        + [state_spec] * n_layers,
+        out_specs=[state_spec] * n_layers,
+        out_shape=[jax.ShapeDtypeStruct((b, hv, kp, vp), F32)] * n_layers,
+        input_output_aliases={n_in + index: index for index in range(n_layers)},
+        compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="gdn_replay_layers",
+    )(counts, k, v, g, beta, *states)
+    return list(outs)

@@ -180,8 +180,11 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
     beta, g = gdn_gates(p, b, a)
 
     snapshots, replay = collect == "snapshot", collect == "replay"
-    kwargs = dict(output_final_state=True, return_pseudo_values=bool(collect) and not replay, use_qk_l2norm=True,
-                  implementation=impl)
+    # Under replay rollback the commit recomputes the state from rec_state, so verification writes none (one
+    # write of every GDN state saved per step); the state returned is then the unchanged rec_state.
+    skip_state = replay and cfg.mesh is None
+    kwargs = dict(output_final_state=not skip_state, return_pseudo_values=bool(collect) and not replay,
+                  use_qk_l2norm=True, implementation=impl)
     if (snapshots or replay or n_valid is not None) and T > MAX_RECURRENT_VERIFY:
         raise ValueError(f"{collect or 'a decode-shape forward'} runs at most {MAX_RECURRENT_VERIFY} positions "
                          f"through the step recurrence; got T={T}")
@@ -202,6 +205,7 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         # Prefill (an unrolled 64-step kernel took minutes to compile), and verification elsewhere: the
         # chunked form is parallel over T (as an XLA loop the step recurrence is T dependent launches).
         res = gdn_rule(cfg, gated_delta.chunk_gated_delta_rule, q, k, v, g, beta, rec_state, **kwargs)
+    final_state = rec_state if skip_state else res.final_state
     o = L.gated_rms_norm(res.o.astype(x.dtype), z, p["norm"], cfg.rms_norm_eps)  # [B, T, HV, V]
     out = L.linear(o.reshape(B, T, HV * V), p["out_proj"])
     extras = {}
@@ -211,7 +215,7 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         extras = {"k": k, "g": g, "v_new": res.v_new, "conv_window": window}
         if snapshots:
             extras["all_states"] = res.all_states  # [B, T, HV, K, V]: the per-position baseline
-    return out, new_conv, res.final_state, extras
+    return out, new_conv, final_state, extras
 
 
 def attention_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
@@ -387,10 +391,21 @@ def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax
     """
     n_keep = n_keep.astype(jnp.int32)
     conv, rec = [], []
-    for s0, ex in zip(before.recurrent, extras["gdn"]):
+    replay_layers = [i for i, ex in enumerate(extras["gdn"]) if "beta" in ex]
+    replayed = {}
+    if replay_layers and mesh is None:
+        # Every replayed GDN layer in one launch (Pallas; one launch per layer took 24 x ~6.4 us at the 9B
+        # shape: kernel_profile_qwen35_9b_random_profile.md), each layer's state the bits of its own replay.
+        inputs = ([extras["gdn"][i][name] for i in replay_layers] for name in ("k", "v", "g", "beta"))
+        states = gated_delta.replay_states([before.recurrent[i] for i in replay_layers], *inputs, n_keep,
+                                           use_qk_l2norm=True, implementation=impl)
+        replayed = dict(zip(replay_layers, states))
+    for i, (s0, ex) in enumerate(zip(before.recurrent, extras["gdn"])):
         window = ex["conv_window"]  # [B, W-1+T, C]
         conv.append(conv_window_at(window, n_keep, window.shape[1] - ex["k"].shape[1]))
-        if "beta" in ex:
+        if i in replayed:
+            rec.append(replayed[i])
+        elif "beta" in ex:
             rec.append(gdn_state_rule(mesh, gated_delta.replay_state, s0, ex["k"], ex["v"], ex["g"], ex["beta"],
                                       n=n_keep, use_qk_l2norm=True, implementation=impl))
         elif "all_states" in ex:
