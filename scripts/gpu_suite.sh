@@ -160,15 +160,17 @@ graphs)  # issue 12: whole decode loops as CUDA graphs (XLA command buffers with
 replay)  # issues 12, 13: every GDN layer's replay in one launch, no state written by verification, the AR state
     # carried in place: the 9B cost curve (default = exact path), the kernel profile again, bf16 equality with AR
     # on the shipped Qwen (every chain method, exact path) and at the 9B shape (damped)
-    step 215 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.6,0.8,1.0 --exact on \
-        --rollbacks replay --gammas 2,4,8,16 --repeats 2 --max-new-tokens 128 --prompt-len 256 --time-budget-s 200 \
+    step 200 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.6,0.8,1.0 --exact on \
+        --rollbacks replay --gammas 2,4,8,16 --repeats 2 --max-new-tokens 128 --prompt-len 256 --time-budget-s 185 \
         --tag _exact --out "$dir"
-    step 90 profile_9b python scripts/bench_spec.py --random-9b --forced-acceptance 1.0 --exact on --curve-method ngram \
+    step 85 profile_9b python scripts/bench_spec.py --random-9b --forced-acceptance 1.0 --exact on --curve-method ngram \
         --rollbacks replay --gammas 2,8 --repeats 1 --max-new-tokens 64 --prompt-len 256 --kernel-profile \
         --tag _profile --out "$dir"
-    step 120 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 20 --prompt-len 64 \
-        --modes exact --tag _qwen --out "$dir"
-    step 110 exact_9b python scripts/bench_exact.py --part 9b --num-prompts 1 --ar-rows 8,9 --repeats 3 --out "$dir"
+    if [ "${REPLAY_EXACT:-1}" = 1 ]; then  # REPLAY_EXACT=0: the timings only
+        step 120 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 20 --prompt-len 64 \
+            --modes exact --tag _qwen --out "$dir"
+        step 110 exact_9b python scripts/bench_exact.py --part 9b --num-prompts 1 --ar-rows 8,9 --repeats 3 --out "$dir"
+    fi
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \

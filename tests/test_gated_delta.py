@@ -235,9 +235,11 @@ def test_replay_equals_the_recurrence_bit_for_bit(impl, case):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_replay_of_many_layers_in_one_launch_is_each_layers_replay(impl):
-    """replay_states (the Pallas form: one launch for all layers, each with its own state buffers) gives every
+def test_replay_of_many_layers_in_one_launch_is_each_layers_replay(impl, monkeypatch):
+    """replay_states (the Pallas form: a few layers per launch, each with its own state buffers) gives every
     layer the bits of its own replay_state call, for ragged rows; layers of different shapes are refused."""
+    from pallas_kernels.gated_delta import recurrent_kernel
+    monkeypatch.setattr(recurrent_kernel, "MAX_LAYERS_PER_LAUNCH", 2)  # 3 layers: a launch of 2, then 1
     layers = [make_inputs(2, 5, 1, 2, 16, 24, jnp.bfloat16, seed=500 + i, normalize_k=False) for i in range(3)]
     cols = [[x[name] for x in layers] for name in ("s0", "k", "v", "g", "beta")]
     n = jnp.asarray([3, 5], jnp.int32)

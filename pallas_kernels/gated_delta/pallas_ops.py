@@ -237,14 +237,17 @@ def _replay_layers(initial_states, ks, vs, gs, betas, n_steps, *, use_qk_l2norm,
 
 def replay_states(initial_states, ks, vs, gs, betas, n_steps, *, use_qk_l2norm=False, interpret=False, block_v=8,
                   num_warps=1, preload=None):
-    """`replay_state` for several layers of one shape in one launch: lists of per-layer arrays (as
-    `replay_state` takes them), one count vector n_steps [B] for all. Returns the list of [B, HV, K, V] fp32
-    states, each bit-identical to its own `replay_state` call."""
+    """`replay_state` for several layers of one shape, up to MAX_LAYERS_PER_LAUNCH per launch: lists of
+    per-layer arrays (as `replay_state` takes them), one count vector n_steps [B] for all. Returns the list of
+    [B, HV, K, V] fp32 states, each bit-identical to its own `replay_state` call."""
     for args in zip(initial_states, ks, vs, gs, betas):
         check_replay_inputs(*args, n_steps)
     shapes = {tuple(x.shape for x in args) for args in zip(initial_states, ks, vs, gs, betas)}
     if len(shapes) != 1:
         raise ValueError(f"replay_states: every layer must have the same shapes; got {sorted(shapes)}")
-    return _replay_layers(list(initial_states), list(ks), list(vs), list(gs), list(betas), n_steps,
-                          use_qk_l2norm=use_qk_l2norm, interpret=interpret, block_v=check_block_v(block_v),
-                          num_warps=num_warps, preload=preload)
+    out, size = [], recurrent_kernel.MAX_LAYERS_PER_LAUNCH
+    for lo in range(0, len(initial_states), size):
+        group = [list(x[lo:lo + size]) for x in (initial_states, ks, vs, gs, betas)]
+        out += _replay_layers(*group, n_steps, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
+                              block_v=check_block_v(block_v), num_warps=num_warps, preload=preload)
+    return out

@@ -41,6 +41,10 @@ MAX_UNROLL = 64  # decode / verify lengths; longer sequences belong to the chunk
 # an H200 at the Qwen3.5-9B layer shape (benchmarks/results/tune_recurrent.md): T = 17 29.1 -> 19.9 us,
 # T = 9 20.6 -> 20.2 us, but T = 1 (decode) 15.8 -> 24.7 us, so a single step loads as it goes.
 PRELOAD_MAX = 32
+# Layers per replay launch (`replay_layers_fwd`): each layer is one branch holding the whole unrolled chain, and
+# 24 branches (the Qwen3.5-9B shape) did not finish compiling within 3 minutes on the H200 machine, while 6 (the
+# tiny checkpoint) compiled as fast as one (benchmarks/results/exact_tiny_qwen.md, commit dee6249). 9B: 4 launches.
+MAX_LAYERS_PER_LAUNCH = 6
 
 
 def _unroll(t: int, interpret: bool) -> bool:

@@ -394,7 +394,7 @@ def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax
     replay_layers = [i for i, ex in enumerate(extras["gdn"]) if "beta" in ex]
     replayed = {}
     if replay_layers and mesh is None:
-        # Every replayed GDN layer in one launch (Pallas; one launch per layer took 24 x ~6.4 us at the 9B
+        # The replayed GDN layers a few per launch (Pallas; one launch per layer took 24 x ~6.4 us at the 9B
         # shape: kernel_profile_qwen35_9b_random_profile.md), each layer's state the bits of its own replay.
         inputs = ([extras["gdn"][i][name] for i in replay_layers] for name in ("k", "v", "g", "beta"))
         states = gated_delta.replay_states([before.recurrent[i] for i in replay_layers], *inputs, n_keep,
