@@ -235,29 +235,6 @@ def test_replay_equals_the_recurrence_bit_for_bit(impl, case):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_replay_of_many_layers_in_one_launch_is_each_layers_replay(impl, monkeypatch):
-    """replay_states (the Pallas form: a few layers per launch, each with its own state buffers) gives every
-    layer the bits of its own replay_state call, for ragged rows; layers of different shapes are refused."""
-    from pallas_kernels.gated_delta import recurrent_kernel
-    monkeypatch.setattr(recurrent_kernel, "MAX_LAYERS_PER_LAUNCH", 2)  # 3 layers: a launch of 2, then 1
-    layers = [make_inputs(2, 5, 1, 2, 16, 24, jnp.bfloat16, seed=500 + i, normalize_k=False) for i in range(3)]
-    cols = [[x[name] for x in layers] for name in ("s0", "k", "v", "g", "beta")]
-    n = jnp.asarray([3, 5], jnp.int32)
-    many = jax.jit(functools.partial(gd.replay_states, use_qk_l2norm=True, **_kw(impl)))(*cols, n)
-    one = jax.jit(functools.partial(gd.replay_state, use_qk_l2norm=True, **_kw(impl)))
-    assert len(many) == 3
-    for i, x in enumerate(layers):
-        want = one(x["s0"], x["k"], x["v"], x["g"], x["beta"], n)
-        np.testing.assert_array_equal(np.asarray(many[i]), np.asarray(want), err_msg=f"layer {i}")
-    assert not np.array_equal(np.asarray(many[0]), np.asarray(many[1]))  # each layer read its own inputs
-    if impl == "pallas":
-        odd = make_inputs(2, 5, 1, 2, 16, 32, jnp.bfloat16, seed=9, normalize_k=False)
-        with pytest.raises(ValueError, match="every layer must have the same shapes"):
-            pallas_ops.replay_states(cols[0][:1] + [odd["s0"]], cols[1][:1] + [odd["k"]], cols[2][:1] + [odd["v"]],
-                                     cols[3][:1] + [odd["g"]], cols[4][:1] + [odd["beta"]], n, interpret=True)
-
-
-@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("case", REPLAY_CASES[:3], ids=lambda c: "B{}_T{}_H{}_HV{}_K{}_V{}_{}".format(
     *c[:6], jnp.dtype(c[6]).name))
 def test_counted_recurrence_is_the_recurrence_bit_for_bit(impl, case):

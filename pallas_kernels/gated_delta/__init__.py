@@ -167,20 +167,7 @@ def replay_state(initial_state, k, v, g, beta, n_steps, *, use_qk_l2norm=False, 
                                          interpret=_interpret(interpret))
 
 
-def replay_states(initial_states, ks, vs, gs, betas, n_steps, *, use_qk_l2norm=False, implementation="auto",
-                  interpret=False):
-    """`replay_state` for several layers at once (lists of per-layer arrays, one shape; one count vector
-    n_steps [B] for all): the Pallas implementation replays them all in one launch, each layer's state
-    bit-identical to its own `replay_state`; the others loop over the layers."""
-    impl = _resolve(implementation, "replay")
-    if impl in ("reference", "naive") or len(initial_states) == 1:
-        return [replay_state(*args, n_steps, use_qk_l2norm=use_qk_l2norm, implementation=impl, interpret=interpret)
-                for args in zip(initial_states, ks, vs, gs, betas)]
-    return _pallas_module().replay_states(initial_states, ks, vs, gs, betas, n_steps, use_qk_l2norm=use_qk_l2norm,
-                                          interpret=_interpret(interpret))
-
-
 __all__ = ["GatedDeltaOutput", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "commit_state",
-           "replay_state", "replay_states",
+           "replay_state",
            "check_gated_delta_inputs", "l2_normalize", "default_implementation", "env_override", "resolve",
            "pallas_available"]

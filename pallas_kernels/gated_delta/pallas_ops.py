@@ -4,7 +4,6 @@
     fused_recurrent_gated_delta_rule  small T from a state (decode / chain verify): recurrent_kernel.py
     commit_state                      state after `n_accepted` positions from pseudo-values: commit_kernel.py
     replay_state                      state after `n_steps` positions, replayed by the recurrent kernel's step
-    replay_states                     the same for several layers of one shape, in one launch
 
 The kernels use the Pallas Triton backend (the recurrent op also has a Mosaic GPU kernel,
 `backend="mosaic"`) and run unchanged with `interpret=True` on CPU. Inputs of any size are
@@ -215,39 +214,3 @@ def replay_state(initial_state, k, v, g, beta, n_steps, *, use_qk_l2norm=False, 
     check_replay_inputs(initial_state, k, v, g, beta, n_steps)
     return _replay(initial_state, k, v, g, beta, n_steps, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
                    block_v=check_block_v(block_v), num_warps=num_warps, preload=preload)
-
-
-@functools.partial(jax.jit, static_argnames=("use_qk_l2norm", "interpret", "block_v", "num_warps", "preload"))
-def _replay_layers(initial_states, ks, vs, gs, betas, n_steps, *, use_qk_l2norm, interpret, block_v, num_warps,
-                   preload):
-    b, _, _, k_dim = ks[0].shape
-    v_dim = vs[0].shape[3]
-    kp, vp = next_pow2(k_dim), next_pow2(v_dim)
-    states = [pad_axis(pad_axis(s.astype(F32), 2, kp), 3, vp) for s in initial_states]
-    k = jnp.stack([pad_axis(x, 3, kp) for x in ks])  # [L, B, T, H, Kp]
-    v = jnp.stack([pad_axis(x, 3, vp) for x in vs])
-    n = jnp.broadcast_to(jnp.asarray(n_steps, jnp.int32).reshape(-1), (b,))
-    n = jnp.tile(n, len(states))  # [L*B]: row b of every layer keeps the same count
-    n = pad_axis(n, 0, next_pow2(n.shape[0], 1))  # Triton blocks are powers of two
-    outs = recurrent_kernel.replay_layers_fwd(k, v, jnp.stack(gs), jnp.stack(betas), states, n, l2norm=use_qk_l2norm,
-                                              block_v=block_v, interpret=interpret, num_warps=num_warps,
-                                              preload=preload)
-    return [out[:, :, :k_dim, :v_dim] for out in outs]
-
-
-def replay_states(initial_states, ks, vs, gs, betas, n_steps, *, use_qk_l2norm=False, interpret=False, block_v=8,
-                  num_warps=1, preload=None):
-    """`replay_state` for several layers of one shape, up to MAX_LAYERS_PER_LAUNCH per launch: lists of
-    per-layer arrays (as `replay_state` takes them), one count vector n_steps [B] for all. Returns the list of
-    [B, HV, K, V] fp32 states, each bit-identical to its own `replay_state` call."""
-    for args in zip(initial_states, ks, vs, gs, betas):
-        check_replay_inputs(*args, n_steps)
-    shapes = {tuple(x.shape for x in args) for args in zip(initial_states, ks, vs, gs, betas)}
-    if len(shapes) != 1:
-        raise ValueError(f"replay_states: every layer must have the same shapes; got {sorted(shapes)}")
-    out, size = [], recurrent_kernel.MAX_LAYERS_PER_LAUNCH
-    for lo in range(0, len(initial_states), size):
-        group = [list(x[lo:lo + size]) for x in (initial_states, ks, vs, gs, betas)]
-        out += _replay_layers(*group, n_steps, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
-                              block_v=check_block_v(block_v), num_warps=num_warps, preload=preload)
-    return out

@@ -17,11 +17,11 @@ Replay (`counts` given, no outputs but the state): It is the commit of the repla
 prefix, recomputed from the old state by the very arithmetic that verification (and AR decode) ran,
 so it equals the recurrence's state bit for bit (one read and one write of the state).
 
-Replay of many layers in one launch (`replay_layers_fwd`): grid (L*B*HV, V/BV); program i works on layer
-i // (B*HV) with that layer's own state buffers (one input and one aliased output per layer, no stacking
-copy) and the same per-program body as `replay_fwd`, so each layer's state is the same bits as its own
-launch would give. At the Qwen3.5-9B shape the replay ran as 24 launches of about 6.4 us each (154 us per
-step, benchmarks/results/kernel_profile_qwen35_9b_random_profile.md) for 96 MiB of state traffic (~25 us).
+One launch per layer: the replay's time is its chain of dependent steps, not launches. At the Qwen3.5-9B shape
+24 launches took 142-154 us per step; the same work as 4 launches of 6 layers each (one branch per layer, each
+layer its own aliased state buffers) took 167-187 us plus 50 us of input stacking, and as 1 launch of 24
+branches it did not compile within 3 minutes (benchmarks/results/kernel_profile_qwen35_9b_random_profile.md
+and ..._grouped_replay.md; the grouped kernel was tried at commit 28c9a1c and removed).
 """
 
 from __future__ import annotations
@@ -41,10 +41,6 @@ MAX_UNROLL = 64  # decode / verify lengths; longer sequences belong to the chunk
 # an H200 at the Qwen3.5-9B layer shape (benchmarks/results/tune_recurrent.md): T = 17 29.1 -> 19.9 us,
 # T = 9 20.6 -> 20.2 us, but T = 1 (decode) 15.8 -> 24.7 us, so a single step loads as it goes.
 PRELOAD_MAX = 32
-# Layers per replay launch (`replay_layers_fwd`): each layer is one branch holding the whole unrolled chain, and
-# 24 branches (the Qwen3.5-9B shape) did not finish compiling within 3 minutes on the H200 machine, while 6 (the
-# tiny checkpoint) compiled as fast as one (benchmarks/results/exact_tiny_qwen.md, commit dee6249). 9B: 4 launches.
-MAX_LAYERS_PER_LAUNCH = 6
 
 
 def _unroll(t: int, interpret: bool) -> bool:
@@ -65,14 +61,12 @@ def gated_delta_step(state, k, v, g, beta):
 
 
 def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2norm, unroll, replay, n_heads,
-                      preload, counted=False, program=None, want_state=True):
-    """program: pl.program_id(0), read by the caller when this body runs inside a branch (interpret mode
-    cannot read program ids there). want_state: False when no final state is written (outputs only)."""
+                      preload, counted=False, want_state=True):
+    """want_state: False when no final state is written (outputs only)."""
     n_valid = None
     if replay or counted:
         n_ref, refs = refs[0], refs[1:]
-        program = pl.program_id(0) if program is None else program
-        n_valid = n_ref[program // n_heads]  # leading positions whose update is kept
+        n_valid = n_ref[pl.program_id(0) // n_heads]  # leading positions whose update is kept
     if replay:
         q_ref = None
         k_ref, v_ref, g_ref, beta_ref = refs[:4]
@@ -224,52 +218,3 @@ def replay_fwd(k, v, g, beta, s0, counts, *, l2norm, block_v, interpret, num_war
         interpret=interpret,
         name="gdn_replay",
     )(counts, k, v, g, beta, s0)
-
-
-def _replay_layers_kernel(n_ref, k_ref, v_ref, g_ref, beta_ref, *state_refs, n_layers, per_layer, **body):
-    """Program i replays layer i // per_layer: only that layer's branch runs (its state refs are the only
-    ones read or written), with `_recurrent_kernel`'s replay body unchanged."""
-    program = pl.program_id(0)
-    layer = program // per_layer
-    for index in range(n_layers):
-        @pl.when(layer == index)
-        def _(index=index):
-            _recurrent_kernel(n_ref, k_ref, v_ref, g_ref, beta_ref, state_refs[index], state_refs[n_layers + index],
-                              replay=True, program=program, **body)
-
-
-def replay_layers_fwd(k, v, g, beta, states, counts, *, l2norm, block_v, interpret, num_warps=1, num_stages=2,
-                      preload=None):
-    """`replay_fwd` for L layers of one shape in one launch.
-
-    k [L, B, T, H, Kp]; v [L, B, T, HV, Vp]; g, beta [L, B, T, HV] (stacked per-token inputs: small);
-    states: L arrays [B, HV, Kp, Vp] fp32; counts [Cp] int32, Cp >= L*B a power of two, counts[l*B + b] the
-    positions kept in row b (the same for every layer). Returns the L new states, each written over its
-    input's buffer."""
-    n_layers, b, t, h, kp = k.shape
-    hv, vp = v.shape[3], v.shape[4]
-    group = hv // h
-    bv = min(block_v, vp)
-    per_layer = b * hv
-    key_spec = pl.BlockSpec((None, None, t, None, kp),
-                            lambda i, j: (i // per_layer, (i % per_layer) // hv, 0, (i % hv) // group, 0))
-    val_spec = pl.BlockSpec((None, None, t, None, bv),
-                            lambda i, j: (i // per_layer, (i % per_layer) // hv, 0, i % hv, j))
-    gate_spec = pl.BlockSpec((None, None, t, None), lambda i, j: (i // per_layer, (i % per_layer) // hv, 0, i % hv))
-    state_spec = pl.BlockSpec((None, None, kp, bv), lambda i, j: ((i % per_layer) // hv, i % hv, 0, j))
-    n_in = 5
-    outs = pl.pallas_call(
-        functools.partial(_replay_layers_kernel, n_layers=n_layers, per_layer=per_layer, n_steps=t, scale=1.0,
-                          has_s0=True, want_vnew=False, want_states=False, l2norm=l2norm, n_heads=hv,
-                          preload=_preload(preload, t), unroll=_unroll(t, interpret)),
-        grid=(n_layers * per_layer, vp // bv),
-        in_specs=[pl.BlockSpec((counts.shape[0],), lambda i, j: (0,)), key_spec, val_spec, gate_spec, gate_spec]
-        + [state_spec] * n_layers,
-        out_specs=[state_spec] * n_layers,
-        out_shape=[jax.ShapeDtypeStruct((b, hv, kp, vp), F32)] * n_layers,
-        input_output_aliases={n_in + index: index for index in range(n_layers)},
-        compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="gdn_replay_layers",
-    )(counts, k, v, g, beta, *states)
-    return list(outs)

@@ -391,21 +391,10 @@ def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax
     """
     n_keep = n_keep.astype(jnp.int32)
     conv, rec = [], []
-    replay_layers = [i for i, ex in enumerate(extras["gdn"]) if "beta" in ex]
-    replayed = {}
-    if replay_layers and mesh is None:
-        # The replayed GDN layers a few per launch (Pallas; one launch per layer took 24 x ~6.4 us at the 9B
-        # shape: kernel_profile_qwen35_9b_random_profile.md), each layer's state the bits of its own replay.
-        inputs = ([extras["gdn"][i][name] for i in replay_layers] for name in ("k", "v", "g", "beta"))
-        states = gated_delta.replay_states([before.recurrent[i] for i in replay_layers], *inputs, n_keep,
-                                           use_qk_l2norm=True, implementation=impl)
-        replayed = dict(zip(replay_layers, states))
-    for i, (s0, ex) in enumerate(zip(before.recurrent, extras["gdn"])):
+    for s0, ex in zip(before.recurrent, extras["gdn"]):
         window = ex["conv_window"]  # [B, W-1+T, C]
         conv.append(conv_window_at(window, n_keep, window.shape[1] - ex["k"].shape[1]))
-        if i in replayed:
-            rec.append(replayed[i])
-        elif "beta" in ex:
+        if "beta" in ex:
             rec.append(gdn_state_rule(mesh, gated_delta.replay_state, s0, ex["k"], ex["v"], ex["g"], ex["beta"],
                                       n=n_keep, use_qk_l2norm=True, implementation=impl))
         elif "all_states" in ex:
