@@ -80,6 +80,7 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--configs", default=None, help="default: every drafter (Qwen3.5) or looped method (looped)")
     ap.add_argument("--num-steps", type=int, default=32, help="looped models: full recurrence depth")
+    ap.add_argument("--tag", default="", help="suffix of the result files")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
     import specdec_jax as sj
@@ -121,7 +122,7 @@ def main():
           "|---|---|---|---|---|---|"]
     md += [f"| {r['method']} | {r['shape']} | {r['mean_accepted']:.2f} | {r['mean_accepted'] + 1:.2f} | "
            f"{' '.join(f'{a:.2f}' for a in r['per_prompt'])} | {r['all_equal_to_ar']} |" for r in rows]
-    write_results(args.out, f"acceptance_{name}", {**header, "model": name, "rows": rows}, "\n".join(md) + "\n")
+    write_results(args.out, f"acceptance_{name}{args.tag}", {**header, "model": name, "rows": rows}, "\n".join(md) + "\n")
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
     if spec.kind == methods.TREE:
         return _generate_tree_qwen(model, ids, int(max_new_tokens), spec, max_len, sampling, seed, eos_ids,
                                    method_options)
-    gamma = (int_option(method_options, "gamma", DEFAULT_GAMMA, 0, None, " (the draft length)")
+    gamma = (int_option(method_options, "gamma", spec.default_gamma, 0, None, " (the draft length)")
              if spec.kind == methods.CHAIN else 0)
     rows = exact_rows(method_options, gamma, model.family, _not_exact_because(model.family, method_options, gamma))
     extra, extra_what = (rows, f"decode_rows ({rows})") if rows else (gamma, f"gamma ({gamma})")
@@ -169,9 +169,6 @@ def _eos_ids(eos_token_id, model: Model) -> tuple[int, ...]:
             raise InputError(f"eos_token_id must be None, False, or token ids in [0, {model.vocab_size}); "
                              f"got {eos_token_id!r}")
     return tuple(int(i) for i in ids)
-
-
-DEFAULT_GAMMA = 4
 
 
 def _generate_speculative_qwen(model, ids, max_new_tokens, spec, gamma, max_len, sampling, seed, eos_ids,

@@ -25,7 +25,8 @@ _MTP_NEED = "the MTP head (mtp.* tensors in the checkpoint)"
 class MethodSpec:
     """name; family ("qwen3_5" | "looped"); kind (AR, CHAIN, TREE, LOOPED_SPEC); options it accepts (None:
     checked by the kind's own runner); needs: what the checkpoint must hold (the error names it); available:
-    model -> bool; drafter: (model, options) -> drafter, for CHAIN and TREE (options already checked)."""
+    model -> bool; drafter: (model, options) -> drafter, for CHAIN and TREE (options already checked);
+    default_gamma: a chain method's draft length when the caller gives none."""
 
     name: str
     family: str
@@ -34,6 +35,7 @@ class MethodSpec:
     needs: str = ""
     available: Callable = lambda model: True
     drafter: Callable | None = None
+    default_gamma: int = 4  # CHAIN: drafts per step unless the caller sets gamma
 
 
 # ------------------------------------------------------------------------------------------ drafters
@@ -112,6 +114,11 @@ def _deep(model) -> bool:
 
 
 _TREE_OPTIONS = frozenset({"tree", "rollback", "exact"})
+# Self-drafts draft 2 tokens per step by default: a draft costs 0.7-0.85 of an AR step at the Qwen3.5-9B shape, so
+# short chains win. At the acceptance measured on the shipped checkpoint (acceptance_tiny-qwen35-code.md) and the
+# step costs of spec_cost_curve_qwen35_9b_random_selfdraft.md (H200), gamma 2 projects to 0.91-0.97x of AR
+# against 0.83-0.88x at gamma 3 and 0.71-0.83x at gamma 4 (README, issue 17).
+SELF_DRAFT_GAMMA = 2
 REGISTRY: tuple[MethodSpec, ...] = (
     MethodSpec("ar", "qwen3_5", AR, frozenset({"exact", "decode_rows"})),
     MethodSpec("ngram", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"max_n", "min_n"}, drafter=_ngram),
@@ -124,15 +131,15 @@ REGISTRY: tuple[MethodSpec, ...] = (
                available=lambda m: _has_mtp(m) and "shortlist" in _tables(m), drafter=_mtp_shortlist),
     MethodSpec("layer-skip", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"skip_layers", "shortlist_size"},
                needs="more than one layer",
-               available=_deep, drafter=lambda m, o: _self_draft(m, o, "layer-skip")),
+               available=_deep, drafter=lambda m, o: _self_draft(m, o, "layer-skip"), default_gamma=SELF_DRAFT_GAMMA),
     MethodSpec("residual-reuse", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"skip_layers", "shortlist_size"},
                needs="more than one layer",
-               available=_deep, drafter=lambda m, o: _self_draft(m, o, "residual-reuse")),
+               available=_deep, drafter=lambda m, o: _self_draft(m, o, "residual-reuse"), default_gamma=SELF_DRAFT_GAMMA),
     MethodSpec("partial-mlp", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"mlp_keep", "shortlist_size"},
                needs="a model on one device (its MLP cut takes the first columns in the checkpoint's order; "
                      "load without mesh=)",
                available=lambda m: getattr(m.config, "mesh", None) is None,
-               drafter=lambda m, o: _self_draft(m, o, "partial-mlp")),
+               drafter=lambda m, o: _self_draft(m, o, "partial-mlp"), default_gamma=SELF_DRAFT_GAMMA),
     MethodSpec("ngram-tree", "qwen3_5", TREE, _TREE_OPTIONS, drafter=_tree_ngram),
     MethodSpec("mtp-tree", "qwen3_5", TREE, _TREE_OPTIONS, needs=_MTP_NEED, available=_has_mtp, drafter=_tree_mtp),
     MethodSpec("ar", "looped", AR, frozenset({"num_steps", "cache_mode", "exact", "decode_rows"})),
