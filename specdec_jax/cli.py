@@ -55,12 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="AR steps at one row and verification at gamma + 1 rows (faster on small models; in "
                         "bfloat16 the output may then differ from AR's)")
     g.add_argument("--gamma", type=int, default=None,
-                   help="draft length of speculative methods (default 4; das-wave and parallel-sampler 16)")
+                   help="draft length of speculative methods (default 4; self-drafts 2; das-wave and "
+                        "parallel-sampler 16)")
     g.add_argument("--skip-layers", default=None,
                    help="layer-skip / residual-reuse: comma-separated layer indices the draft skips (default: the "
                         "middle quarter)")
     g.add_argument("--mlp-keep", type=float, default=None,
-                   help="partial-mlp: share of each MLP's channels the draft keeps, in (0, 1] (default 0.5)")
+                   help="partial-mlp: share of each MLP's channels the draft keeps, in (0, 1] (default 0.75)")
+    g.add_argument("--shortlist-size", type=int, default=None,
+                   help="mtp-shortlist and self-drafts: draft among the first N tokens of the checkpoint's token "
+                        "shortlist (draft_tables.safetensors)")
     g.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
                    help="parameter dtype (default bfloat16 on GPU/TPU, float32 on CPU)")
 
@@ -185,6 +189,8 @@ def generate_command(args) -> int:
             raise UsageError(f"--skip-layers takes comma-separated layer indices; got {args.skip_layers!r}") from None
     if args.mlp_keep is not None:
         options["mlp_keep"] = args.mlp_keep
+    if args.shortlist_size is not None:
+        options["shortlist_size"] = args.shortlist_size
 
     def run(method, opts):
         # With --compare-ar each method first runs once untimed: first executions pay one-time

@@ -71,6 +71,12 @@ def test_bad_numbers_exit_2(checkpoint, capsys, args, needle):
     one_line_error(rc, capsys.readouterr().err, needle)
 
 
+def test_shortlist_without_draft_tables_exits_2(checkpoint, capsys):
+    rc = cli.main(["generate", "--model", str(checkpoint), "--prompt", "x", "--method", "layer-skip",
+                   "--shortlist-size", "16"])
+    one_line_error(rc, capsys.readouterr().err, "shortlist_size=16 needs the checkpoint's token shortlist")
+
+
 def test_missing_tokenizer_exits_2(checkpoint, tmp_path, capsys):
     bare = tmp_path / "bare"
     bare.mkdir()

@@ -89,3 +89,25 @@ def test_curve_methods_take_options_and_a_random_model_gets_a_synthetic_shortlis
     np.testing.assert_array_equal(model.params["draft"]["shortlist"], np.arange(64))
     with pytest.raises(InputError, match="unknown options"):
         bench_spec.curve_drafter(model, "ngram:mlp_keep=0.5")
+
+
+def test_selfdraft_projection_joins_step_costs_and_acceptance_by_configuration():
+    """project_selfdraft: a curve row meets the acceptance row of the same method, gamma, mlp_keep and
+    shortlist-or-not; speedup = (1 + accepted) x AR time / step time; unmatched rows are left out."""
+    sys.path.insert(0, str(ROOT))
+    from scripts import project_selfdraft as ps
+    curve = {"ar_s_per_token": 0.005, "rows": [
+        {"method": "layer-skip", "gamma": 2, "seconds_per_step": 0.0125},
+        {"method": "layer-skip", "gamma": 2, "seconds_per_step": 0.0127},
+        {"method": "layer-skip:shortlist_size=32768", "gamma": 2, "seconds_per_step": 0.012},
+        {"method": "partial-mlp:mlp_keep=0.75", "gamma": 3, "seconds_per_step": 0.019},
+        {"method": "ngram", "gamma": 2, "seconds_per_step": 0.005}]}
+    acceptance = {"rows": [
+        {"method": "layer-skip", "shape": "2", "mean_accepted": 1.5},
+        {"method": "layer-skip", "shape": "gamma=2 shortlist_size=2048", "mean_accepted": 1.2},
+        {"method": "partial-mlp", "shape": "gamma=3 mlp_keep=0.5", "mean_accepted": 2.0},
+        {"method": "ngram", "shape": "2", "mean_accepted": 1.0}]}
+    rows = ps.project(curve, acceptance)
+    assert [(r["method"], r["shortlist_9b"]) for r in rows] == [("layer-skip", 0), ("layer-skip", 32768)]
+    assert rows[0]["projected_speedup"] == pytest.approx(2.5 * 0.005 / 0.0126)
+    assert rows[1]["projected_speedup"] == pytest.approx(2.2 * 0.005 / 0.012)
