@@ -115,9 +115,10 @@ def _deep(model) -> bool:
 
 _TREE_OPTIONS = frozenset({"tree", "rollback", "exact"})
 # Self-drafts draft 2 tokens per step by default: a draft costs 0.7-0.85 of an AR step at the Qwen3.5-9B shape, so
-# short chains win. At the acceptance measured on the shipped checkpoint (acceptance_tiny-qwen35-code.md) and the
-# step costs of spec_cost_curve_qwen35_9b_random_selfdraft.md (H200), gamma 2 projects to 0.91-0.97x of AR
-# against 0.83-0.88x at gamma 3 and 0.71-0.83x at gamma 4 (README, issue 17).
+# short chains win. At the acceptance measured on the shipped checkpoint and the 9B step costs measured on the
+# H200, gamma 2 projects to 0.91-0.97x of AR against 0.77-0.92x at gamma 3 and 0.69-0.86x at gamma 4
+# (benchmarks/results/selfdraft_projection_qwen35_9b.md, from acceptance_tiny-qwen35-code_selfdraft.md and
+# spec_cost_curve_qwen35_9b_random_selfdraft.md).
 SELF_DRAFT_GAMMA = 2
 REGISTRY: tuple[MethodSpec, ...] = (
     MethodSpec("ar", "qwen3_5", AR, frozenset({"exact", "decode_rows"})),

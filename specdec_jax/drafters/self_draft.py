@@ -45,7 +45,8 @@ from ..models import qwen35
 SELF_DRAFT_METHODS = ("layer-skip", "residual-reuse", "partial-mlp")
 # Three quarters of every MLP: at gamma 2 the projected speed at the 9B shape is 0.97x of AR at mlp_keep 0.75
 # (acceptance 1.75 of 2 on the shipped checkpoint, step 13.9 ms) against 0.77x at 0.5 (1.03 of 2, 12.9 ms):
-# acceptance_tiny-qwen35-code.md, spec_cost_curve_qwen35_9b_random_selfdraft.md (H200).
+# benchmarks/results/selfdraft_projection_qwen35_9b.md (acceptance_tiny-qwen35-code_selfdraft.md x the H200 step
+# costs of spec_cost_curve_qwen35_9b_random_selfdraft.md; mlp_keep 0.5 from ..._selfdraft_previous.md).
 DEFAULT_MLP_KEEP = 0.75
 
 
