@@ -51,7 +51,6 @@ import numpy as np  # noqa: E402
 from specdec_jax.harness import (alternate, bootstrap_ci, cut_prompts, median_time,  # noqa: E402
                                   result_header, write_results)
 from specdec_jax.decoding import looped_spec as ls  # noqa: E402
-from specdec_jax.decoding.chunked_loop import DEFAULT_STEPS_PER_CHECK  # noqa: E402
 from specdec_jax.decoding.sampling import SamplingConfig  # noqa: E402
 from specdec_jax.model import Model  # noqa: E402
 from specdec_jax.decoding import looped_ar  # noqa: E402
@@ -154,8 +153,7 @@ def run_config(model, prompts, method, opts, args) -> dict:
     R, N = args.num_steps, args.max_new_tokens
     plan = ls.make_plan(method, R, **opts)
     max_len = prompts.shape[1] + N + max(plan.gamma, plan.decode_rows or 0, 1)  # the exact path pads each forward to decode_rows
-    gen = functools.partial(ls.generate_looped_spec, model, num_steps=R, eos_ids=(), max_len=max_len,
-                            **({} if args.steps_per_check is None else {"steps_per_check": args.steps_per_check}), **opts)
+    gen = functools.partial(ls.generate_looped_spec, model, num_steps=R, eos_ids=(), max_len=max_len, **opts)
     # AR at the method's decode shape: on the exact path (the default) that is the AR a user's generate() runs,
     # and the output the method must equal bit for bit.
     ar_gen = functools.partial(looped_ar.generate, model, max_new_tokens=N, num_steps=R, eos_ids=(), max_len=max_len,
@@ -310,8 +308,7 @@ def markdown(result: dict) -> str:
     e2e = result.get("e2e", [])
     if e2e:
         lines += [f"R = {result['num_steps']}, {result['num_prompts']} prompts ({result['prompts']}), "
-                  f"{result['max_new_tokens']} new tokens, batch 1, greedy, {result['dtype']}, no EOS, "
-                  f"{result.get('steps_per_check', 1)} decode step(s) per host check of the method's stop condition; "
+                  f"{result['max_new_tokens']} new tokens, batch 1, greedy, {result['dtype']}, no EOS; "
                   f"each configuration alternates with full-depth AR at its decode shape (the exact path's padded "
                   f"rows when the method runs exact, as generate() does by default) on the same prompts ({result['repeats']} "
                   f"pair(s) per prompt, median); decode tok/s (first token and compile excluded); speedup = "
@@ -408,8 +405,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--cost-prompt-len", type=int, default=None, help="default 256 (tiny 16)")
     ap.add_argument("--cost-repeats", type=int, default=None, help="default 20 (tiny 3)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps-per-check", type=int, default=None,
-                    help="decode steps per host check of the method's stop condition (default: the library's)")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
     tiny = args.tiny
@@ -443,8 +438,7 @@ def main(argv=None) -> dict:
     result = result_header("looped_spec")
     result.update(model=name, num_steps=args.num_steps, dtype="float32" if tiny else args.dtype,
                   max_new_tokens=args.max_new_tokens,
-                  repeats=args.repeats, grid=args.grid, e2e=[],
-                  steps_per_check=args.steps_per_check or DEFAULT_STEPS_PER_CHECK)
+                  repeats=args.repeats, grid=args.grid, e2e=[])
     stem = f"looped_spec_{name}_r{args.num_steps}_{time.strftime('%Y%m%d_%H%M%S')}"
     t_start = time.perf_counter()
 

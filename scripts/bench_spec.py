@@ -187,7 +187,7 @@ def with_synthetic_shortlist(model, methods_text):
 
 def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens: int, repeats: int,
                       time_budget_s: float, on_row=None, methods=("ngram",), exact_modes=(True,),
-                      kernel_profile: bool = False, checks=None) -> dict:
+                      kernel_profile: bool = False) -> dict:
     """End-to-end time per token of AR and of n-gram speculation whose accepted count follows a seeded
     schedule (each draft kept with probability p, stopping at the first rejection; the real acceptance
     still runs on the verifier's logits: `speculative.forced_acceptance`). One compile per (gamma,
@@ -197,11 +197,9 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
     verification at gamma + 1 rows), or both; every row is paired with AR of its own setting.
     methods: the drafters (CURVE_METHODS), compiled together; each row names its method.
     kernel_profile: also trace one AR run and one run per setting (at the largest p) with the profiler, and
-    keep each one's device time kernel by kernel, per token (AR) or per step, under result["kernel_profiles"].
-    checks: the speculative loops' steps_per_check values (default: the library's), one compile each."""
+    keep each one's device time kernel by kernel, per token (AR) or per step, under result["kernel_profiles"]."""
     from specdec_jax.decoding import autoregressive as ar_mod
     from specdec_jax.decoding import speculative as sp
-    from specdec_jax.decoding.chunked_loop import DEFAULT_STEPS_PER_CHECK
     from specdec_jax.decoding.sampling import SamplingConfig
     from specdec_jax.models import qwen35
     cfg, params = model.config, model.params
@@ -225,9 +223,7 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
         jobs["ar_loop", ex] = functools.partial(ar_mod._decode_loop.lower, params, state_s, logits_s, key,
                                                 **static_ad[ex])
     # rollback-major, exact first: the default's rows come first
-    checks = tuple(checks or (DEFAULT_STEPS_PER_CHECK,))
-    configs = [(m, g, rb, ex, k) for m in methods for rb in rollbacks for ex in exact_modes for g in gammas
-               for k in checks
+    configs = [(m, g, rb, ex) for m in methods for rb in rollbacks for ex in exact_modes for g in gammas
                if not (rb in ("replay", "snapshot") and g + 1 > qwen35.MAX_RECURRENT_VERIFY)
                and not (ex and rb == "pseudo")]
     for m in methods:
@@ -238,14 +234,13 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
             jobs["prefill", m, g] = functools.partial(sp._spec_prefill.lower, params, prompt, key, **static_p)
             for rb in rollbacks:
                 for ex in exact_modes:
-                    for k in checks:
-                        if (m, g, rb, ex, k) not in configs:
-                            continue
-                        static_l = dict(cfg=cfg, sampling=sampling, eos_ids=(), gamma=g, max_new_tokens=new_tokens,
-                                        drafter=drafters[m], rollback=rb, impl="auto",
-                                        decode_rows=rows_of[g] if ex else 0, steps_per_check=k)
-                        jobs["loop", m, g, rb, ex, k] = functools.partial(
-                            sp._spec_loop.lower, params, shapes[0], shapes[1], key, jnp.float32(0.5), **static_l)
+                    if (m, g, rb, ex) not in configs:
+                        continue
+                    static_l = dict(cfg=cfg, sampling=sampling, eos_ids=(), gamma=g, max_new_tokens=new_tokens,
+                                    drafter=drafters[m], rollback=rb, impl="auto",
+                                    decode_rows=rows_of[g] if ex else 0)
+                    jobs["loop", m, g, rb, ex] = functools.partial(sp._spec_loop.lower, params, shapes[0], shapes[1],
+                                                                   key, jnp.float32(0.5), **static_l)
     lowered = {name: make() for name, make in jobs.items()}
     print(f"lowered {len(lowered)} functions in {time.perf_counter() - t_start:.0f} s", flush=True)
 
@@ -261,11 +256,11 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
         jax.block_until_ready(tokens)
         return (time.perf_counter() - t0) / (new_tokens - 1)
 
-    def spec_run(m, g, rb, ex, k, p):
+    def spec_run(m, g, rb, ex, p):
         state, dstate = exe["prefill", m, g](params, prompt, key)
         jax.block_until_ready(state)
         t0 = time.perf_counter()
-        tokens, state, dstate = exe["loop", m, g, rb, ex, k](params, state, dstate, key, jnp.float32(p))
+        tokens, state, dstate = exe["loop", m, g, rb, ex](params, state, dstate, key, jnp.float32(p))
         jax.block_until_ready(tokens)
         sec = time.perf_counter() - t0
         steps = int(state.steps)
@@ -279,10 +274,10 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
         jax.block_until_ready(state)
         return lambda: exe["ar_loop", ex](params, state, logits, key)
 
-    def traced_spec(m, g, rb, ex, k, p):
+    def traced_spec(m, g, rb, ex, p):
         state, dstate = exe["prefill", m, g](params, prompt, key)
         jax.block_until_ready(state)
-        return lambda: exe["loop", m, g, rb, ex, k](params, state, dstate, key, jnp.float32(p))
+        return lambda: exe["loop", m, g, rb, ex](params, state, dstate, key, jnp.float32(p))
 
     ar_times = {}
     for ex in exact_modes:
@@ -304,20 +299,20 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
         for ex in exact_modes:
             profiles[f"AR ({'exact' if ex else 'fast'}), per token"] = device_kernel_profile(
                 traced_ar(ex), new_tokens - 1)
-        for m, g, rb, ex, k in configs:
+        for m, g, rb, ex in configs:
             p = max(ps)
-            steps = spec_run(m, g, rb, ex, k, p)[2]
-            name = f"{m} gamma {g} {rb} ({'exact' if ex else 'fast'}){f' {k} steps per check' if len(checks) > 1 else ''}"
-            profiles[f"{name} p {p:g}, per step"] = device_kernel_profile(traced_spec(m, g, rb, ex, k, p), steps)
+            steps = spec_run(m, g, rb, ex, p)[2]
+            profiles[f"{m} gamma {g} {rb} ({'exact' if ex else 'fast'}) p {p:g}, per step"] = device_kernel_profile(
+                traced_spec(m, g, rb, ex, p), steps)
         if on_row:
             on_row(result)
-    for m, g, rb, ex, k in configs:
-        spec_run(m, g, rb, ex, k, 1.0)  # warm-up
+    for m, g, rb, ex in configs:
+        spec_run(m, g, rb, ex, 1.0)  # warm-up
         for p in ps:
             if time.perf_counter() - t_start > time_budget_s:
                 print("time budget reached", flush=True)
                 return result
-            paired = alternate({"spec": lambda: spec_run(m, g, rb, ex, k, p), "ar": lambda: ar_run(ex)}, repeats)
+            paired = alternate({"spec": lambda: spec_run(m, g, rb, ex, p), "ar": lambda: ar_run(ex)}, repeats)
             runs = paired["spec"]
             ar_times[ex] += paired["ar"]
             per_emitted = float(np.median([r[0] / r[3] for r in runs]))  # seconds per token the steps made
@@ -329,9 +324,7 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
                    "seconds_per_step": float(np.median([r[0] / r[2] for r in runs])),
                    "speedup": ar_sec / per_emitted, "speedup_over_tokens_per_step": ar_sec / per_emitted / tps,
                    "speedup_returned": ar_sec / per_returned, "steps": int(np.median([r[2] for r in runs])),
-                   "steps_per_check": k,
-                   "default": rb == sp.DEFAULT_ROLLBACK and ex and k == DEFAULT_STEPS_PER_CHECK,
-                   "compile_seconds": compile_s[str(("loop", m, g, rb, ex, k))]}
+                   "default": rb == sp.DEFAULT_ROLLBACK and ex, "compile_seconds": compile_s[str(("loop", m, g, rb, ex))]}
             rows.append(row)
             ar_summary()
             print(json.dumps(row), flush=True)
@@ -360,12 +353,11 @@ def cost_curve_markdown(result, header, args) -> str:
           f"the {args.max_new_tokens - 1} tokens after the prefill's that the call returns: the last step can "
           "overshoot the budget (up to gamma tokens thrown away), which costs short generations a few percent at "
           "high acceptance.", "",
-          "`steps / check`: decode steps between two host reads of the loop's stop condition (`chunked_loop`).", "",
-          "| method | gamma | rollback | exact (decode rows) | steps / check | default | p | tokens / step | steps | ms / step | speedup over AR | speedup ÷ tokens per step | speedup, returned tokens | compile s |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| method | gamma | rollback | exact (decode rows) | default | p | tokens / step | steps | ms / step | speedup over AR | speedup ÷ tokens per step | speedup, returned tokens | compile s |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         exact = f"yes ({r['decode_rows']})" if r.get("exact") else "no"
-        md.append(f"| {r.get('method', 'ngram')} | {r['gamma']} | {r['rollback']} | {exact} | {r.get('steps_per_check', 1)} | {'yes' if r['default'] else 'no'} | {r['p']:.2f} | "
+        md.append(f"| {r.get('method', 'ngram')} | {r['gamma']} | {r['rollback']} | {exact} | {'yes' if r['default'] else 'no'} | {r['p']:.2f} | "
                   f"{r['tokens_per_step']:.2f} | {r['steps']} | {r['seconds_per_step'] * 1e3:.3f} | "
                   f"{r['speedup']:.2f}× | {r['speedup_over_tokens_per_step']:.3f} | {r['speedup_returned']:.2f}× | "
                   f"{r['compile_seconds']:.0f} |")
@@ -382,15 +374,12 @@ def plot_cost_curve(result, path: str) -> None:
     ax = fig.add_subplot(1, 1, 1)
     top = max([r["tokens_per_step"] for r in result["rows"]] + [2.0])
     ax.plot([1, top], [1, top], "k--", lw=1, label="ideal y = x")
-    key_of = lambda r: (r.get("method", "ngram"), r["gamma"], r["rollback"], r.get("exact", False),
-                        r.get("steps_per_check", 1))
-    several_checks = len({k[4] for k in map(key_of, result["rows"])}) > 1
+    key_of = lambda r: (r.get("method", "ngram"), r["gamma"], r["rollback"], r.get("exact", False))
     several = len({r.get("method", "ngram") for r in result["rows"]}) > 1
     for key in dict.fromkeys(map(key_of, result["rows"])):
         pts = sorted((r["tokens_per_step"], r["speedup"]) for r in result["rows"] if key_of(r) == key)
         ax.plot([a for a, _ in pts], [b for _, b in pts], "o-" if key[3] else "x:", ms=3,
-                label=(f"{key[0]}, " if several else "") + f"gamma {key[1]}, {key[2]}{', exact' if key[3] else ''}"
-                + (f", {key[4]} steps/check" if several_checks else ""))
+                label=(f"{key[0]}, " if several else "") + f"gamma {key[1]}, {key[2]}{', exact' if key[3] else ''}")
     finish_plot(fig, ax, path, "tokens per step", "speedup over AR", f"{result['model']}: forced-acceptance cost curve")
 
 
@@ -423,12 +412,6 @@ def main():
                     help="with --forced-acceptance: also trace AR and each setting once with the profiler and write "
                          "kernel_profile_<model><tag>.json / .md (device time kernel by kernel, per token or step)")
     ap.add_argument("--skip-e2e", action="store_true")
-    ap.add_argument("--steps-per-check", default=None, metavar="K,K,...",
-                    help="speculative loops' decode steps per host check of the stop condition (default: the "
-                         "library's); several values: one setting each (cost curve and end to end)")
-    ap.add_argument("--eos", default="off", choices=("off", "config"),
-                    help="end to end: never stop early (off), or stop at the checkpoint's EOS ids, as users run it "
-                         "(AR's loop then reads its stop condition back too)")
     ap.add_argument("--skip-steps", action="store_true", help="no step-cost table (end to end only)")
     ap.add_argument("--tag", default="", help="suffix of the result files")
     ap.add_argument("--repeats", type=int, default=30)
@@ -437,14 +420,6 @@ def main():
     import specdec_jax as sj
 
     gammas = [int(g) for g in args.gammas.split(",")]
-    checks = None
-    if args.steps_per_check is not None:
-        try:
-            checks = [int(k) for k in args.steps_per_check.split(",")]
-        except ValueError:
-            checks = []
-        if not checks or min(checks) < 1:
-            ap.error(f"--steps-per-check: a comma list of integers >= 1; got {args.steps_per_check!r}")
     ps = None
     if args.forced_acceptance is not None:
         try:
@@ -498,7 +473,7 @@ def main():
                                 args.max_new_tokens, max(1, args.repeats), args.time_budget_s, on_row=save_curve,
                                 methods=tuple(curve_methods),
                                 exact_modes={"both": (True, False), "on": (True,), "off": (False,)}[args.exact],
-                                kernel_profile=args.kernel_profile, checks=checks)
+                                kernel_profile=args.kernel_profile)
         save_curve(res)
         return
     result = {**header, "model": name, "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -515,25 +490,21 @@ def main():
             prompts = cut_prompts(prompts, args.prompt_len)
         prompts = [np.asarray([p]) for p in prompts[:args.num_prompts]]
         from specdec_jax.decoding.speculative import DEFAULT_ROLLBACK
-        checks = checks or [None]  # None: generate()'s default
         available = set(sj.supported_methods(model))
         configs, skipped = [], []
         for item in args.e2e_methods.split(","):
             spec, _, rollback = item.partition("/")
             method, _, gamma = spec.partition(":")
-            for k in checks:
-                (configs if method in available else skipped).append(
-                    (method, int(gamma) if gamma else args.e2e_gamma, rollback or DEFAULT_ROLLBACK, k))
-        result["e2e_skipped_methods"] = sorted({c[0] for c in skipped})
-        label = lambda m, g, rb, k: f"{m}:{g}/{rb}" + (f" @{k}" if len(checks) > 1 else "")
-        eos = False if args.eos == "off" else None  # None: the checkpoint's EOS ids (AR then reads them back too)
-        result["eos"] = args.eos
+            (configs if method in available else skipped).append(
+                (method, int(gamma) if gamma else args.e2e_gamma, rollback or DEFAULT_ROLLBACK))
+        result["e2e_skipped_methods"] = [m for m, _, _ in skipped]
+        label = lambda m, g, rb: f"{m}:{g}/{rb}"
 
-        def run(ids, method, gamma=None, rollback=None, k=None):
+        def run(ids, method, gamma=None, rollback=None):
             if method == "ar":
-                return sj.generate(model, ids, args.max_new_tokens, eos_token_id=eos, steps_per_check=k)
+                return sj.generate(model, ids, args.max_new_tokens, eos_token_id=False)
             return sj.generate(model, ids, args.max_new_tokens, method=method, gamma=gamma, rollback=rollback,
-                               eos_token_id=eos, steps_per_check=k)
+                               eos_token_id=False)
 
         result["compile_seconds"] = {}
         if prompts:  # warm-up: compile and GPU autotuning happen here, outside the timed runs
@@ -550,7 +521,7 @@ def main():
                 tps = decode_tokens_per_second(sp.stats)
                 own_rows = own_reference_rows(sp.stats, ar.stats)
                 ref = ar.tokens if own_rows is None else sj.generate(model, ids, args.max_new_tokens,
-                                                                     eos_token_id=eos, decode_rows=own_rows).tokens
+                                                                     eos_token_id=False, decode_rows=own_rows).tokens
                 row[label(*c)] = {"tps": tps, "speedup": tps / row["ar_tps"],
                                   "mean_accepted": sp.stats["mean_accepted"], "verify_steps": sp.stats["verify_steps"],
                                   "equal_to_ar": bool((sp.tokens == ref).all())}
@@ -582,9 +553,6 @@ def markdown(result, name, header, args) -> str:
                    f"{args.max_new_tokens} new tokens (decode tok/s, each prompt paired with AR; compile and "
                    f"autotuning in a warm-up run before). AR: median {ar_tps:.1f} tok/s, compiled in "
                    f"{result['compile_seconds'].get('ar', float('nan')):.1f} s.", "",
-               f"EOS: {'the checkpoint' + chr(39) + 's' if result.get('eos') == 'config' else 'off'}."
-               + (" `@K`: K decode steps per host check of the stop condition." if any("@" in k for k in result["e2e_summary"])
-                  else ""), "",
                "| method:gamma / rollback | median speedup over AR | mean accepted drafts / step | outputs equal to AR "
                "| compile s |", "|---|---|---|---|---|"]
         for key, s in result["e2e_summary"].items():

@@ -5,14 +5,14 @@
 #                                                  ab, tune, looped, looped-grid, exact-all, qwen-all,
 #                                                  looped-scale, reuse, train,
 #                                                  train-huginn, retrained, selfdraft, profile, graphs,
-#                                                  replay, chunk
+#                                                  replay
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | chunk}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -171,15 +171,6 @@ replay)  # issues 12, 13: every GDN layer's replay in one launch, no state writt
             --modes exact --tag _qwen --out "$dir"
         step 110 exact_9b python scripts/bench_exact.py --part 9b --num-prompts 1 --ar-rows 8,9 --repeats 3 --out "$dir"
     fi
-    ;;
-chunk)  # issue 12: decode steps per host check of the loop's stop condition (chunked_loop): the 9B cost curve and the
-    # tiny checkpoint end to end, each setting paired with AR in the same run
-    step 240 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.6,0.8,1.0 --exact on \
-        --rollbacks replay --gammas 2,4,8,16 --steps-per-check 1,2,4 --repeats 2 --max-new-tokens 128 --prompt-len 256 \
-        --time-budget-s 225 --tag _chunk --out "$dir"
-    step 210 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
-        --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
-        --e2e-methods ngram:4,ngram:8,mtp:3,mtp:4 --steps-per-check 1,2,4,8 --tag _chunk --out "$dir"
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \

@@ -9,7 +9,6 @@ import numpy as np
 
 from .config import read_config
 from .decoding.autoregressive import generate_ar
-from .decoding.chunked_loop import DEFAULT_STEPS_PER_CHECK
 from .decoding.decode_shape import exact_rows
 from .decoding.sampling import SamplingConfig
 from . import methods, sharding
@@ -91,15 +90,13 @@ def forward_logits(model: Model, input_ids, **options):
 
 def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", temperature: float = 0.0,
              seed: int = 0, *, top_k: int = 0, top_p: float = 1.0, eos_token_id=None, max_len: int | None = None,
-             steps_per_check: int | None = None, **method_options) -> GenerateResult:
+             **method_options) -> GenerateResult:
     """Generate `max_new_tokens` tokens after `input_ids` [B, T]; the whole loop runs on device.
 
     result.tokens [B, max_new_tokens] (new tokens only; after its EOS a row is padded with the first EOS id);
     result.stats: new_tokens, seconds, tokens_per_second, ... (see GenerateResult).
     eos_token_id: None = the config's EOS ids, False/() = never stop early, int or list of ints.
     max_len: KV-cache length (default prompt + max_new_tokens).
-    steps_per_check: decode steps run between two host reads of the stop condition (None: the default measured on
-    the GPU, `decoding.chunked_loop`); never changes the output, only how often the device waits for the host.
     """
     ids = validate_input_ids(input_ids, model.vocab_size)
     spec = methods.lookup(model, method)
@@ -112,19 +109,16 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
     seed = int_option(args, "seed", None, 0, 2 ** 32 - 1, " (a 32-bit PRNG seed)")
     if max_len is not None:
         max_len = int_option({"max_len": max_len}, "max_len", None, 1)
-    steps_per_check = int_option({} if steps_per_check is None else {"steps_per_check": steps_per_check},
-                                 "steps_per_check", DEFAULT_STEPS_PER_CHECK, 1, None, " (decode steps per host check)")
     eos_ids = _eos_ids(eos_token_id, model)
     if spec.kind == methods.LOOPED_SPEC:
         # Looped self-speculation sizes its own cache (its default gamma depends on the method).
         from .decoding.looped_spec import generate_looped_spec
         return generate_looped_spec(model, ids, int(max_new_tokens), method, sampling=sampling, seed=seed,
-                                    eos_ids=eos_ids, max_len=max_len, steps_per_check=steps_per_check,
-                                    **method_options)
+                                    eos_ids=eos_ids, max_len=max_len, **method_options)
     methods.check_options(spec, method_options)
     if spec.kind == methods.TREE:
         return _generate_tree_qwen(model, ids, int(max_new_tokens), spec, max_len, sampling, seed, eos_ids,
-                                   method_options, steps_per_check)
+                                   method_options)
     gamma = (int_option(method_options, "gamma", spec.default_gamma, 0, None, " (the draft length)")
              if spec.kind == methods.CHAIN else 0)
     rows = exact_rows(method_options, gamma, model.family, _not_exact_because(model.family, method_options, gamma))
@@ -141,12 +135,12 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
                          f"max_len={max_len}")
     if spec.kind == methods.CHAIN:
         return _generate_speculative_qwen(model, ids, int(max_new_tokens), spec, gamma, max_len, sampling, seed,
-                                          eos_ids, method_options, rows, steps_per_check)
+                                          eos_ids, method_options, rows)
     # AR: the family's remaining options choose the model (looped: num_steps, cache_mode); checked there.
     from .models.family import family_for
     family = family_for(model.config, **{k: v for k, v in method_options.items() if k not in ("exact", "decode_rows")})
     return generate_ar(family, model, ids, int(max_new_tokens), decode_rows=rows, max_len=max_len, sampling=sampling,
-                       seed=seed, eos_ids=eos_ids, steps_per_check=steps_per_check)
+                       seed=seed, eos_ids=eos_ids)
 
 
 def _not_exact_because(family: str, options: dict, gamma: int) -> str | None:
@@ -178,7 +172,7 @@ def _eos_ids(eos_token_id, model: Model) -> tuple[int, ...]:
 
 
 def _generate_speculative_qwen(model, ids, max_new_tokens, spec, gamma, max_len, sampling, seed, eos_ids,
-                               options, rows: int, steps_per_check: int) -> GenerateResult:
+                               options, rows: int) -> GenerateResult:
     """Chain speculation with the method's drafter (options already checked against the method's set)."""
     from .decoding.speculative import DEFAULT_ROLLBACK, ROLLBACK_MODES, generate_speculative
     from .models.qwen35 import MAX_RECURRENT_VERIFY
@@ -193,15 +187,14 @@ def _generate_speculative_qwen(model, ids, max_new_tokens, spec, gamma, max_len,
     drafter = spec.drafter(model, options)
     return generate_speculative(model.params, model.config, ids, max_new_tokens, drafter=drafter, gamma=gamma,
                                 max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
-                                state_dtype=model.dtype, rollback=rollback, decode_rows=rows,
-                                steps_per_check=steps_per_check)
+                                state_dtype=model.dtype, rollback=rollback, decode_rows=rows)
 
 
 DEFAULT_TREE = (4, 2, 1)
 
 
 def _generate_tree_qwen(model, ids, max_new_tokens, spec, max_len, sampling, seed, eos_ids,
-                        options, steps_per_check: int) -> GenerateResult:
+                        options) -> GenerateResult:
     """Draft trees (static branching per level), verified with tree attention and tree-WY GDN; greedy or
     exact sampling (multi-draft recursive rejection sampling over the tree)."""
     from .decoding.tree_spec import ROLLBACK_MODES, generate_tree, tree_from_branching
@@ -229,4 +222,4 @@ def _generate_tree_qwen(model, ids, max_new_tokens, spec, max_len, sampling, see
     drafter = spec.drafter(model, options)
     return generate_tree(model.params, model.config, ids, max_new_tokens, drafter=drafter, parents=parents,
                          max_len=max_len, eos_ids=eos_ids, state_dtype=model.dtype, rollback=rollback, seed=seed,
-                         sampling=sampling, steps_per_check=steps_per_check)
+                         sampling=sampling)

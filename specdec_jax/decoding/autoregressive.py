@@ -19,7 +19,6 @@ import numpy as np
 from jax import lax
 
 from ..model import GenerateResult
-from .chunked_loop import DEFAULT_STEPS_PER_CHECK, chunked_while_loop
 from .compiled import compiled, output_structs
 from .decode_shape import pad_rows
 from .sampling import SamplingConfig, select_token
@@ -62,14 +61,11 @@ def _prefill(params, prompt, *, ops: FamilyOps, cfg, max_len: int, state_dtype):
     return ops.step(params, cfg, state, prompt)
 
 
-@functools.partial(jax.jit, static_argnames=("ops", "cfg", "max_new_tokens", "sampling", "eos_ids", "steps_per_check"),
+@functools.partial(jax.jit, static_argnames=("ops", "cfg", "max_new_tokens", "sampling", "eos_ids"),
                    donate_argnames=("state",))
 def _decode_loop(params, state, first_logits, key, *, ops: FamilyOps, cfg, max_new_tokens: int,
-                 sampling: SamplingConfig, eos_ids: tuple[int, ...], steps_per_check: int = DEFAULT_STEPS_PER_CHECK):
-    """Tokens [B, max_new_tokens]: the first from the prefill logits, the rest one forward each.
-
-    Without EOS ids the loop's trip count is known and XLA reads nothing back per step; with them the stop
-    condition is read once per steps_per_check steps (`chunked_loop`; rows past their EOS decode padding)."""
+                 sampling: SamplingConfig, eos_ids: tuple[int, ...]):
+    """Tokens [B, max_new_tokens]: the first from the prefill logits, the rest one forward each."""
     B = first_logits.shape[0]
     key, sub = jax.random.split(key)
     first = select_token(first_logits, sub, sampling)  # [B]
@@ -89,11 +85,7 @@ def _decode_loop(params, state, first_logits, key, *, ops: FamilyOps, cfg, max_n
         tokens = lax.dynamic_update_slice_in_dim(tokens, nxt[:, None], i, axis=1)
         return i + 1, state, tokens, done | _eos_hit(nxt, eos_ids), nxt, key
 
-    def room(carry):  # the next steps_per_check steps stay within the budget
-        return carry[0] + steps_per_check <= max_new_tokens
-
-    i, state, tokens, done, _, _ = chunked_while_loop(cond, body, (jnp.int32(1), state, tokens, done, first, key),
-                                                      steps_per_check=steps_per_check if eos_ids else 1, room=room)
+    i, state, tokens, done, _, _ = lax.while_loop(cond, body, (jnp.int32(1), state, tokens, done, first, key))
     # Rows that finished early (or all rows, when the loop stopped) are padded with EOS.
     filled = jnp.arange(max_new_tokens)[None, :] < i
     tokens = jnp.where(filled, tokens, pad)
@@ -112,15 +104,12 @@ def generated_counts(tokens: np.ndarray, steps: int, eos_ids: tuple[int, ...]) -
 
 def generate_autoregressive(ops: FamilyOps, params, cfg, prompt: np.ndarray, max_new_tokens: int, *,
                             max_len: int, sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...],
-                            state_dtype, return_state: bool = False,
-                            steps_per_check: int = DEFAULT_STEPS_PER_CHECK) -> GenerateResult:
+                            state_dtype, return_state: bool = False) -> GenerateResult:
     """Compile, then time prefill and decode separately (compile time reported apart)."""
     prompt = jnp.asarray(prompt, jnp.int32)
     key = jax.random.PRNGKey(seed)
-    steps_per_check = steps_per_check if eos_ids else 1  # no EOS: a known trip count, nothing read back
     static_p = dict(ops=ops, cfg=cfg, max_len=max_len, state_dtype=state_dtype)
-    static_d = dict(ops=ops, cfg=cfg, max_new_tokens=max_new_tokens, sampling=sampling, eos_ids=eos_ids,
-                    steps_per_check=steps_per_check)
+    static_d = dict(ops=ops, cfg=cfg, max_new_tokens=max_new_tokens, sampling=sampling, eos_ids=eos_ids)
     prefill_c, compile_p = compiled(_prefill, static_p, params, prompt)
     logits_shape, state_shape = output_structs(prefill_c)
     decode_c, compile_d = compiled(_decode_loop, static_d, params, state_shape, logits_shape, key)
@@ -138,7 +127,7 @@ def generate_autoregressive(ops: FamilyOps, params, cfg, prompt: np.ndarray, max
         "method": "ar", "new_tokens": n_new, "seconds": t2 - t0, "prefill_seconds": t1 - t0,
         "decode_seconds": t2 - t1, "compile_seconds": compile_s,
         "tokens_per_second": n_new / max(t2 - t0, 1e-9),
-        "decode_tokens_per_second": max(n_new - B, 0) / max(t2 - t1, 1e-9), "steps_per_check": steps_per_check,
+        "decode_tokens_per_second": max(n_new - B, 0) / max(t2 - t1, 1e-9),
     }
     if return_state:
         stats["state"] = state
@@ -146,12 +135,11 @@ def generate_autoregressive(ops: FamilyOps, params, cfg, prompt: np.ndarray, max
 
 
 def generate_ar(family: Family, model, prompt, max_new_tokens: int, *, decode_rows: int = 0, max_len: int,
-                sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...],
-                steps_per_check: int = DEFAULT_STEPS_PER_CHECK) -> GenerateResult:
+                sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...]) -> GenerateResult:
     """AR generation of `model` through its family (inputs already checked); decode_rows > 0: the exact path.
     stats add the family's settings (`Family.describe`), exact and decode_rows."""
     result = generate_autoregressive(ar_ops(family, decode_rows), model.params, model.config, prompt, max_new_tokens,
                                      max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
-                                     state_dtype=family.state_dtype(model), steps_per_check=steps_per_check)
+                                     state_dtype=family.state_dtype(model))
     result.stats.update(family.describe(), exact=bool(decode_rows), decode_rows=decode_rows or 1)
     return result

@@ -12,13 +12,12 @@ from ..models.family import looped_family
 from ..models.looped import check_cache_mode, check_steps
 from ..options import check_context_length, validate_input_ids
 from .autoregressive import generate_ar
-from .chunked_loop import DEFAULT_STEPS_PER_CHECK
 from .sampling import SamplingConfig
 
 
 def generate(model, input_ids, max_new_tokens: int, num_steps: int | None = None, sampling=None, seed: int = 0,
              eos_token_id=None, max_len: int | None = None, *, eos_ids: tuple[int, ...] | None = None,
-             cache_mode: str = "full", decode_rows: int = 0, steps_per_check: int = DEFAULT_STEPS_PER_CHECK):
+             cache_mode: str = "full", decode_rows: int = 0):
     """KV-cached generation on device: one jitted prefill, one jitted lax.while_loop decode.
 
     input_ids [B, T]; returns GenerateResult(tokens [B, max_new_tokens] new tokens only, stats with
@@ -28,8 +27,7 @@ def generate(model, input_ids, max_new_tokens: int, num_steps: int | None = None
     the config's, int or list; `eos_ids` is the same as an already-resolved tuple.
     After its EOS a row is padded with the first EOS id. max_len: cache length (default prompt + max_new_tokens,
     + decode_rows on the exact path). decode_rows > 0: the exact path (every decode step a `decode_forward` of
-    that many rows, as the self-speculative verifier runs; needs cache_mode "full"). steps_per_check: decode steps
-    between two host reads of the stop condition when EOS ids are set (`chunked_loop`).
+    that many rows, as the self-speculative verifier runs; needs cache_mode "full").
     """
     cfg = model.config
     ids = validate_input_ids(input_ids, cfg.vocab_size)
@@ -53,5 +51,4 @@ def generate(model, input_ids, max_new_tokens: int, num_steps: int | None = None
             np.atleast_1d(np.asarray(eos_token_id, np.int64)).tolist())
     sampling = SamplingConfig() if sampling is None else sampling
     return generate_ar(looped_family(num_steps, cache_mode), model, ids, int(max_new_tokens), decode_rows=decode_rows,
-                       max_len=max_len, sampling=sampling, seed=seed, eos_ids=tuple(eos_ids),
-                       steps_per_check=steps_per_check)
+                       max_len=max_len, sampling=sampling, seed=seed, eos_ids=tuple(eos_ids))

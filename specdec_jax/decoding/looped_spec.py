@@ -74,7 +74,6 @@ from ..model import GenerateResult
 from ..models import looped
 from ..models.family import looped_family
 from .acceptance import leading_true, accept
-from .chunked_loop import DEFAULT_STEPS_PER_CHECK, chunked_while_loop, spec_room
 from .compiled import compiled
 from .decode_shape import pad_rows
 from .looped_draft import (LoopedSpecState, das_wave_propose, draft_forward, sequential_propose,  # noqa: F401
@@ -131,7 +130,7 @@ def spec_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPlan,
         out=append_rows(state.out, state.n_out, emitted),
         n_out=n_out,
         done=state.done | hit_eos | (n_out >= max_new_tokens),
-        steps=state.steps + jnp.any(active),  # a step after every row finished (chunked loops) is not one
+        steps=state.steps + 1,
         accepted=state.accepted.at[jnp.minimum(state.steps, state.accepted.shape[0] - 1)].set(
             jnp.where(active, n_acc, -1)),
         draft_rounds=state.draft_rounds + jnp.where(active, rounds, 0),
@@ -196,7 +195,7 @@ def sampler_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPl
         out=append_rows(state.out, state.n_out, props),
         n_out=n_out,
         done=state.done | hit_eos | (n_out >= max_new_tokens),
-        steps=state.steps + jnp.any(live),
+        steps=state.steps + 1,
         accepted=state.accepted.at[jnp.minimum(state.steps, state.accepted.shape[0] - 1)].set(jnp.where(live, n, -1)),
         win_x=shift_left(x, n), win_e=shift_left(e, n), win_tok=shift_left(props, n),
         win_depth=shift_left(depth, n), draft_rounds=state.draft_rounds + live,
@@ -229,11 +228,10 @@ def _prefill(params, prompt, key, *, cfg, plan: LoopedSpecPlan, max_len: int, sa
         draft_rounds=jnp.zeros((B,), jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "plan", "sampling", "eos_ids", "max_new_tokens",
-                                             "steps_per_check"),
+@functools.partial(jax.jit, static_argnames=("cfg", "plan", "sampling", "eos_ids", "max_new_tokens"),
                    donate_argnames=("state",))
 def _loop(params, state, key, accept_p=None, *, cfg, plan: LoopedSpecPlan, sampling: SamplingConfig,
-          eos_ids: tuple[int, ...], max_new_tokens: int, steps_per_check: int = DEFAULT_STEPS_PER_CHECK):
+          eos_ids: tuple[int, ...], max_new_tokens: int):
     if plan.method == "parallel-sampler" and accept_p is not None:
         raise ValueError("accept_p: the parallel sampler has no acceptance step to force")
     step_fn = sampler_step if plan.method == "parallel-sampler" else functools.partial(spec_step, accept_p=accept_p)
@@ -245,11 +243,7 @@ def _loop(params, state, key, accept_p=None, *, cfg, plan: LoopedSpecPlan, sampl
         key, sub = jax.random.split(key)
         return step(state, sub), key
 
-    def room(carry):  # a step emits at most gamma + 1 tokens (a sampler round at most gamma)
-        return spec_room(carry[0].done, carry[0].n_out, max_new_tokens, plan.gamma + 1, steps_per_check)
-
-    state, _ = chunked_while_loop(lambda c: ~jnp.all(c[0].done), body, (state, key), steps_per_check=steps_per_check,
-                                  room=room)
+    state, _ = lax.while_loop(lambda c: ~jnp.all(c[0].done), body, (state, key))
     pad = eos_ids[0] if eos_ids else 0
     filled = jnp.arange(max_new_tokens)[None, :] < state.n_out[:, None]
     return jnp.where(filled, state.out[:, :max_new_tokens], pad), state
@@ -259,15 +253,13 @@ def _loop(params, state, key, accept_p=None, *, cfg, plan: LoopedSpecPlan, sampl
 
 def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, num_steps: int | None = None,
                          sampling: SamplingConfig | None = None, seed: int = 0, eos_ids: tuple[int, ...] | None = None,
-                         max_len: int | None = None, steps_per_check: int = DEFAULT_STEPS_PER_CHECK,
-                         **method_options) -> GenerateResult:
+                         max_len: int | None = None, **method_options) -> GenerateResult:
     """Self-speculative generation for a looped model; the whole loop runs on device.
 
     input_ids [B, T]; method in LOOPED_SPEC_METHODS; num_steps: target depth R (default the config's
     mean_recurrence); sampling: SamplingConfig (default greedy); eos_ids: None = the config's, () =
     never stop; max_len: cache length (default and minimum prompt + max_new_tokens + gamma).
     method_options: see `make_plan`. Options are validated (InputError) before any compute.
-    steps_per_check: decode steps between two host reads of the stop condition (`chunked_loop`).
 
     Returns GenerateResult(tokens [B, max_new_tokens], stats): new_tokens, seconds, tokens_per_second,
     prefill_seconds, decode_seconds, decode_tokens_per_second, compile_seconds, verify_steps,
@@ -303,8 +295,7 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
     key_loop, key_first = jax.random.split(jax.random.PRNGKey(seed))
     static_p = dict(cfg=cfg, plan=plan, max_len=max_len, sampling=sampling, eos_ids=eos_ids, max_new_tokens=N,
                     state_dtype=dtype)
-    static_l = dict(cfg=cfg, plan=plan, sampling=sampling, eos_ids=eos_ids, max_new_tokens=N,
-                    steps_per_check=steps_per_check)
+    static_l = dict(cfg=cfg, plan=plan, sampling=sampling, eos_ids=eos_ids, max_new_tokens=N)
     prefill_c, compile_p = compiled(_prefill, static_p, model.params, prompt, key_first)
     state_struct = jax.eval_shape(functools.partial(_prefill, **static_p), model.params, prompt, key_first)
     loop_c, compile_l = compiled(_loop, static_l, model.params, state_struct, key_loop)
@@ -325,7 +316,7 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
     mean_acc = float(counts[valid].mean()) if valid.any() else 0.0
     passes = int(np.asarray(state.draft_rounds).sum())
     stats = {
-        "method": plan.method, **plan.describe(), "new_tokens": n_new, "batch": B, "steps_per_check": steps_per_check,
+        "method": plan.method, **plan.describe(), "new_tokens": n_new, "batch": B,
         "seconds": t2 - t0, "prefill_seconds": t1 - t0, "decode_seconds": t2 - t1, "compile_seconds": compile_s,
         "tokens_per_second": n_new / max(t2 - t0, 1e-9),
         "decode_tokens_per_second": max(n_new - B, 0) / max(t2 - t1, 1e-9),

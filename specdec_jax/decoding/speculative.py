@@ -1,6 +1,5 @@
 """Speculative decoding for Qwen3.5: one jitted draft -> verify -> accept -> commit step, run inside a
-`lax.while_loop` until every sequence has max_new_tokens (or EOS); the loop reads its stop condition on the host
-once per `steps_per_check` steps (`chunked_loop`).
+`lax.while_loop` until every sequence has max_new_tokens (or EOS). No host sync per step.
 
 The committed model state covers every token except the *anchor* (the last emitted token, not yet
 processed). A step drafts `gamma` tokens after the anchor, verifies anchor + drafts in ONE forward
@@ -31,7 +30,6 @@ from ..model import GenerateResult
 from .compiled import compiled, output_structs
 from ..models import qwen35
 from .acceptance import accept
-from .chunked_loop import DEFAULT_STEPS_PER_CHECK, chunked_while_loop, spec_room
 from .decode_shape import pad_rows
 from .sampling import SamplingConfig, select_token
 
@@ -103,7 +101,7 @@ def advance(state: SpecState, model, emitted, n_emit, n_acc, hit_eos, active, ma
         out=append_rows(state.out, state.n_out, emitted),
         n_out=n_out,
         done=state.done | hit_eos | (n_out >= max_new_tokens),
-        steps=state.steps + jnp.any(active),  # a step after every row finished (chunked loops) is not one
+        steps=state.steps + 1,
         accepted=state.accepted.at[jnp.minimum(state.steps, state.accepted.shape[0] - 1)].set(
             jnp.where(active, n_acc, -1)),
     )
@@ -201,10 +199,10 @@ def _spec_prefill(params, prompt, key, *, cfg, max_len, sampling, eos_ids, state
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "sampling", "eos_ids", "gamma", "max_new_tokens", "drafter",
-                                             "rollback", "impl", "decode_rows", "steps_per_check"),
+                                             "rollback", "impl", "decode_rows"),
                    donate_argnames=("state", "drafter_state"))
 def _spec_loop(params, state, drafter_state, key, accept_p=None, *, cfg, sampling, eos_ids, gamma, max_new_tokens,
-               drafter, rollback, impl, decode_rows=0, steps_per_check=DEFAULT_STEPS_PER_CHECK):
+               drafter, rollback, impl, decode_rows=0):
     step = functools.partial(spec_step, params, cfg, drafter=drafter, gamma=gamma, sampling=sampling,
                              rollback=rollback, max_new_tokens=max_new_tokens, eos_ids=eos_ids, impl=impl,
                              accept_p=accept_p, decode_rows=decode_rows)
@@ -218,11 +216,7 @@ def _spec_loop(params, state, drafter_state, key, accept_p=None, *, cfg, samplin
         state, drafter_state, _, _ = step(state, drafter_state, sub)
         return state, drafter_state, key
 
-    def room(carry):
-        return spec_room(carry[0].done, carry[0].n_out, max_new_tokens, gamma + 1, steps_per_check)
-
-    state, drafter_state, _ = chunked_while_loop(cond, body, (state, drafter_state, key),
-                                                 steps_per_check=steps_per_check, room=room)
+    state, drafter_state, _ = lax.while_loop(cond, body, (state, drafter_state, key))
     pad = eos_ids[0] if eos_ids else 0
     filled = jnp.arange(max_new_tokens)[None, :] < state.n_out[:, None]
     tokens = jnp.where(filled, state.out[:, :max_new_tokens], pad)
@@ -232,7 +226,7 @@ def _spec_loop(params, state, drafter_state, key, accept_p=None, *, cfg, samplin
 def generate_speculative(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, drafter, gamma: int,
                          max_len: int, sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...], state_dtype,
                          rollback: str = DEFAULT_ROLLBACK, impl: str = "auto", decode_rows: int = 0,
-                         steps_per_check: int = DEFAULT_STEPS_PER_CHECK, return_state: bool = False) -> GenerateResult:
+                         return_state: bool = False) -> GenerateResult:
     """Compile, then time prefill and the speculative loop (compile time reported apart).
 
     max_len must leave room for the last verification: prompt + max_new_tokens + gamma, or + decode_rows
@@ -248,12 +242,10 @@ def generate_speculative(params, cfg, prompt: np.ndarray, max_new_tokens: int, *
     static_p = dict(cfg=cfg, max_len=max_len, sampling=sampling, eos_ids=eos_ids, state_dtype=state_dtype,
                     gamma=gamma, max_new_tokens=max_new_tokens, drafter=drafter, impl=impl)
     static_l = dict(cfg=cfg, sampling=sampling, eos_ids=eos_ids, gamma=gamma, max_new_tokens=max_new_tokens,
-                    drafter=drafter, rollback=rollback, impl=impl, decode_rows=decode_rows,
-                    steps_per_check=steps_per_check)
+                    drafter=drafter, rollback=rollback, impl=impl, decode_rows=decode_rows)
     return run_spec_loop(params, prompt, key_first, key_loop, static_p, _spec_loop, static_l, max_new_tokens,
                          {"method": drafter.name, "gamma": gamma, "rollback": rollback, "exact": bool(decode_rows),
-                          "decode_rows": decode_rows or gamma + 1, "steps_per_check": steps_per_check},
-                         return_state)
+                          "decode_rows": decode_rows or gamma + 1}, return_state)
 
 
 def run_spec_loop(params, prompt, key_first, key_loop, static_p: dict, loop, static_l: dict, max_new_tokens: int,

@@ -38,7 +38,6 @@ from ..config import FULL_ATTENTION
 from ..model import GenerateResult
 from ..models import layers as L
 from ..models import qwen35
-from .chunked_loop import DEFAULT_STEPS_PER_CHECK, chunked_while_loop, spec_room
 from .sampling import SamplingConfig, probabilities
 from .speculative import SpecState, advance, emit_accepted, run_spec_loop
 
@@ -380,10 +379,10 @@ def tree_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, par
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "drafter", "parents", "rollback", "eos_ids",
-                                             "impl", "sampling", "steps_per_check"),
+                                             "impl", "sampling"),
                    donate_argnames=("state", "drafter_state"))
 def _tree_loop(params, state, drafter_state, key, *, cfg, max_new_tokens, drafter, parents, rollback, eos_ids,
-               impl, sampling=SamplingConfig(), steps_per_check=DEFAULT_STEPS_PER_CHECK):
+               impl, sampling=SamplingConfig()):
     step = functools.partial(tree_step, params, cfg, drafter=drafter, parents=parents, rollback=rollback,
                              max_new_tokens=max_new_tokens, eos_ids=eos_ids, impl=impl, sampling=sampling)
 
@@ -393,13 +392,7 @@ def _tree_loop(params, state, drafter_state, key, *, cfg, max_new_tokens, drafte
         state, drafter_state, _, _ = step(state, drafter_state, sub)
         return state, drafter_state, key
 
-    path_tokens = int(tree_depth(parents).max()) + 1  # the most a step emits: the deepest path, then the target's
-
-    def room(carry):
-        return spec_room(carry[0].done, carry[0].n_out, max_new_tokens, path_tokens, steps_per_check)
-
-    state, drafter_state, _ = chunked_while_loop(lambda c: ~jnp.all(c[0].done), body, (state, drafter_state, key),
-                                                 steps_per_check=steps_per_check, room=room)
+    state, drafter_state, _ = lax.while_loop(lambda c: ~jnp.all(c[0].done), body, (state, drafter_state, key))
     pad = eos_ids[0] if eos_ids else 0
     filled = jnp.arange(max_new_tokens)[None, :] < state.n_out[:, None]
     tokens = jnp.where(filled, state.out[:, :max_new_tokens], pad)
@@ -409,8 +402,7 @@ def _tree_loop(params, state, drafter_state, key, *, cfg, max_new_tokens, drafte
 def generate_tree(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, drafter, parents, max_len: int | None = None,
                   eos_ids: tuple[int, ...] = (), state_dtype=jnp.float32, rollback: str = "pseudo",
                   impl: str = "auto", seed: int = 0, return_state: bool = False,
-                  sampling: SamplingConfig = SamplingConfig(),
-                  steps_per_check: int = DEFAULT_STEPS_PER_CHECK) -> GenerateResult:
+                  sampling: SamplingConfig = SamplingConfig()) -> GenerateResult:
     """Tree speculative generation. parents: static tree [N]. Exact: greedy (the default `sampling`)
     equals greedy AR; with temperature > 0 the tokens are distributed as AR sampling with the same
     temperature / top-k / top-p (the first token is sampled from the prefill with AR's key for it).
@@ -433,8 +425,7 @@ def generate_tree(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, draft
     static_p = dict(cfg=cfg, max_len=max_len, sampling=sampling, eos_ids=eos_ids, state_dtype=state_dtype,
                     gamma=dmax, max_new_tokens=max_new_tokens, drafter=drafter, impl=impl)
     static_l = dict(cfg=cfg, max_new_tokens=max_new_tokens, drafter=drafter, parents=tuple(parents.tolist()),
-                    rollback=rollback, eos_ids=eos_ids, impl=impl, sampling=sampling, steps_per_check=steps_per_check)
-    info = {"method": "tree-" + drafter.name, "tree_nodes": n, "tree_depth": dmax, "rollback": rollback,
-            "steps_per_check": steps_per_check}
+                    rollback=rollback, eos_ids=eos_ids, impl=impl, sampling=sampling)
+    info = {"method": "tree-" + drafter.name, "tree_nodes": n, "tree_depth": dmax, "rollback": rollback}
     return run_spec_loop(params, prompt, key_first, key_loop, static_p, _tree_loop, static_l, max_new_tokens, info,
                          return_state)
