@@ -64,6 +64,11 @@ def main():
     ap.add_argument("--gammas", default="4,8,16")
     ap.add_argument("--step-gammas", default="8", help="gammas of the whole-step rows")
     ap.add_argument("--pieces", default="ar,verify,commit,step")
+    ap.add_argument("--matvec-modes", default="auto", help="SPECDEC_MATVEC settings to compare for AR and verify "
+                    "(comma list of auto, dot, reduce)")
+    ap.add_argument("--ar-rows", type=int, default=0, help="also time the exact path's AR step at this row count")
+    ap.add_argument("--variants", default="pallas,xla loop,chunk",
+                    help="AR / verify GDN variants: pallas, xla loop, chunk (verify only)")
     ap.add_argument("--prefix", type=int, default=256)
     ap.add_argument("--chain", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
@@ -99,13 +104,21 @@ def main():
 
     lowered, inputs = {}, {}
 
+    matvec_modes = args.matvec_modes.split(",")
+    matvec = {"mode": matvec_modes[0]}  # SPECDEC_MATVEC while lowering (read at trace time)
+
+    def labelled(key):  # with several matvec modes, each AR / verify row names its own
+        return key if len(matvec_modes) == 1 else (key[0], f"{key[1]}, matvec {matvec['mode']}", key[2])
+
     def add(key, env, fn, fargs, feed):
-        with env_setting(**{ENV: env}):
+        key = labelled(key)
+        with env_setting(**{ENV: env, "SPECDEC_MATVEC": matvec["mode"]}):
             lowered[key] = chain_lowered(fn, fargs, feed, args.chain)
         inputs[key] = fargs
 
     def add_carried(key, env, fn, carry, consts):
-        with env_setting(**{ENV: env}):
+        key = labelled(key)
+        with env_setting(**{ENV: env, "SPECDEC_MATVEC": matvec["mode"]}):
             lowered[key] = carried_lowered(fn, carry, consts, args.chain)
         inputs[key] = (carry, tuple(consts))
 
@@ -114,18 +127,34 @@ def main():
         logits, st, _ = qwen35.forward(params, cfg, st, tok, logits_for="last")
         return jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)[:, None], st
 
-    if "ar" in wanted:
-        for label, env in (("pallas", PALLAS), ("xla loop", XLA_LOOPS)):
-            add_carried(("AR step", label, 0), env, ar_step, (toks[gammas[0]][:, :1], base), (params,))
-    for g in gammas:
-        if "verify" in wanted:
-            for label, env, collect in (("recurrent pallas", PALLAS, "replay"), ("chunk pallas", OLD_DEFAULT, "pseudo"),
-                                        ("recurrent xla loop", XLA_LOOPS, "replay"),
-                                        ("recurrent pallas, snapshots", PALLAS, "snapshot")):
-                if collect == "snapshot" and g + 1 > qwen35.MAX_RECURRENT_VERIFY:
-                    continue
-                fn = lambda p, s, t, c=collect: qwen35.forward(p, cfg, s, t, collect=c)[0]
-                add(("verify", label, g), env, fn, (params, base, toks[g]), 2)
+    def ar_step_rows(carry, params):  # the exact path's AR step: one valid row in a forward of decode rows
+        tok, st = carry
+        padded = jnp.repeat(tok, args.ar_rows, axis=1)
+        logits, st, _ = qwen35.forward(params, cfg, st, padded, n_valid=jnp.ones((1,), jnp.int32))
+        return jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)[:, None], st
+
+    variants = args.variants.split(",")
+    for mode in matvec_modes:
+        matvec["mode"] = mode
+        if "ar" in wanted:
+            for label, env in (("pallas", PALLAS), ("xla loop", XLA_LOOPS)):
+                if label in variants:
+                    add_carried(("AR step", label, 0), env, ar_step, (toks[gammas[0]][:, :1], base), (params,))
+            if args.ar_rows:
+                add_carried((f"AR step, {args.ar_rows} rows (exact path)", "pallas", 0), PALLAS, ar_step_rows,
+                            (toks[gammas[0]][:, :1], base), (params,))
+        for g in gammas:
+            if "verify" in wanted:
+                for label, env, collect in (("recurrent pallas", PALLAS, "replay"),
+                                            ("chunk pallas", OLD_DEFAULT, "pseudo"),
+                                            ("recurrent xla loop", XLA_LOOPS, "replay"),
+                                            ("recurrent pallas, snapshots", PALLAS, "snapshot")):
+                    if (collect == "snapshot" and g + 1 > qwen35.MAX_RECURRENT_VERIFY) or label.split(",")[0] \
+                            .replace("recurrent pallas", "pallas").replace("recurrent xla loop", "xla loop") \
+                            .replace("chunk pallas", "chunk") not in variants:
+                        continue
+                    fn = lambda p, s, t, c=collect: qwen35.forward(p, cfg, s, t, collect=c)[0]
+                    add(("verify", label, g), env, fn, (params, base, toks[g]), 2)
         if "commit" in wanted:
             for label, env, collect in (("replay pallas", PALLAS, "replay"), ("replay xla loop", XLA_LOOPS, "replay"),
                                         ("pseudo pallas", PALLAS, "pseudo"), ("pseudo xla", XLA_LOOPS, "pseudo"),
@@ -200,8 +229,8 @@ def main():
         us = time_chain(exe, inputs[key], args.chain, args.repeats) * 1e6
         piece, variant, g = key
         rows.append({"piece": piece, "variant": variant, "gamma": g, "us": us})
-        if piece == "AR step" and variant == "pallas":
-            ar_us = us
+        if piece == "AR step" and variant.split(",")[0] == "pallas" and ar_us is None:
+            ar_us = us  # the first 1-row AR step with the Pallas GDN op: the ratios' unit
         print(f"{piece:18s} {variant:34s} {g:3d} {us:10.1f} us", flush=True)
     save()
 
