@@ -5,14 +5,14 @@
 #                                                  ab, tune, looped, looped-grid, exact-all, qwen-all,
 #                                                  looped-scale, reuse, train,
 #                                                  train-huginn, retrained, selfdraft, profile, graphs,
-#                                                  replay, fp32
+#                                                  replay
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | fp32}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -171,13 +171,6 @@ replay)  # issues 12, 13: every GDN layer's replay in one launch, no state writt
             --modes exact --tag _qwen --out "$dir"
         step 110 exact_9b python scripts/bench_exact.py --part 9b --num-prompts 1 --ar-rows 8,9 --repeats 3 --out "$dir"
     fi
-    ;;
-fp32)  # issue 12: float32 at precision "highest": the few-row Pallas product against XLA's GEMM per 9B weight shape and
-    # launch setting, then AR (1 and 8 rows) and a 9-token verification, with the kernel (matvec auto) and without (dot)
-    step 170 tune_small_gemm python scripts/tune_small_gemm.py --out "$dir"
-    step 260 profile_fp32 python scripts/profile_spec_step.py --random-9b --dtype float32 --precision highest \
-        --pieces ar,verify --gammas 8 --matvec-modes auto,dot --ar-rows 8 --variants pallas --time-budget-s 240 \
-        --tag _small_gemm --out "$dir"
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \

@@ -14,7 +14,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_kernels import small_gemm
 from ..sharding import split_groups
 
 
@@ -22,17 +21,14 @@ MATVEC_MODES = ("auto", "dot", "reduce")
 
 
 def matvec_mode() -> str:
-    """How a decode-time product (batch 1, few rows) is computed; SPECDEC_MATVEC overrides.
+    """How a single-row product (batch 1 decode) is computed; SPECDEC_MATVEC overrides.
 
     "dot": the matrix product (XLA picks a GEMM kernel, tiled for at least 8 rows);
-    "reduce": for one row, broadcast-multiply and a float32 row reduction, which XLA emits as one
+    "reduce": broadcast-multiply and a float32 row reduction, which XLA emits as one
     bandwidth-bound reduction kernel reading the weight once; "auto": on GPU, reduce when the
     contraction length is not a multiple of 128 (where XLA's GEMM tiling measured 14-69% of the
     bandwidth roofline against 55-89% for the reduction), else dot (which measured faster for
     aligned lengths such as 17920); dot elsewhere. Measurements: benchmarks/results/profile_looped_core*.md.
-    "auto" on GPU also computes float32 products of 2-16 rows at full matmul precision ("highest") with the
-    Pallas few-row kernel (`pallas_kernels.small_gemm`): XLA's GEMM read the weights of a 9-row product at
-    1.74 TB/s against 3.42 for one row (benchmarks/results/profile_spec_step_qwen35_9b_random_float32_highest.md).
     """
     mode = os.environ.get("SPECDEC_MATVEC", "auto")
     if mode not in MATVEC_MODES:
@@ -49,33 +45,14 @@ def _use_reduce(rows: int, in_dim: int) -> bool:
     return mode == "reduce"
 
 
-def full_matmul_precision() -> bool:
-    """Whether products run at full float32 precision (jax_default_matmul_precision "highest" / "float32")."""
-    setting = jax.config.jax_default_matmul_precision
-    return setting is not None and str(setting).lower().rsplit(".", 1)[-1] in ("highest", "float32")
-
-
-def _use_small_gemm(rows: int, x: jax.Array, w: jax.Array) -> bool:
-    return (2 <= rows <= small_gemm.MAX_ROWS and x.dtype == jnp.float32 and w.dtype == jnp.float32
-            and matvec_mode() == "auto" and jax.default_backend() == "gpu" and full_matmul_precision()
-            and small_gemm.supports(rows, w.shape[0], x.shape[-1]))
-
-
-def linear_f32(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [..., in] @ w[out, in]^T -> [..., out] float32 (float32 accumulation), the weight cast to x.dtype."""
-    rows = math.prod(x.shape[:-1])
-    if _use_reduce(rows, x.shape[-1]):
-        y = jnp.sum(x.reshape(1, -1).astype(jnp.float32) * w.astype(jnp.float32), axis=-1)  # [out]
-        return y.reshape(*x.shape[:-1], w.shape[0])
-    if _use_small_gemm(rows, x, w):
-        return small_gemm.small_gemm(x.reshape(rows, -1), w).reshape(*x.shape[:-1], w.shape[0])
-    return lax.dot_general(x, w.astype(x.dtype), (((x.ndim - 1,), (1,)), ((), ())),
-                           preferred_element_type=jnp.float32)
-
-
 def linear(x: jax.Array, w: jax.Array) -> jax.Array:
     """x [..., in] @ w[out, in]^T -> [..., out] in x.dtype, float32 accumulation."""
-    return linear_f32(x, w).astype(x.dtype)
+    if _use_reduce(math.prod(x.shape[:-1]), x.shape[-1]):
+        y = jnp.sum(x.reshape(1, -1).astype(jnp.float32) * w.astype(jnp.float32), axis=-1)  # [out]
+        return y.reshape(*x.shape[:-1], w.shape[0]).astype(x.dtype)
+    y = lax.dot_general(x, w.astype(x.dtype), (((x.ndim - 1,), (1,)), ((), ())),
+                        preferred_element_type=jnp.float32)
+    return y.astype(x.dtype)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, zero_centered: bool = False) -> jax.Array:

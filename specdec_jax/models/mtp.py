@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from .. import sharding
 from ..config import Qwen35Config
@@ -68,7 +69,8 @@ def mtp_forward(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_ids: ja
     hidden_out = _norm(x, mp["norm"], cfg)
     if not compute_logits:
         return None, hidden_out, k_cache, v_cache
-    logits = L.linear_f32(hidden_out, qwen35.lm_head_weight(params).astype(dtype))  # [B, T, V] float32
+    logits = lax.dot_general(hidden_out, qwen35.lm_head_weight(params).astype(dtype), (((2,), (1,)), ((), ())),
+                             preferred_element_type=jnp.float32)
     return logits, hidden_out, k_cache, v_cache
 
 

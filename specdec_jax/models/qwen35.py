@@ -348,7 +348,8 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     hidden = L.rms_norm(x, params["final_norm"], cfg.rms_norm_eps, zero_centered=True)
     head_in = hidden[:, -1:] if logits_for == "last" else hidden
     head = lm_head_weight(params) if head is None else head
-    logits = L.linear_f32(head_in, head.astype(dtype))  # [B, T, V] float32
+    logits = lax.dot_general(head_in, head.astype(dtype), (((2,), (1,)), ((), ())),
+                             preferred_element_type=jnp.float32)
     new_state = Qwen35State(keys=tuple(keys), values=tuple(values), conv=tuple(conv), recurrent=tuple(rec),
                             length=state.length + (T if n_valid is None else n_valid))
     extras = {"gdn": gdn_extras, "hidden": hidden} if collect else {}
