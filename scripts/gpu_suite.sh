@@ -5,14 +5,14 @@
 #                                                  ab, tune, looped, looped-grid, exact-all, qwen-all,
 #                                                  looped-scale, reuse, train,
 #                                                  train-huginn, retrained, selfdraft, profile, graphs,
-#                                                  replay
+#                                                  replay, current
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -171,6 +171,15 @@ replay)  # issues 12, 13: every GDN layer's replay in one launch, no state writt
             --modes exact --tag _qwen --out "$dir"
         step 110 exact_9b python scripts/bench_exact.py --part 9b --num-prompts 1 --ar-rows 8,9 --repeats 3 --out "$dir"
     fi
+    ;;
+current)  # issue 13: bf16 equality with AR at the current code: every chain method on the shipped Qwen, every looped
+    # method on the shipped Huginn (exact path, the 20 held-out prompts of >= 64 tokens), the 9B shape (damped)
+    step 130 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 20 --prompt-len 64 \
+        --modes exact --tag _qwen_current --out "$dir"
+    step 110 exact_huginn python scripts/bench_exact.py --part tiny --models huginn --num-prompts 20 --prompt-len 64 \
+        --modes exact --tag _huginn_current --out "$dir"
+    step 120 exact_9b python scripts/bench_exact.py --part 9b --num-prompts 1 --ar-rows 8,9 --repeats 3 \
+        --tag _current --out "$dir"
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \
