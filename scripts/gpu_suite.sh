@@ -5,14 +5,14 @@
 #                                                  ab, tune, looped, looped-grid, exact-all, qwen-all,
 #                                                  looped-scale, reuse, train,
 #                                                  train-huginn, retrained, selfdraft, profile, graphs,
-#                                                  replay, current
+#                                                  replay, current, train-depth
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -245,6 +245,27 @@ train-huginn)  # issue 15: two Huginn layouts at the same time on the corpus reb
     cp build/corpus/manifest.json "$dir/"
     tar czf "$out/ck.tgz" -C "$dir" ck && split -b 15m -d "$out/ck.tgz" "$out/ck.tgz.part" && rm "$out/ck.tgz" \
         && rm -rf "$dir/ck"
+    ;;
+train-depth)  # issue 15: does depth matter more when the recurrence is trained from the official random initial state
+    # (as Huginn-0125 was) instead of zeros? The shipped 2+2+2 recipe and the 1+4+1 layout, both with
+    # --init-state-scale 1, trained side by side; held-out loss at r = 1..32 (train logs only, no checkpoints)
+    step 200 corpus python scripts/build_corpus.py --out build/corpus --tokenizer checkpoints/tiny-qwen35-code \
+        ${CORPUS_ARGS:-}
+    budget=$(( ${TRAIN_END_S:-420} - SECONDS ))
+    (( budget < 60 )) && budget=60
+    echo "training budget ${budget} s per run" | tee -a "$dir/suite.log"
+    common=(--arch huginn --corpus build/corpus --batch 128 --seq-len 512 --lr 3e-3 --steps 200000
+            --time-budget-s "$budget" --eval-every 400 --eval-max-tokens 262144 --keep-best --log-every 100
+            --intermediate 1024 --init-state-scale 1 ${TRAIN_ARGS:-})
+    export XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
+    limit=$(( 540 - SECONDS ))
+    step "$limit" train_random_init_222 python scripts/train_tiny.py --prelude 2 --core 2 --coda 2 \
+        --mean-recurrence 16 --backprop-depth 8 --out "$dir/ck/222" "${common[@]}" &
+    step "$limit" train_random_init_141 python scripts/train_tiny.py --prelude 1 --core 4 --coda 1 \
+        --mean-recurrence 16 --backprop-depth 4 --out "$dir/ck/141" "${common[@]}" &
+    wait
+    for run in 222 141; do cp "$dir/ck/$run/train_log.json" "$dir/train_log_random_init_$run.json" 2>/dev/null; done
+    rm -rf "$dir/ck"
     ;;
 retrained)  # issue 15 (and 12, 13, 14): the retrained checkpoints: every chain method of tiny Qwen against AR (equality,
     # speed, exact and fast paths), the looped methods of tiny Huginn likewise, then das-wave end to end

@@ -84,6 +84,7 @@ def run_training(o: TrainOptions, train_ids: np.ndarray, heldout_ids: np.ndarray
     key = jax.random.PRNGKey(o.seed)
     data_rng = np.random.default_rng(o.seed)
     rec_rng = np.random.default_rng(o.seed + 1)
+    init_key = jax.random.PRNGKey(o.seed + 2)  # huginn: random initial states (init_state_scale > 0)
     if o.arch == "qwen35":
         cfg = qwen35_config(vocab, o, eos_token_id)
         params = init_qwen35_params(cfg, key)
@@ -100,9 +101,9 @@ def run_training(o: TrainOptions, train_ids: np.ndarray, heldout_ids: np.ndarray
         cfg = huginn_config(vocab, o)
         params = init_huginn_params(cfg, key)
         width = o.seq_len + 1
-        def loss_fn(params, tokens, n_no_grad, n_grad):
-            return huginn_loss(params, cfg, tokens, n_no_grad, n_grad, backprop_depth=o.backprop_depth,
-                               compute_dtype=compute_dtype)
+        def loss_fn(params, tokens, n_no_grad, n_grad, init_key):
+            return huginn_loss(params, cfg, tokens, n_no_grad, n_grad, init_key, backprop_depth=o.backprop_depth,
+                               compute_dtype=compute_dtype, init_state_scale=o.init_state_scale)
         config_json = huginn_config_dict(vocab, o, eos_token_id)
         sizes = {k: config_json[k] for k in ("n_embd", "n_heads", "n_layers_in_prelude",
                                                "n_layers_in_recurrent_block", "n_layers_in_coda",
@@ -158,7 +159,7 @@ def run_training(o: TrainOptions, train_ids: np.ndarray, heldout_ids: np.ndarray
         if o.arch == "huginn":
             n, k = sample_recurrence(rec_rng, o.mean_recurrence, o.backprop_depth)
             recurrences.append(n + k)
-            extra = (jnp.int32(n), jnp.int32(k))
+            extra = (jnp.int32(n), jnp.int32(k), jax.random.fold_in(init_key, step))
         t0 = time.perf_counter()
         params, opt_state, metrics = train_step(params, opt_state, tokens, jnp.float32(lr), *extra)
         if t_loop is None:

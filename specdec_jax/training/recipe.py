@@ -64,6 +64,7 @@ class TrainOptions:
     coda: int = 2
     mean_recurrence: int = 16
     backprop_depth: int = 4
+    init_state_scale: float = 0.0  # huginn: 0 = zero initial state in training; > 0: the official random draw
     eval_depths: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     command: str = ""
     quiet: bool = False
@@ -229,8 +230,13 @@ def qwen35_loss(params: dict, cfg: Qwen35Config, tokens: jax.Array, *, mtp_weigh
 
 
 def huginn_loss(params: dict, cfg: looped.LoopedConfig, tokens: jax.Array, n_no_grad: jax.Array,
-                n_grad: jax.Array, *, backprop_depth: int, compute_dtype):
+                n_grad: jax.Array, init_key: jax.Array | None = None, *, backprop_depth: int, compute_dtype,
+                init_state_scale: float = 0.0):
     """tokens [B, T + 1]; n_no_grad, n_grad: int32 scalars (traced: one compile for every draw).
+
+    init_state_scale > 0: the recurrence starts from the official random draw (`looped.initial_state` with
+    init_key: truncated normal, std init_std * scale * embed_scale), as Huginn-0125 was trained, so the core must
+    wash the noise out over its iterations; 0: from zeros (the state inference starts from).
 
     The no-grad recurrences run in a while loop on stop-gradient inputs; the last `n_grad`
     (<= backprop_depth) run in a scan of backprop_depth steps whose first
@@ -245,7 +251,7 @@ def huginn_loss(params: dict, cfg: looped.LoopedConfig, tokens: jax.Array, n_no_
     length = jnp.zeros((B,), jnp.int32)
     e = looped.embed(p, cfg, ids)
     e, _, _ = looped.run_blocks(p.get("prelude", []), cfg, e, cos, sin, None, None, length)
-    x = jnp.zeros_like(e)  # zero initial state
+    x = looped.initial_state(cfg, e, init_key if init_state_scale > 0 else None, init_state_scale)
     p_sg, e_sg = lax.stop_gradient(p), lax.stop_gradient(e)
 
     def no_grad_step(i, x):
