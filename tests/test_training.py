@@ -134,6 +134,20 @@ def test_huginn_training_lowers_loss_and_loads(tmp_path):
     assert out.tokens.shape == (1, 4)
 
 
+def test_huginn_loss_from_a_random_initial_state():
+    """init_state_scale 0 starts the recurrence from zeros (any key); > 0 from a draw that depends on the key."""
+    o = training.TrainOptions(arch="huginn", **TINY_HUGINN)
+    cfg = training.huginn_config(VOCAB, o)
+    params = training.init_huginn_params(cfg, jax.random.PRNGKey(0))
+    tokens = jnp.asarray(bigram_tokens(2 * 17, seed=3).reshape(2, 17))
+    loss = lambda key, scale: float(training.huginn_loss(
+        params, cfg, tokens, jnp.int32(1), jnp.int32(2), key, backprop_depth=2, compute_dtype=jnp.float32,
+        init_state_scale=scale)[0])
+    k1, k2 = jax.random.PRNGKey(1), jax.random.PRNGKey(2)
+    assert loss(k1, 0.0) == loss(k2, 0.0) == loss(None, 0.0)
+    assert loss(k1, 1.0) != loss(k2, 1.0) and loss(k1, 1.0) != loss(k1, 0.0)
+
+
 def test_recurrence_sampler():
     rng = np.random.default_rng(0)
     draws = [training.sample_recurrence(rng, 16, 4) for _ in range(4000)]
