@@ -17,10 +17,11 @@ Replay (`counts` given, no outputs but the state): It is the commit of the repla
 prefix, recomputed from the old state by the very arithmetic that verification (and AR decode) ran,
 so it equals the recurrence's state bit for bit (one read and one write of the state).
 
-One launch per layer: the replay's time is its chain of dependent steps, not launches. At the Qwen3.5-9B shape
-24 launches took 142-154 us per step; the same work as 4 launches of 6 layers each (one branch per layer, each
-layer its own aliased state buffers) took 167-187 us plus 50 us of input stacking, and as 1 launch of 24
-branches it did not compile within 3 minutes (benchmarks/results/kernel_profile_qwen35_9b_random_profile.md
+One launch per layer. At the Qwen3.5-9B shape 24 launches took 142-154 us per step, about as much at gamma 2
+as at gamma 8 (a fixed cost per launch, not the chain of dependent steps; README.md says how to remove it);
+the same work as 4 launches of 6 layers each (one branch per layer, each layer its own aliased state buffers)
+took 167-187 us plus 50 us of input stacking, and as 1 launch of 24 branches it did not compile within 3
+minutes (benchmarks/results/kernel_profile_qwen35_9b_random_profile.md
 and ..._grouped_replay.md; the grouped kernel was tried at commit 28c9a1c and removed).
 """
 
