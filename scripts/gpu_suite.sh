@@ -24,6 +24,27 @@ step() {  # step SECONDS NAME command...: run with a time limit, log to NAME.log
     timeout "$limit" "$@" >"$dir/$name.log" 2>&1
     echo "$name: rc=$? after $((SECONDS - t0)) s (limit $limit)" | tee -a "$dir/suite.log"
 }
+huginn_layouts() {  # END_S LIMIT_END LOG_PREFIX CK_PREFIX [train args...]: build the corpus, then train the 2+2+2
+    # (recurrence mean 16, backprop 8) and 1+4+1 (backprop 4) Huginn layouts side by side until END_S (seconds since
+    # the part started), each killed at LIMIT_END; checkpoints under $dir/ck/CK_PREFIX-222 and -141
+    local end_s=$1 limit_end=$2 log_prefix=$3 ck_prefix=$4
+    shift 4
+    step 200 corpus python scripts/build_corpus.py --out build/corpus --tokenizer checkpoints/tiny-qwen35-code \
+        ${CORPUS_ARGS:-}
+    local budget=$(( end_s - SECONDS ))
+    (( budget < 60 )) && budget=60
+    echo "training budget ${budget} s per run" | tee -a "$dir/suite.log"
+    local common=(--arch huginn --corpus build/corpus --batch 128 --seq-len 512 --lr 3e-3 --steps 200000
+                  --time-budget-s "$budget" --eval-every 400 --eval-max-tokens 262144 --keep-best --log-every 100
+                  --intermediate 1024 "$@" ${TRAIN_ARGS:-})
+    export XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
+    local limit=$(( limit_end - SECONDS ))
+    step "$limit" "${log_prefix}_222" python scripts/train_tiny.py --prelude 2 --core 2 --coda 2 --mean-recurrence 16 \
+        --backprop-depth 8 --out "$dir/ck/$ck_prefix-222" "${common[@]}" &
+    step "$limit" "${log_prefix}_141" python scripts/train_tiny.py --prelude 1 --core 4 --coda 1 --mean-recurrence 16 \
+        --backprop-depth 4 --out "$dir/ck/$ck_prefix-141" "${common[@]}" &
+    wait
+}
 case "$part" in
 decode)  # issue 12: every piece of a speculative step, each GPU path (defaults' evidence): 9B shape, tiny, fp32
     step 320 profile_9b python scripts/profile_spec_step.py --random-9b --gammas 4,8,16 --step-gammas 8 \
@@ -227,44 +248,16 @@ train)  # issue 15: the corpus from this machine's Python and site-packages, the
 train-huginn)  # issue 15: two Huginn layouts at the same time on the corpus rebuilt with the Qwen checkpoint's
     # tokenizer: 2+2+2 layers (recurrence mean 16, backprop 8) and 1+4+1 (more of the work inside the loop), both
     # with the wider MLP; the checkpoints come back as tar parts of <= 15 MiB
-    step 200 corpus python scripts/build_corpus.py --out build/corpus --tokenizer checkpoints/tiny-qwen35-code \
-        ${CORPUS_ARGS:-}
-    budget=$(( ${TRAIN_END_S:-440} - SECONDS ))
-    (( budget < 60 )) && budget=60
-    echo "training budget ${budget} s per run" | tee -a "$dir/suite.log"
-    common=(--arch huginn --corpus build/corpus --batch 128 --seq-len 512 --lr 3e-3 --steps 200000
-            --time-budget-s "$budget" --eval-every 400 --eval-max-tokens 262144 --keep-best --log-every 100
-            --intermediate 1024 ${TRAIN_ARGS:-})
-    export XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
-    limit=$(( 580 - SECONDS ))
-    step "$limit" train_huginn_222 python scripts/train_tiny.py --prelude 2 --core 2 --coda 2 --mean-recurrence 16 \
-        --backprop-depth 8 --out "$dir/ck/tiny-huginn-code-222" "${common[@]}" &
-    step "$limit" train_huginn_141 python scripts/train_tiny.py --prelude 1 --core 4 --coda 1 --mean-recurrence 16 \
-        --backprop-depth 4 --out "$dir/ck/tiny-huginn-code-141" "${common[@]}" &
-    wait
+    huginn_layouts "${TRAIN_END_S:-440}" 580 train_huginn tiny-huginn-code
     cp build/corpus/manifest.json "$dir/"
     tar czf "$out/ck.tgz" -C "$dir" ck && split -b 15m -d "$out/ck.tgz" "$out/ck.tgz.part" && rm "$out/ck.tgz" \
         && rm -rf "$dir/ck"
     ;;
 train-depth)  # issue 15: does depth matter more when the recurrence is trained from the official random initial state
-    # (as Huginn-0125 was) instead of zeros? The shipped 2+2+2 recipe and the 1+4+1 layout, both with
-    # --init-state-scale 1, trained side by side; held-out loss at r = 1..32 (train logs only, no checkpoints)
-    step 200 corpus python scripts/build_corpus.py --out build/corpus --tokenizer checkpoints/tiny-qwen35-code \
-        ${CORPUS_ARGS:-}
-    budget=$(( ${TRAIN_END_S:-420} - SECONDS ))
-    (( budget < 60 )) && budget=60
-    echo "training budget ${budget} s per run" | tee -a "$dir/suite.log"
-    common=(--arch huginn --corpus build/corpus --batch 128 --seq-len 512 --lr 3e-3 --steps 200000
-            --time-budget-s "$budget" --eval-every 400 --eval-max-tokens 262144 --keep-best --log-every 100
-            --intermediate 1024 --init-state-scale 1 ${TRAIN_ARGS:-})
-    export XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
-    limit=$(( 540 - SECONDS ))
-    step "$limit" train_random_init_222 python scripts/train_tiny.py --prelude 2 --core 2 --coda 2 \
-        --mean-recurrence 16 --backprop-depth 8 --out "$dir/ck/222" "${common[@]}" &
-    step "$limit" train_random_init_141 python scripts/train_tiny.py --prelude 1 --core 4 --coda 1 \
-        --mean-recurrence 16 --backprop-depth 4 --out "$dir/ck/141" "${common[@]}" &
-    wait
-    for run in 222 141; do cp "$dir/ck/$run/train_log.json" "$dir/train_log_random_init_$run.json" 2>/dev/null; done
+    # (as Huginn-0125 was) instead of zeros? The same two layouts, both with --init-state-scale 1, trained side by
+    # side; held-out loss at r = 1..32 (train logs only, no checkpoints)
+    huginn_layouts "${TRAIN_END_S:-420}" 540 train_random_init random-init --init-state-scale 1
+    for run in 222 141; do cp "$dir/ck/random-init-$run/train_log.json" "$dir/train_log_random_init_$run.json"; done
     rm -rf "$dir/ck"
     ;;
 retrained)  # issue 15 (and 12, 13, 14): the retrained checkpoints: every chain method of tiny Qwen against AR (equality,
