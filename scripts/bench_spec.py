@@ -462,7 +462,12 @@ def main():
                       f"`{head['command']}`", "",
                       "One traced decode loop per setting (jax.profiler; the spec rows at the largest forced p). "
                       "`device busy` is the union of kernel intervals; `gap` = wall - busy: launch and host "
-                      "overhead. Rows: kernel families (instance numbers stripped), per token (AR) or per step.", ""]
+                      "overhead. `idle`: where the device sat idle between its first and last kernel, in waits of "
+                      "at least 10 µs (on the host: a loop predicate read back, an empty launch queue) and between "
+                      "back-to-back kernels (launch latency, or a host issuing kernels slower than they run); `host "
+                      "launch API` / `host sync`: the host's time in CUDA launch and synchronize calls (tracing makes "
+                      "launches dearer). Rows: kernel families (instance numbers stripped), per token (AR) or per "
+                      "step.", ""]
                 md += kernel_profile_markdown(full["kernel_profiles"])
                 write_results(args.out, kstem, {**head, "stem": kstem, "kernel_profiles": full["kernel_profiles"]},
                               "\n".join(md) + "\n", echo=False)

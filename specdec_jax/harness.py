@@ -175,12 +175,46 @@ def kernel_family(name: str) -> str:
     return base if len(base) <= 90 else base[:87] + "..."
 
 
+WAIT_GAP_NS = 10_000  # a device idle stretch this long is a wait on the host (a sync, or an empty launch queue)
+HOST_API_KINDS = {"launch": "LaunchKernel", "sync": "Synchronize", "copy": "Memcpy"}  # by substring of the name
+
+
+def busy_and_idle(intervals) -> tuple[float, list[float]]:
+    """Kernel intervals [(start, end)] (any order, overlaps allowed) -> (busy: length of their union, the idle
+    stretches between the first start and the last end)."""
+    busy, end, idle = 0.0, None, []
+    for a, b in sorted(intervals):
+        if end is not None and a > end:
+            idle.append(a - end)
+        if end is None or b > end:
+            busy += b - (a if end is None else max(a, end))
+            end = b
+    return busy, idle
+
+
+def host_api_time(events) -> dict:
+    """{kind: [count, ns]} of host-side CUDA API calls [(name, duration ns)] by HOST_API_KINDS: kernel launches,
+    synchronizations, copies."""
+    out = {kind: [0, 0.0] for kind in HOST_API_KINDS}
+    for name, dur in events:
+        for kind, part in HOST_API_KINDS.items():
+            if part in name:
+                out[kind][0] += 1
+                out[kind][1] += dur
+    return out
+
+
 def device_kernel_profile(run: Callable[[], object], per: float, top: int = 30) -> dict:
     """Where the device time of one `run()` goes, kernel by kernel, from a jax.profiler trace of that call.
 
     Returns per `per` units (steps, tokens): `wall_us`, `busy_us` (the union of kernel intervals: device
     time), `gap_us` (wall - busy: launch and host overhead), `kernels` (launches), and `rows`: the `top`
     kernel families by time, each {"kernel", "count", "us"} per unit, plus `other_us` for the rest.
+    Where the device sat idle between its first and last kernel: `idle_us`, split into `wait_us` / `waits` (stretches
+    of at least WAIT_GAP_NS: the device waited on the host, e.g. a loop predicate read back) and `short_idle_us`
+    (between back-to-back kernels: launch latency, or a host that issues kernels slower than they run).
+    `host_api`: {kind: {"count", "us"}} of host-side CUDA API calls (launch, sync, copy) per unit, where the trace
+    records them (under tracing a launch costs the host more than it does untraced).
     `lines` names the trace lines read (for a trace whose layout differs). Empty rows on a machine
     without a device tracer (CPU): the numbers then only say so."""
     import glob
@@ -196,8 +230,11 @@ def device_kernel_profile(run: Callable[[], object], per: float, top: int = 30) 
             wall = time.perf_counter() - t0
         files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
         data = ProfileData.from_file(files[0]) if files else None
-    intervals, families, lines = [], {}, []
+    intervals, families, lines, host_events = [], {}, [], []
     for plane in (data.planes if data is not None else ()):
+        if plane.name.startswith("/host:"):
+            host_events += [(ev.name, float(ev.duration_ns)) for line in plane.lines for ev in line.events]
+            continue
         if not plane.name.startswith("/device:GPU"):
             continue
         for line in plane.lines:
@@ -210,25 +247,31 @@ def device_kernel_profile(run: Callable[[], object], per: float, top: int = 30) 
                 fam = families.setdefault(kernel_family(ev.name), [0, 0.0])
                 fam[0] += 1
                 fam[1] += dur
-    busy, end = 0.0, -math.inf
-    for a, b in sorted(intervals):
-        if b > end:
-            busy += b - max(a, end)
-            end = b
+    busy, idle = busy_and_idle(intervals)
+    waits = [g for g in idle if g >= WAIT_GAP_NS]
     scale = 1e-3 / per  # ns -> us per unit
     ranked = sorted(families.items(), key=lambda kv: -kv[1][1])
     rows = [{"kernel": k, "count": c / per, "us": ns * scale} for k, (c, ns) in ranked[:top]]
     return {"wall_us": wall * 1e6 / per, "busy_us": busy * scale, "gap_us": wall * 1e6 / per - busy * scale,
             "kernels": len(intervals) / per, "rows": rows,
+            "idle_us": sum(idle) * scale, "wait_us": sum(waits) * scale, "waits": len(waits) / per,
+            "short_idle_us": (sum(idle) - sum(waits)) * scale,
+            "host_api": {k: {"count": c / per, "us": ns * scale} for k, (c, ns) in host_api_time(host_events).items()},
             "other_us": sum(ns for _, (_, ns) in ranked[top:]) * scale, "lines": sorted(set(lines))}
 
 
 def kernel_profile_markdown(profiles: Mapping[str, dict], unit: str = "step") -> list[str]:
     """Markdown lines: one summary table over `profiles` ({label: device_kernel_profile(...)}), then each
     profile's kernel families."""
-    md = [f"| setting | wall µs / {unit} | device busy µs | gap µs | kernels / {unit} |", "|---|---|---|---|---|"]
+    md = [f"| setting | wall µs / {unit} | device busy µs | gap µs | idle µs: waits ≥ {WAIT_GAP_NS / 1e3:g} µs (count) "
+          f"/ between kernels | host launch API µs (calls) | host sync µs | kernels / {unit} |",
+          "|---|---|---|---|---|---|---|---|"]
     for label, p in profiles.items():
-        md.append(f"| {label} | {p['wall_us']:.1f} | {p['busy_us']:.1f} | {p['gap_us']:.1f} | {p['kernels']:.1f} |")
+        host = p.get("host_api", {})
+        launch, sync = host.get("launch", {"count": 0, "us": 0.0}), host.get("sync", {"count": 0, "us": 0.0})
+        md.append(f"| {label} | {p['wall_us']:.1f} | {p['busy_us']:.1f} | {p['gap_us']:.1f} | "
+                  f"{p.get('wait_us', 0.0):.1f} ({p.get('waits', 0.0):.2f}) / {p.get('short_idle_us', 0.0):.1f} | "
+                  f"{launch['us']:.1f} ({launch['count']:.1f}) | {sync['us']:.1f} | {p['kernels']:.1f} |")
     for label, p in profiles.items():
         md += ["", f"**{label}** (per {unit})", "", "| kernel | count | µs |", "|---|---|---|"]
         md += [f"| `{r['kernel']}` | {r['count']:.2f} | {r['us']:.1f} |" for r in p["rows"]]

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_jax import bench, cli, corpus, training
+from specdec_jax import bench, cli, corpus, harness, training
 
 TEXTS = ["def add(a, b):\n    return a + b\n", "class Point:\n    def __init__(self, x, y):\n        self.x = x\n"] * 4
 
@@ -61,6 +61,28 @@ def test_bootstrap_ci_known_data():
     assert 8 < hi - lo < 20
     lo_m, hi_m = bench.bootstrap_ci(x, np.mean)
     assert abs((lo_m + hi_m) / 2 - 50.5) < 1.5 and 9 < hi_m - lo_m < 14  # 2 * 1.96 * 29 / 10 = 11.3
+
+
+def test_busy_and_idle_stretches_of_kernel_intervals():
+    # [0, 10] and [5, 12] overlap (busy 12), then idle 3, [15, 20], idle 20, [40, 41]
+    busy, idle = harness.busy_and_idle([(40.0, 41.0), (0.0, 10.0), (15.0, 20.0), (5.0, 12.0)])
+    assert busy == 18.0 and idle == [3.0, 20.0]
+    assert harness.busy_and_idle([]) == (0.0, [])
+    assert harness.busy_and_idle([(2.0, 9.0), (3.0, 4.0)]) == (7.0, [])  # nested: no idle
+
+
+def test_host_api_time_by_kind():
+    events = [("cuLaunchKernel", 3.0), ("cuLaunchKernelEx", 5.0), ("cuStreamSynchronize", 40.0),
+              ("cuMemcpyDtoHAsync_v2", 2.0), ("ThunkExecutor::Execute", 100.0)]
+    assert harness.host_api_time(events) == {"launch": [2, 8.0], "sync": [1, 40.0], "copy": [1, 2.0]}
+
+
+def test_kernel_profile_runs_and_reports_on_any_machine():
+    profile = harness.device_kernel_profile(lambda: jax.numpy.ones(4) * 2, per=1.0)
+    assert profile["wall_us"] > 0 and profile["busy_us"] >= 0 and profile["idle_us"] >= profile["wait_us"] >= 0
+    assert set(profile["host_api"]) == {"launch", "sync", "copy"}
+    md = "\n".join(harness.kernel_profile_markdown({"one call": profile}))
+    assert "| one call |" in md and "host launch API" in md
 
 
 def test_decode_tokens_per_second():
