@@ -67,8 +67,7 @@ def tiny_part(args, header, save) -> dict:
     import specdec_jax as sj
     from specdec_jax.text import load_tokenizer
     prompts_text = json.load(open(args.prompts))
-    out = {**header, "max_new_tokens": args.max_new_tokens, "prompts": args.prompts, "models": {},
-           "rollback": args.rollback or "default"}
+    out = {**header, "max_new_tokens": args.max_new_tokens, "prompts": args.prompts, "models": {}}
     folders = {"qwen": (args.qwen, QWEN_METHODS), "huginn": (args.huginn, LOOPED_METHODS)}
     for folder, methods in (folders[m] for m in args.models.split(",")):
         model = sj.load(folder, dtype="bfloat16")
@@ -86,8 +85,6 @@ def tiny_part(args, header, save) -> dict:
             if spec is None:
                 return sj.generate(model, ids, args.max_new_tokens, eos_token_id=False, exact=exact, **extra)
             method, opts = _method(spec)
-            if args.rollback and model.family == "qwen3_5":
-                opts["rollback"] = args.rollback
             return sj.generate(model, ids, args.max_new_tokens, method=method, eos_token_id=False, exact=exact,
                                **opts)
 
@@ -144,7 +141,7 @@ def nine_b_part(args, header) -> dict:
     from specdec_jax.decoding.autoregressive import ar_ops, generate_autoregressive
     from specdec_jax.decoding.decode_shape import choose_decode_rows
     from specdec_jax.decoding.sampling import SamplingConfig
-    from specdec_jax.decoding.speculative import DEFAULT_ROLLBACK, generate_speculative
+    from specdec_jax.decoding.speculative import generate_speculative
     from specdec_jax.drafters.ngram import NgramDrafter
     from specdec_jax.models.family import QWEN35
     model = random_9b_model(args.tiny_shape, damp=args.damp)
@@ -153,7 +150,6 @@ def nine_b_part(args, header) -> dict:
     prompts = [rng.integers(0, cfg.vocab_size, (1, args.prompt_len)) for _ in range(args.num_prompts)]
     N, gamma = args.max_new_tokens, args.gamma
     rows = choose_decode_rows(gamma, None, "qwen3_5")
-    rollback = args.rollback or DEFAULT_ROLLBACK
     max_len = args.prompt_len + N + rows
     common = dict(max_len=max_len, sampling=SamplingConfig(), seed=0, eos_ids=(), state_dtype=model.dtype)
 
@@ -162,7 +158,7 @@ def nine_b_part(args, header) -> dict:
 
     def spec(ids, drafter, exact, ref=None):
         p = params if ref is None else dict(params, forced_reference=jnp.asarray(ref))
-        return generate_speculative(p, cfg, ids, N, drafter=drafter, gamma=gamma, rollback=rollback,
+        return generate_speculative(p, cfg, ids, N, drafter=drafter, gamma=gamma, rollback="replay",
                                     decode_rows=rows if exact else 0, **common)
 
     t0 = time.perf_counter()
@@ -171,7 +167,7 @@ def nine_b_part(args, header) -> dict:
     print(f"AR compiled in {time.perf_counter() - t0:.0f} s", flush=True)
     out = {**header, "model": "qwen35_9b_random" + ("_tiny_shape" if args.tiny_shape else ""), "damp": args.damp,
            "gamma": gamma, "decode_rows": rows, "max_new_tokens": N, "prompt_len": args.prompt_len,
-           "miss": args.miss, "rollback": rollback, "compile_seconds": {f"ar/{'exact' if e else 'fast'}": r.stats["compile_seconds"]
+           "miss": args.miss, "compile_seconds": {f"ar/{'exact' if e else 'fast'}": r.stats["compile_seconds"]
                                                   for e, r in first.items()}}
     sweep = [r for r in (int(x) for x in args.ar_rows.split(",") if x) if r != rows]
 
@@ -278,7 +274,6 @@ def main():
     ap.add_argument("--gamma", type=int, default=8)
     ap.add_argument("--miss", type=float, default=0.2)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--rollback", default=None, help="Qwen chain methods' rollback (default: the library's)")
     ap.add_argument("--tag", default="")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()

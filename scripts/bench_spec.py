@@ -224,7 +224,7 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
                                                 **static_ad[ex])
     # rollback-major, exact first: the default's rows come first
     configs = [(m, g, rb, ex) for m in methods for rb in rollbacks for ex in exact_modes for g in gammas
-               if not (rb in sp.RECURRENT_ROLLBACKS and g + 1 > qwen35.MAX_RECURRENT_VERIFY)
+               if not (rb in ("replay", "snapshot") and g + 1 > qwen35.MAX_RECURRENT_VERIFY)
                and not (ex and rb == "pseudo")]
     for m in methods:
         for g in gammas:

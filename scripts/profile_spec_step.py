@@ -178,14 +178,11 @@ def main():
             state, dstate = sp._spec_prefill(params, prompt, jax.random.PRNGKey(0), **static)
             state = state.replace(model=base.replace(length=state.model.length))
             spec_states[g] = (state, dstate)
-            for label, env, rb in (("default, replay", PALLAS, "replay"), ("pallas, deferred replay", PALLAS, "deferred"),
-                                   ("pallas, pseudo", PALLAS, "pseudo"),
+            for label, env, rb in (("default, replay", PALLAS, "replay"), ("pallas, pseudo", PALLAS, "pseudo"),
                                    ("pallas, snapshot", PALLAS, "snapshot"), ("old default (chunk, xla pseudo)",
                                                                              OLD_DEFAULT, "pseudo")):
-                if rb in sp.RECURRENT_ROLLBACKS and g + 1 > qwen35.MAX_RECURRENT_VERIFY:
+                if rb in ("snapshot", "replay") and g + 1 > qwen35.MAX_RECURRENT_VERIFY:
                     continue
-                # A deferred loop's carry holds the pending replay from the first step on.
-                state_rb = sp.with_pending_slots(params, cfg, state, g + 1) if rb == "deferred" else state
 
                 def steps(arrays, rb=rb, g=g, mnt=static["max_new_tokens"]):
                     p, s, d = arrays
@@ -200,8 +197,8 @@ def main():
 
                 key = ("whole spec_step", label, g)
                 with env_setting(**{ENV: env}):
-                    lowered[key] = jax.jit(steps).lower((params, state_rb, dstate))
-                inputs[key] = (params, state_rb, dstate)
+                    lowered[key] = jax.jit(steps).lower((params, state, dstate))
+                inputs[key] = (params, state, dstate)
     print(f"lowered {len(lowered)} loops in {time.perf_counter() - t_start:.0f} s", flush=True)
     t0 = time.perf_counter()
     compiled = compile_all(lowered)

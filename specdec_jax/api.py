@@ -174,18 +174,14 @@ def _eos_ids(eos_token_id, model: Model) -> tuple[int, ...]:
 def _generate_speculative_qwen(model, ids, max_new_tokens, spec, gamma, max_len, sampling, seed, eos_ids,
                                options, rows: int) -> GenerateResult:
     """Chain speculation with the method's drafter (options already checked against the method's set)."""
-    from .decoding.speculative import DEFAULT_ROLLBACK, RECURRENT_ROLLBACKS, ROLLBACK_MODES, generate_speculative
+    from .decoding.speculative import DEFAULT_ROLLBACK, ROLLBACK_MODES, generate_speculative
     from .models.qwen35 import MAX_RECURRENT_VERIFY
     # Replay verifies through the step recurrence (at most MAX_RECURRENT_VERIFY positions); longer drafts
     # default to the pseudo-value commit, which has no limit.
-    default = DEFAULT_ROLLBACK if model.config.mesh is None or DEFAULT_ROLLBACK != "deferred" else "replay"
-    rollback = options.get("rollback", default if gamma + 1 <= MAX_RECURRENT_VERIFY else "pseudo")
+    rollback = options.get("rollback", DEFAULT_ROLLBACK if gamma + 1 <= MAX_RECURRENT_VERIFY else "pseudo")
     if rollback not in ROLLBACK_MODES:
         raise InputError(f"rollback must be one of {ROLLBACK_MODES}; got {rollback!r}")
-    if rollback == "deferred" and model.config.mesh is not None:
-        raise InputError("rollback='deferred' runs on one device only; the model is split over a mesh "
-                         "(use rollback='replay')")
-    if rollback in RECURRENT_ROLLBACKS and gamma + 1 > MAX_RECURRENT_VERIFY:
+    if rollback in ("snapshot", "replay") and gamma + 1 > MAX_RECURRENT_VERIFY:
         raise InputError(f"{rollback} rollback verifies at most {MAX_RECURRENT_VERIFY} positions; gamma={gamma} "
                          f"needs {gamma + 1} (rollback='pseudo' has no limit)")
     drafter = spec.drafter(model, options)

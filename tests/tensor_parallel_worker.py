@@ -128,9 +128,6 @@ def main() -> None:
         layers = model.params["layers"]
         attn, gdn = layers[model.config.attention_layers[0]], layers[model.config.linear_layers[0]]
         state = ar_state(model)
-        if n == MESH_SIZES[0]:  # the deferred replay is single-device: one InputError before any compute
-            out["refused"]["deferred"] = refusal(lambda: sj.generate(model, PROMPT, 2, method="ngram",
-                                                                     rollback="deferred"))
         out[str(n)] = {
             "tokens": {m: generate(model, m) for m in METHODS},
             "params": {"embed": placement(model.params["embed"]), "qkv_proj": placement(attn["mixer"]["qkv_proj"]),

@@ -59,8 +59,8 @@ def _spec(model, ids, n, drafter, gamma, rollback="replay", sampling=SamplingCon
                                 state_dtype=jnp.float32, rollback=rollback, return_state=return_state)
 
 
-@pytest.mark.parametrize("gamma,rollback", [(g, rb) for rb in ("replay", "pseudo", "snapshot") for g in (1, 3, 8)]
-                         + [(3, "deferred"), (8, "deferred")])
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+@pytest.mark.parametrize("rollback", ["replay", "pseudo", "snapshot"])
 def test_greedy_equals_ar_with_mostly_hitting_drafts(model, gamma, rollback):
     ids = np.random.default_rng(gamma).integers(0, model.vocab_size, size=(4, 7))
     ar = sj.generate(model, ids, 30, eos_token_id=False).tokens
@@ -89,10 +89,9 @@ def test_state_after_generation_equals_ar_state(model):
     ids = np.random.default_rng(9).integers(0, model.vocab_size, size=(2, 6))
     ar = sj.generate(model, ids, 20, eos_token_id=False).tokens
     reference = tuple(map(tuple, np.concatenate([ids, ar], axis=1).tolist()))
-    for rollback in ("replay", "deferred", "pseudo", "snapshot"):
+    for rollback in ("replay", "pseudo", "snapshot"):
         res = _spec(model, ids, 20, OracleDrafter(reference, 4, model.vocab_size), 4, rollback, return_state=True)
         state = res.stats["state"]
-        assert state.model.pending is None, "the loop returns its state settled"
         for row in range(2):
             n_out = int(state.n_out[row])
             tokens = np.asarray(state.out)[row, : n_out - 1]  # every emitted token but the anchor was processed

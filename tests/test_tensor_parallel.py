@@ -89,8 +89,6 @@ def test_refused_meshes_are_one_input_error(results):
     assert no_tp["type"] == "InputError" and "'tp'" in no_tp["message"] and "('data',)" in no_tp["message"], no_tp
     looped = results["refused"]["looped"]
     assert looped["type"] == "InputError" and "looped" in looped["message"], looped
-    deferred = results["refused"]["deferred"]
-    assert deferred["type"] == "InputError" and "rollback='deferred'" in deferred["message"], deferred
 
 
 def test_moe_experts_split_over_the_mesh(results):

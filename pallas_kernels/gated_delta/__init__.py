@@ -126,23 +126,18 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, 
 def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
                                      output_final_state=True, return_pseudo_values=False,
                                      return_all_states=False, use_qk_l2norm=False, implementation="auto",
-                                     interpret=False, state_steps=None, pending=None) -> GatedDeltaOutput:
+                                     interpret=False, state_steps=None) -> GatedDeltaOutput:
     """Step recurrence for small T (decode, chain verification) from an initial state.
 
     Rollback modes: `return_all_states` (one state snapshot per position, the baseline) or
     `return_pseudo_values` (v_new, g_cumsum for `commit_state`). `state_steps` [B] (traced) or None:
     the final state is the one after that many positions, the rest of the T rows being padding (a decode
     step at a padded row count: every row meets the same kernel, and the state is the recurrence's).
-    `pending` (k [B, P, H, K], v [B, P, HV, V], g, beta [B, P, HV], n_steps [B]) or None: the deferred
-    replay. The first n_steps pending positions are applied to `initial_state` first, by the same step and
-    mask as `replay_state` (so bit for bit its result), and the T rows then run from that state; the
-    state after the replay is returned as `replayed_state` and no other state is (output_final_state must
-    be False). On the GPU it is one launch: the replay costs no launch and no extra state read of its own.
     """
     impl = _resolve(implementation, "recurrent")
     kwargs = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                   return_pseudo_values=return_pseudo_values, return_all_states=return_all_states,
-                  use_qk_l2norm=use_qk_l2norm, state_steps=state_steps, pending=pending)
+                  use_qk_l2norm=use_qk_l2norm, state_steps=state_steps)
     if impl in ("reference", "naive"):
         return reference.naive_recurrent_gated_delta_rule(q, k, v, g, beta, **kwargs)
     return _pallas_module().fused_recurrent_gated_delta_rule(q, k, v, g, beta, interpret=_interpret(interpret),

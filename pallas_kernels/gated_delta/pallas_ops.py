@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from . import chunk_kernel, commit_kernel, recurrent_kernel
 from ._kernel_utils import F32, check_block_v, dot_precisions, is_low_precision, next_pow2, pad_axis
 from .reference import (GatedDeltaOutput, check_accepted_counts, check_commit_inputs, check_gated_delta_inputs,
-                        check_pending, check_replay_inputs, compensated_cumsum)
+                        check_replay_inputs, compensated_cumsum)
 
 CHUNK = chunk_kernel.CHUNK
 
@@ -111,18 +111,13 @@ def _use_mosaic(backend, k_dim, v_dim, hv, block_v, return_all_states) -> bool:
 @functools.partial(jax.jit, static_argnames=("scale", "output_final_state", "return_pseudo_values",
                                              "return_all_states", "use_qk_l2norm", "interpret", "block_v",
                                              "num_warps", "backend", "preload"))
-def _recurrent(q, k, v, g, beta, initial_state, state_steps, pending, *, scale, output_final_state,
-               return_pseudo_values, return_all_states, use_qk_l2norm, interpret, block_v, num_warps, backend,
-               preload):
+def _recurrent(q, k, v, g, beta, initial_state, state_steps, *, scale, output_final_state, return_pseudo_values,
+               return_all_states, use_qk_l2norm, interpret, block_v, num_warps, backend, preload):
     b, _, _, hv, k_dim, v_dim = check_gated_delta_inputs(q, k, v, g, beta, initial_state)
-    kp, vp = next_pow2(k_dim), next_pow2(v_dim)
     counts = None
     if state_steps is not None:  # Triton kernel only (the Mosaic kernel has no counted form)
-        counts = _pow2_counts(state_steps, b)
-        backend = "triton"
-    if pending is not None:  # the deferred replay, then the rows: Triton kernel only
-        pk, pv, pg, pbeta, pn = pending
-        pending = (pad_axis(pk, 3, kp), pad_axis(pv, 3, vp), pg, pbeta, _pow2_counts(pn, b))
+        counts = jnp.broadcast_to(jnp.asarray(state_steps, jnp.int32).reshape(-1), (b,))
+        counts = pad_axis(counts, 0, next_pow2(b, 1))  # Triton blocks are powers of two
         backend = "triton"
     if _use_mosaic(backend, k_dim, v_dim, hv, block_v, return_all_states):
         from . import recurrent_mgpu
@@ -133,30 +128,25 @@ def _recurrent(q, k, v, g, beta, initial_state, state_steps, pending, *, scale, 
         return GatedDeltaOutput(
             o=o, final_state=final if output_final_state else None, v_new=u,
             g_cumsum=jnp.cumsum(g.astype(F32), axis=1) if return_pseudo_values else None)
+    kp, vp = next_pow2(k_dim), next_pow2(v_dim)
     q, k, v, s0 = _pad_kv(q, k, v, initial_state, kp, vp)
     o, final, u, states = recurrent_kernel.recurrent_fwd(
         q, k, v, g, beta, s0, scale=scale, l2norm=use_qk_l2norm, want_vnew=return_pseudo_values,
         want_states=return_all_states, block_v=block_v, interpret=interpret, num_warps=num_warps, preload=preload,
-        counts=counts, want_state=output_final_state and pending is None, pending=pending)
+        counts=counts, want_state=output_final_state)
     return GatedDeltaOutput(
         o=o[..., :v_dim],
-        final_state=final[:, :, :k_dim, :v_dim] if output_final_state and pending is None else None,
-        replayed_state=final[:, :, :k_dim, :v_dim] if pending is not None else None,
+        final_state=final[:, :, :k_dim, :v_dim] if output_final_state else None,
         v_new=u[..., :v_dim] if return_pseudo_values else None,
         g_cumsum=jnp.cumsum(g.astype(F32), axis=1) if return_pseudo_values else None,
         all_states=states[..., :k_dim, :v_dim] if return_all_states else None,
     )
 
 
-def _pow2_counts(n, b: int) -> jax.Array:
-    """Counts n (scalar or [B]) as int32 [Bp], Bp the power of two >= B (Triton blocks are powers of two)."""
-    return pad_axis(jnp.broadcast_to(jnp.asarray(n, jnp.int32).reshape(-1), (b,)), 0, next_pow2(b, 1))
-
-
 def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=True,
                                      return_pseudo_values=False, return_all_states=False, use_qk_l2norm=False,
                                      interpret=False, block_v=8, num_warps=1, backend="triton",
-                                     preload=None, state_steps=None, pending=None) -> GatedDeltaOutput:
+                                     preload=None, state_steps=None) -> GatedDeltaOutput:
     """Step recurrence for small T (decode, chain verification) from an initial state, Pallas kernel.
 
     Shapes as `chunk_gated_delta_rule`. Rollback modes: `return_pseudo_values` (v_new = u_t and
@@ -167,15 +157,11 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
     the arithmetic, and so every result, is the same either way.
     `state_steps` [B] int (traced) or None: the final state is the state after that many positions
     (a decode step at a padded row count); outputs past them are meaningless.
-    `pending` (k, v, g, beta, n_steps) or None: a deferred replay, one launch with the rows (see
-    gated_delta.fused_recurrent_gated_delta_rule).
     """
     check_gated_delta_inputs(q, k, v, g, beta, initial_state)
     if state_steps is not None:
         check_accepted_counts(state_steps, q.shape[0], q.shape[1], name="state_steps")
-    if pending is not None:
-        check_pending(pending, q, v, initial_state, output_final_state, return_pseudo_values, return_all_states)
-    return _recurrent(q, k, v, g, beta, initial_state, state_steps, pending, scale=_scale(scale, q.shape[-1]),
+    return _recurrent(q, k, v, g, beta, initial_state, state_steps, scale=_scale(scale, q.shape[-1]),
                       output_final_state=output_final_state, return_pseudo_values=return_pseudo_values,
                       return_all_states=return_all_states, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
                       block_v=check_block_v(block_v), num_warps=num_warps, backend=backend, preload=preload)
@@ -213,7 +199,9 @@ def _replay(initial_state, k, v, g, beta, n_steps, *, use_qk_l2norm, interpret, 
     kp, vp = next_pow2(k_dim), next_pow2(v_dim)
     s0 = pad_axis(pad_axis(initial_state.astype(F32), 2, kp), 3, vp)
     k, v = pad_axis(k, 3, kp), pad_axis(v, 3, vp)
-    out = recurrent_kernel.replay_fwd(k, v, g, beta, s0, _pow2_counts(n_steps, b), l2norm=use_qk_l2norm, block_v=block_v,
+    n = jnp.broadcast_to(jnp.asarray(n_steps, jnp.int32).reshape(-1), (b,))
+    n = pad_axis(n, 0, next_pow2(b, 1))  # Triton blocks are powers of two
+    out = recurrent_kernel.replay_fwd(k, v, g, beta, s0, n, l2norm=use_qk_l2norm, block_v=block_v,
                                       interpret=interpret, num_warps=num_warps, preload=preload)
     return out[:, :, :k_dim, :v_dim]
 

@@ -62,28 +62,22 @@ def gated_delta_step(state, k, v, g, beta):
 
 
 def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2norm, unroll, replay, n_heads,
-                      preload, counted=False, want_state=True, n_pending=0, preload_pending=False):
-    """want_state: False when no final state is written (outputs only). n_pending > 0: a deferred replay
-    first (pending count, keys, values, gates, betas before the rows' refs): the first `count` pending
-    positions are applied to the state as the replay applies them, that state is written (over s0's
-    buffer), and the rows then run from it writing outputs only."""
-    refs = list(refs)
-    n_valid = n_pend = None
+                      preload, counted=False, want_state=True):
+    """want_state: False when no final state is written (outputs only)."""
+    n_valid = None
     if replay or counted:
-        n_valid = refs.pop(0)[pl.program_id(0) // n_heads]  # leading positions whose update is kept
-    if n_pending:
-        n_pend = refs.pop(0)[pl.program_id(0) // n_heads]
-        pend_refs = [refs.pop(0) for _ in range(4)]  # keys, values, gates, betas of the pending positions
+        n_ref, refs = refs[0], refs[1:]
+        n_valid = n_ref[pl.program_id(0) // n_heads]  # leading positions whose update is kept
     if replay:
         q_ref = None
         k_ref, v_ref, g_ref, beta_ref = refs[:4]
-        rest = refs[4:]
+        rest = list(refs[4:])
         s0_ref = rest.pop(0)
         st_ref = rest.pop(0)
         o_ref = vnew_ref = states_ref = None
     else:
         q_ref, k_ref, v_ref, g_ref, beta_ref = refs[:5]
-        rest = refs[5:]
+        rest = list(refs[5:])
         s0_ref = rest.pop(0) if has_s0 else None
         o_ref = rest.pop(0)
         st_ref = rest.pop(0) if want_state else None
@@ -92,17 +86,13 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
     kdim, bv = k_ref.shape[-1], v_ref.shape[-1]
     state = s0_ref[...].astype(F32) if s0_ref is not None else jnp.zeros((kdim, bv), F32)
 
-    def loader(k_ref, v_ref, g_ref, beta_ref, q_ref=None):
-        def load(t):  # position t's inputs; none depends on the state
-            k = k_ref[t, :].astype(F32)  # [K]
-            q = None if q_ref is None else q_ref[t, :].astype(F32)  # [K]
-            if l2norm:
-                k = l2norm_vec(k)
-                q = None if q_ref is None else l2norm_vec(q)
-            return q, k, v_ref[t, :].astype(F32), g_ref[t].astype(F32), beta_ref[t].astype(F32)
-        return load
-
-    load = loader(k_ref, v_ref, g_ref, beta_ref, q_ref)
+    def load(t):  # position t's inputs; none depends on the state
+        k = k_ref[t, :].astype(F32)  # [K]
+        q = None if replay else q_ref[t, :].astype(F32)  # [K]
+        if l2norm:
+            k = l2norm_vec(k)
+            q = None if replay else l2norm_vec(q)
+        return q, k, v_ref[t, :].astype(F32), g_ref[t].astype(F32), beta_ref[t].astype(F32)
 
     def step(t, state, x):  # state [K, BV] fp32
         q, k, v, g, beta = x
@@ -115,33 +105,17 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
                 states_ref[t, :, :] = new
         return new if n_valid is None else jnp.where(t < n_valid, new, state)
 
-    def replay_step(t, state, x):  # a pending position: the replay's own step and mask
-        _, k, v, g, beta = x
-        new, _ = gated_delta_step(state, k, v, g, beta)
-        return jnp.where(t < n_pend, new, state)
-
-    def chain(state, n, step_fn, load_fn, xs=None):
-        if xs is not None:
-            for t in range(n):
-                state = step_fn(t, state, xs[t])
-        elif unroll:
-            for t in range(n):
-                state = step_fn(t, state, load_fn(t))
-        else:
-            state = lax.fori_loop(0, n, lambda t, st: step_fn(t, st, load_fn(t)), state)
-        return state
-
-    # Preloading: every position's loads (and key / query normalisation) are issued before the chain of state
-    # updates starts, so the memory latency is paid once, not once per step.
-    xs = [load(t) for t in range(n_steps)] if unroll and preload else None
-    if n_pending:
-        load_pending = loader(*pend_refs)
-        xs_pending = [load_pending(t) for t in range(n_pending)] if unroll and preload_pending else None
-        state = chain(state, n_pending, replay_step, load_pending, xs_pending)
-        st_ref[...] = state  # the committed state: what the rows start from
-        chain(state, n_steps, step, load, xs)
-        return
-    state = chain(state, n_steps, step, load, xs)
+    if unroll and preload:
+        # Every position's loads (and key / query normalisation) are issued before the chain of state
+        # updates starts, so the memory latency is paid once, not once per step.
+        xs = [load(t) for t in range(n_steps)]
+        for t in range(n_steps):
+            state = step(t, state, xs[t])
+    elif unroll:
+        for t in range(n_steps):
+            state = step(t, state, load(t))
+    else:
+        state = lax.fori_loop(0, n_steps, lambda t, st: step(t, st, load(t)), state)
     if st_ref is not None:
         st_ref[...] = state
 
@@ -158,15 +132,11 @@ def _block_specs(t: int, hv: int, group: int, kp: int, bv: int):
 
 
 def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states, block_v, interpret,
-                  num_warps=1, num_stages=2, preload=None, counts=None, want_state=True, pending=None):
+                  num_warps=1, num_stages=2, preload=None, counts=None, want_state=True):
     """q, k [B, T, H, Kp]; v [B, T, HV, Vp]; g, beta [B, T, HV]; s0 [B, HV, Kp, Vp] fp32 or None;
     counts [Bp] int32 (Bp >= B a power of two) or None: the final state is the state after counts[b]
     positions (None: after all T). want_state: False writes no final state (a verification whose commit
     replays from s0).
-    pending: None, or (k [B, P, H, Kp], v [B, P, HV, Vp], g, beta [B, P, HV], counts [Bp] int32): a deferred
-    replay. Its first counts[b] positions are applied to s0 first (the replay's arithmetic), the state after
-    them is the returned final state (over s0's buffer), and the T rows run from it writing outputs only
-    (want_state, want_vnew, want_states must be False).
 
     Returns o [B, T, HV, Vp] (v.dtype), final state [B, HV, Kp, Vp] fp32 (written over s0's buffer: each
     program reads its block before writing it; XLA copies s0 first where the caller still needs it) or
@@ -181,17 +151,6 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     key_spec, val_spec, gate_spec, state_spec = _block_specs(t, hv, group, kp, bv)
     in_specs = [key_spec, key_spec, val_spec, gate_spec, gate_spec]
     args = [q, k, v, g, beta]
-    n_pending = 0
-    if pending is not None:
-        if want_state or want_vnew or want_states or not has_s0:
-            raise ValueError("recurrent_fwd: a pending replay needs s0 and writes only the replayed state "
-                             "(want_state, want_vnew, want_states False)")
-        pk, pv, pg, pbeta, pcounts = pending
-        n_pending = pk.shape[1]
-        p_key, p_val, p_gate, _ = _block_specs(n_pending, hv, group, kp, bv)
-        in_specs = [pl.BlockSpec((pcounts.shape[0],), lambda i, j: (0,)), p_key, p_val, p_gate, p_gate] + in_specs
-        args = [pcounts, pk, pv, pg, pbeta] + args
-        want_state = True  # the replayed state
     if counts is not None:
         in_specs.insert(0, pl.BlockSpec((counts.shape[0],), lambda i, j: (0,)))
         args.insert(0, counts)
@@ -216,8 +175,7 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
         functools.partial(_recurrent_kernel, n_steps=t, scale=scale, has_s0=has_s0, want_vnew=want_vnew,
                           want_states=want_states, l2norm=l2norm, replay=False, n_heads=hv,
                           preload=_preload(preload, t), counted=counts is not None,
-                          unroll=_unroll(max(t, n_pending), interpret), want_state=want_state,
-                          n_pending=n_pending, preload_pending=_preload(preload, n_pending)),
+                          unroll=_unroll(t, interpret), want_state=want_state),
         grid=(b * hv, nv),
         in_specs=in_specs,
         out_specs=out_specs,

@@ -41,7 +41,6 @@ class GatedDeltaOutput(NamedTuple):
     v_new: jax.Array | None = None  # [B, T, HV, V] float32 pseudo-values u_t
     g_cumsum: jax.Array | None = None  # [B, T, HV] float32 cumulative gates from the start
     all_states: jax.Array | None = None  # [B, T, HV, K, V] float32 per-position snapshots
-    replayed_state: jax.Array | None = None  # [B, HV, K, V] float32: initial state + a deferred replay
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
@@ -112,12 +111,6 @@ def prepare_inputs(q, k, v, g, beta, scale, initial_state, use_qk_l2norm):
     """fp32 copies with key heads expanded to value heads (the reference may materialise them)."""
     B, T, H, HV, K, V = check_gated_delta_inputs(q, k, v, g, beta, initial_state)
     scale = K ** -0.5 if scale is None else scale
-    # 16-bit inputs are used as their type holds them. Without the barrier XLA may feed this op a producer's
-    # float32 value (excess precision) in one program and the rounded one in another, e.g. where the inputs
-    # are carried from one step to the next (the deferred replay's pending k, v, beta), and the same state
-    # would come out in other bits. The Pallas kernels read their inputs from memory, so they always do this.
-    q, k, v, g, beta = (lax.optimization_barrier(x) if jnp.dtype(x.dtype).itemsize < 4 else x
-                        for x in (q, k, v, g, beta))
     if use_qk_l2norm:
         q, k = l2_normalize(q), l2_normalize(k)
     group = HV // H
@@ -140,21 +133,12 @@ def _step(state, k_t, v_t, g_t, b_t):
 def naive_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
                                      output_final_state=True, return_pseudo_values=False,
                                      return_all_states=False, use_qk_l2norm=False,
-                                     state_steps=None, pending=None) -> GatedDeltaOutput:
+                                     state_steps=None) -> GatedDeltaOutput:
     """The per-step recurrence, fp32. Ground truth for every other implementation.
 
     state_steps [B] int (traced) or None: the final state is the state after that many positions
-    (a decode step at a padded row count); outputs past them are meaningless.
-    pending (k, v, g, beta, n_steps) or None: a deferred replay applied to initial_state first
-    (`replay_state_reference`); the rows run from that state, which is returned as `replayed_state`."""
+    (a decode step at a padded row count); outputs past them are meaningless."""
     B, T = q.shape[:2]
-    if pending is not None:
-        check_pending(pending, q, v, initial_state, output_final_state, return_pseudo_values, return_all_states)
-        initial_state = replay_state_reference(initial_state, *pending, use_qk_l2norm=use_qk_l2norm)
-        out = naive_recurrent_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                               output_final_state=False, use_qk_l2norm=use_qk_l2norm,
-                                               state_steps=state_steps)
-        return out._replace(replayed_state=initial_state)
     if state_steps is not None:
         check_accepted_counts(state_steps, B, T, name="state_steps")
         n = jnp.broadcast_to(jnp.asarray(state_steps, jnp.int32).reshape(-1), (B,))
@@ -203,24 +187,6 @@ def replay_state_reference(initial_state, k, v, g, beta, n_steps, *, use_qk_l2no
     xs = (jnp.arange(T),) + tuple(jnp.moveaxis(x, 1, 0) for x in (k, v, g, beta))
     final, _ = lax.scan(step, s0, xs)
     return final
-
-
-def check_pending(pending, q, v, initial_state, output_final_state, return_pseudo_values, return_all_states):
-    """Validate a deferred replay (k, v, g, beta, n_steps) given with the rows q [B, T, H, K], v [B, T, HV, V]."""
-    if not isinstance(pending, (tuple, list)) or len(pending) != 5:
-        raise ValueError("gated_delta: pending must be (k, v, g, beta, n_steps)")
-    if initial_state is None:
-        raise ValueError("gated_delta: a pending replay needs initial_state (the state it advances)")
-    if output_final_state or return_pseudo_values or return_all_states:
-        raise ValueError("gated_delta: with pending, the only state returned is the replayed one "
-                         "(output_final_state, return_pseudo_values, return_all_states must be False)")
-    pk, pv = pending[:2]
-    B, H, K = q.shape[0], q.shape[2], q.shape[3]
-    HV, V = v.shape[2], v.shape[3]
-    if pk.ndim != 4 or pk.shape[0] != B or pk.shape[2:] != (H, K) or pv.shape[:1] + pv.shape[2:] != (B, HV, V):
-        raise ValueError(f"gated_delta: pending k must be [B={B}, P, H={H}, K={K}] and v [B, P, HV={HV}, V={V}]; "
-                         f"got {pk.shape}, {pv.shape}")
-    check_replay_inputs(initial_state, *pending)
 
 
 def check_replay_inputs(initial_state, k, v, g, beta, n_steps) -> tuple[int, int, int, int, int, int]:

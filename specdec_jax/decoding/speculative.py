@@ -9,11 +9,8 @@ from the committed state, accepts a prefix, and commits anchor + accepted drafts
 - the conv state is the window at the accepted boundary,
 - the GDN state is replayed from the committed state over the kept positions by the recurrence's own
   step (`rollback="replay"`, the default: one read and one write of the state, bit-identical to the
-  recurrence), or that replay is deferred (`rollback="deferred"`: the kept positions' inputs travel with the
-  state, `Qwen35State.pending`, and the next verification's GDN kernel applies them before its own rows,
-  in the same launch; the loop settles the last ones before it returns), rebuilt from pseudo-values
-  (`rollback="pseudo"`, no per-position state, exact in exact arithmetic) or selected from per-position
-  snapshots (`rollback="snapshot"`, the vLLM/SGLang baseline).
+  recurrence), rebuilt from pseudo-values (`rollback="pseudo"`, no per-position state, exact in exact
+  arithmetic) or selected from per-position snapshots (`rollback="snapshot"`, the vLLM/SGLang baseline).
 
 Batches are ragged: every sequence keeps its own length, accepted count and output offset.
 """
@@ -36,9 +33,7 @@ from .acceptance import accept
 from .decode_shape import pad_rows
 from .sampling import SamplingConfig, select_token
 
-ROLLBACK_MODES = ("replay", "deferred", "pseudo", "snapshot")
-# Rollbacks whose verification runs the step recurrence (at most qwen35.MAX_RECURRENT_VERIFY positions).
-RECURRENT_ROLLBACKS = ("replay", "deferred", "snapshot")
+ROLLBACK_MODES = ("replay", "pseudo", "snapshot")
 DEFAULT_ROLLBACK = "replay"
 
 
@@ -168,22 +163,11 @@ def spec_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gam
     if accept_p is not None:
         n_acc, next_token = forced_acceptance(n_acc, logits, accept_p, jax.random.fold_in(k_accept, 1))
     emitted, n_emit, n_keep, hit_eos = emit_accepted(drafts, n_acc, next_token, active, eos_ids)
-    model = qwen35.commit(state.model, verified, extras, n_keep, impl=impl, mesh=cfg.mesh,
-                          defer=rollback == "deferred")
+    model = qwen35.commit(state.model, verified, extras, n_keep, impl=impl, mesh=cfg.mesh)
     state = advance(state, model, emitted, n_emit, n_acc, hit_eos, active, max_new_tokens)
     drafter_state = drafter.update(drafter_state, emitted=emitted, n_emitted=n_emit, n_keep=n_keep, verified=extras,
                                    params=params, cfg=cfg)
     return state, drafter_state, emitted, n_emit
-
-
-def with_pending_slots(params, cfg, state: SpecState, rows: int) -> SpecState:
-    """`state` whose model carries an empty pending replay of `rows` positions (rows = the verification's row
-    count), as the first carry of a loop of `rollback="deferred"` steps: each step's commit leaves one of that
-    shape. Callers driving `spec_step_jit` themselves settle the model state at the end (`qwen35.settle`)."""
-    if state.model.pending is not None:
-        return state
-    pending = qwen35.empty_pending(params, cfg, state.anchor.shape[0], rows)
-    return state.replace(model=state.model.replace(pending=pending))
 
 
 # The step alone as one jitted call (state and drafter state donated), for callers that drive their own
@@ -232,10 +216,7 @@ def _spec_loop(params, state, drafter_state, key, accept_p=None, *, cfg, samplin
         state, drafter_state, _, _ = step(state, drafter_state, sub)
         return state, drafter_state, key
 
-    if rollback == "deferred":  # the carry holds a pending replay from the first step on (none kept yet)
-        state = with_pending_slots(params, cfg, state, decode_rows or gamma + 1)
     state, drafter_state, _ = lax.while_loop(cond, body, (state, drafter_state, key))
-    state = state.replace(model=qwen35.settle(state.model, impl=impl, mesh=cfg.mesh))
     pad = eos_ids[0] if eos_ids else 0
     filled = jnp.arange(max_new_tokens)[None, :] < state.n_out[:, None]
     tokens = jnp.where(filled, state.out[:, :max_new_tokens], pad)

@@ -35,23 +35,6 @@ MAX_RECURRENT_VERIFY = 64
 # ------------------------------------------------------------------------------------------ state
 
 @struct.dataclass
-class PendingReplay:
-    """A deferred replay (rollback "deferred"): the last verification's inputs of the GDN recurrence, per GDN
-    layer, and how many leading positions of them were kept. The committed GDN state is `recurrent` advanced by
-    those positions; the next verification applies them inside its own kernel launch (one launch and one state
-    read per layer fewer than replaying at commit), and `settle` applies them where a caller needs the state.
-
-    k: per GDN layer [B, P, H, K]; v: [B, P, HV, V]; g: [B, P, HV] float32; beta: [B, P, HV]; count: [B] int32.
-    """
-
-    k: tuple
-    v: tuple
-    g: tuple
-    beta: tuple
-    count: jax.Array
-
-
-@struct.dataclass
 class Qwen35State:
     """Immutable decode state. Rollback = keep an old state; nothing is ever overwritten in place.
 
@@ -59,8 +42,6 @@ class Qwen35State:
     conv: per GDN layer, the last (kernel - 1) pre-conv qkv inputs [B, kernel - 1, C].
     recurrent: per GDN layer [B, HV, K, V] float32.
     length: [B] int32 tokens committed per sequence.
-    pending: None, or a PendingReplay not yet applied to `recurrent` (inside a "deferred" speculative loop only;
-    every forward but a deferred verification applies it first, and the loop settles it before returning).
     """
 
     keys: tuple
@@ -68,7 +49,6 @@ class Qwen35State:
     conv: tuple
     recurrent: tuple
     length: jax.Array
-    pending: PendingReplay | None = None
 
     @property
     def max_len(self) -> int:
@@ -182,12 +162,10 @@ def conv_window_at(window: jax.Array, n: jax.Array, width: int) -> jax.Array:
 
 
 def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, rec_state: jax.Array,
-              impl: str, collect, n_valid=None, pending=None):
+              impl: str, collect, n_valid=None):
     """Gated DeltaNet token mixer. x [B, T, D] -> out [B, T, D], new conv/recurrent state, extras.
 
-    n_valid [B] or None: rows past it are padding (decode shape); the new states are those after n_valid.
-    pending (k, v, g, beta, count) or None: a deferred replay (collect "deferred" only), applied to rec_state in
-    the verification's own kernel launch; the recurrent state returned is then rec_state advanced by it."""
+    n_valid [B] or None: rows past it are padding (decode shape); the new states are those after n_valid."""
     B, T, _ = x.shape
     HV, V, W = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
     qkv, z, b, a = gdn_projections(p, cfg, x)
@@ -201,19 +179,12 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
     q, k, v = gdn_heads(cfg, conv)
     beta, g = gdn_gates(p, b, a)
 
-    snapshots, replay = collect == "snapshot", collect in ("replay", "deferred")
-    if pending is not None and collect != "deferred":
-        raise ValueError("gdn_mixer: a pending replay is applied by a deferred verification only")
+    snapshots, replay = collect == "snapshot", collect == "replay"
     # Under replay rollback the commit recomputes the state from rec_state, so verification writes none (one
-    # write of every GDN state saved per step); the state returned is then the unchanged rec_state (deferred:
-    # rec_state advanced by the pending replay, which this launch applies).
+    # write of every GDN state saved per step); the state returned is then the unchanged rec_state.
     skip_state = replay and cfg.mesh is None
     kwargs = dict(output_final_state=not skip_state, return_pseudo_values=bool(collect) and not replay,
                   use_qk_l2norm=True, implementation=impl)
-    if pending is not None:
-        if cfg.mesh is not None:
-            raise ValueError("gdn_mixer: the deferred replay runs on one device only (use rollback 'replay')")
-        kwargs["pending"] = pending
     if (snapshots or replay or n_valid is not None) and T > MAX_RECURRENT_VERIFY:
         raise ValueError(f"{collect or 'a decode-shape forward'} runs at most {MAX_RECURRENT_VERIFY} positions "
                          f"through the step recurrence; got T={T}")
@@ -234,7 +205,7 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         # Prefill (an unrolled 64-step kernel took minutes to compile), and verification elsewhere: the
         # chunked form is parallel over T (as an XLA loop the step recurrence is T dependent launches).
         res = gdn_rule(cfg, gated_delta.chunk_gated_delta_rule, q, k, v, g, beta, rec_state, **kwargs)
-    final_state = (res.replayed_state if pending is not None else rec_state) if skip_state else res.final_state
+    final_state = rec_state if skip_state else res.final_state
     o = L.gated_rms_norm(res.o.astype(x.dtype), z, p["norm"], cfg.rms_norm_eps)  # [B, T, HV, V]
     out = L.linear(o.reshape(B, T, HV * V), p["out_proj"])
     extras = {}
@@ -332,8 +303,7 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
 
     logits: [B, T, vocab] float32 ("all") or [B, 1, vocab] for the last position ("last").
     collect: None, or what speculative commit needs in `extras`: per GDN layer the conv window and
-    k, v, g, beta ("replay": the commit re-runs the recurrence's step; "deferred": the same, the commit
-    keeping them as the state's pending replay for the next verification), k, g, v_new ("pseudo" or True:
+    k, v, g, beta ("replay": the commit re-runs the recurrence's step), k, g, v_new ("pseudo" or True:
     rebuild from pseudo-values), or those plus per-position recurrent states ("snapshot", the
     baseline); and the final-normed hidden states (for MTP drafters; "hidden" collects only those).
     n_valid: None, or [B] int32 (traced): a decode-shape forward (T <= MAX_RECURRENT_VERIFY) whose rows
@@ -348,9 +318,6 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     head: None (the model's output head), or [N, D]: logits over N rows only (a draft's token shortlist).
     """
     B, T = input_ids.shape
-    pending = state.pending
-    if pending is not None and collect != "deferred":
-        state, pending = settle(state, impl=impl, mesh=cfg.mesh), None
     dtype = params["embed"].dtype
     x = params["embed"][input_ids].astype(dtype)  # [B, T, D]
     positions = state.length[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]  # [B, T]
@@ -371,10 +338,8 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
             h, keys[slot], values[slot] = attention_mixer(p["mixer"], cfg, h, keys[slot], values[slot],
                                                           positions, mask)
         else:
-            pend = None if pending is None else (pending.k[slot], pending.v[slot], pending.g[slot],
-                                                 pending.beta[slot], pending.count)
             h, conv[slot], rec[slot], ex = gdn_mixer(p["mixer"], cfg, h, conv[slot], rec[slot], impl,
-                                                     None if collect == "hidden" else collect, n_valid, pend)
+                                                     None if collect == "hidden" else collect, n_valid)
             gdn_extras.append(ex)
         x = x + h
         x = x + mlp(p["mlp"], cfg, L.rms_norm(x, p["post_norm"], cfg.rms_norm_eps, zero_centered=True))
@@ -412,33 +377,8 @@ def decode_step(params, cfg, state, token_ids, impl="auto"):
     return logits[:, 0], state
 
 
-def empty_pending(params: dict, cfg: Qwen35Config, batch: int, rows: int) -> PendingReplay:
-    """A pending replay of `rows` positions that keeps none (count 0): the deferred loop's first carry. Dtypes
-    are those `gdn_mixer` gives k, v, beta (the embedding's) and g (float32)."""
-    dtype = params["embed"].dtype
-    H, K = linear_key_heads(cfg), cfg.linear_key_head_dim
-    HV, V = cfg.linear_num_value_heads, cfg.linear_value_head_dim
-    layers = range(len(cfg.linear_layers))  # one array per layer: a donated state holds no buffer twice
-    return PendingReplay(k=tuple(jnp.zeros((batch, rows, H, K), dtype) for _ in layers),
-                         v=tuple(jnp.zeros((batch, rows, HV, V), dtype) for _ in layers),
-                         g=tuple(jnp.zeros((batch, rows, HV), jnp.float32) for _ in layers),
-                         beta=tuple(jnp.zeros((batch, rows, HV), dtype) for _ in layers),
-                         count=jnp.zeros((batch,), jnp.int32))
-
-
-def settle(state: Qwen35State, *, impl: str = "auto", mesh=None) -> Qwen35State:
-    """The state with its pending replay applied (one replay launch per GDN layer), or itself when none is."""
-    pend = state.pending
-    if pend is None:
-        return state
-    rec = tuple(gdn_state_rule(mesh, gated_delta.replay_state, s0, k, v, g, beta, n=pend.count, use_qk_l2norm=True,
-                               implementation=impl)
-                for s0, k, v, g, beta in zip(state.recurrent, pend.k, pend.v, pend.g, pend.beta))
-    return state.replace(recurrent=rec, pending=None)
-
-
 def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax.Array, *,
-           impl: str = "auto", mesh=None, defer: bool = False) -> Qwen35State:
+           impl: str = "auto", mesh=None) -> Qwen35State:
     """State after keeping the first n_keep [B] of the T positions a verification forward ran.
 
     before: the committed state the verification started from; verified, extras: what
@@ -448,19 +388,8 @@ def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax
     positions by the recurrence's own step (`replay_state`, bit-identical to the recurrence), rebuilt
     from pseudo-values (`commit_state`) or, in snapshot mode, selected from the per-position states.
     mesh: the model's cfg.mesh (None: one device); the commit kernels then run per device on their heads.
-    defer: (extras of a "deferred" verification) keep the kept positions as the state's pending replay instead
-    of replaying them now; `verified.recurrent` is then the state before them (the verification applied the
-    previous pending replay).
     """
     n_keep = n_keep.astype(jnp.int32)
-    if defer:
-        gdn = extras["gdn"]
-        conv = tuple(conv_window_at(ex["conv_window"], n_keep, ex["conv_window"].shape[1] - ex["k"].shape[1])
-                     for ex in gdn)
-        pending = PendingReplay(k=tuple(ex["k"] for ex in gdn), v=tuple(ex["v"] for ex in gdn),
-                                g=tuple(ex["g"] for ex in gdn), beta=tuple(ex["beta"] for ex in gdn), count=n_keep)
-        return Qwen35State(keys=verified.keys, values=verified.values, conv=conv, recurrent=verified.recurrent,
-                           length=before.length + n_keep, pending=pending)
     conv, rec = [], []
     for s0, ex in zip(before.recurrent, extras["gdn"]):
         window = ex["conv_window"]  # [B, W-1+T, C]
