@@ -5,14 +5,14 @@
 #                                                  ab, tune, looped, looped-grid, exact-all, qwen-all,
 #                                                  looped-scale, reuse, train,
 #                                                  train-huginn, retrained, selfdraft, profile, graphs,
-#                                                  replay, current, train-depth
+#                                                  replay, current, train-depth, live, live-check
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -201,6 +201,25 @@ current)  # issue 13: bf16 equality with AR at the current code: every chain met
         --modes exact --tag _huginn_current --out "$dir"
     step 120 exact_9b python scripts/bench_exact.py --part 9b --num-prompts 1 --ar-rows 8,9 --repeats 3 \
         --tag _current --out "$dir"
+    ;;
+live)  # issue 12: the exact path's GDN recurrence on the rows that can be valid (AR 1, verification gamma + 1, not all
+    # decode rows): the 9B cost curve with its AR, then AR and steps kernel by kernel (gamma 2, 8, 16)
+    step 200 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.6,0.8,1.0 --exact on \
+        --rollbacks replay --gammas 2,4,8,16 --repeats 2 --max-new-tokens 128 --prompt-len 256 --time-budget-s 185 \
+        --tag _live --out "$dir"
+    step 150 profile_9b python scripts/bench_spec.py --random-9b --forced-acceptance 1.0 --exact on --curve-method ngram \
+        --rollbacks replay --gammas 2,8,16 --repeats 1 --max-new-tokens 64 --prompt-len 256 --kernel-profile \
+        --tag _live_profile --out "$dir"
+    ;;
+live-check)  # issues 12, 13: bf16 equality with AR after that change (every Qwen chain method, the 9B shape damped,
+    # AR at 8 and 9 rows against 1), then the tiny checkpoint end to end
+    step 130 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 20 --prompt-len 64 \
+        --modes exact --tag _qwen_live --out "$dir"
+    step 120 exact_9b python scripts/bench_exact.py --part 9b --num-prompts 1 --ar-rows 8,9 --repeats 3 \
+        --tag _live --out "$dir"
+    step 200 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
+        --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
+        --e2e-methods ngram:4,ngram:8,mtp:3,mtp:4,mtp-shortlist:4 --tag _live --out "$dir"
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \

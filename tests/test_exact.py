@@ -70,6 +70,32 @@ def test_looped_methods_equal_ar_in_bfloat16(method):
                                       err_msg=f"prompt {i}")
 
 
+def test_gdn_on_the_live_rows_leaves_every_valid_row_unchanged():
+    """A decode-shape forward whose GDN recurrence runs on the first `live_rows` rows only (AR: 1, verification:
+    gamma + 1): the valid rows' logits, the GDN and conv states and the K/V cache up to the new length are the
+    full-rows forward's bit for bit (bf16, ragged valid counts)."""
+    import jax
+    import jax.numpy as jnp
+    from specdec_jax.models import qwen35
+    model = _model(QWEN)
+    cfg, params = model.config, model.params
+    rng = np.random.default_rng(0)
+    state = qwen35.init_state(cfg, 2, 40, model.dtype)
+    _, state = qwen35.forward_jit(params, cfg, state, jnp.asarray(rng.integers(0, cfg.vocab_size, (2, 16))))
+    ids, n = jnp.asarray(rng.integers(0, cfg.vocab_size, (2, 8))), jnp.asarray([1, 3], jnp.int32)
+    run = jax.jit(lambda p, s, t, n, live: qwen35.forward(p, cfg, s, t, n_valid=n, live_rows=live)[:2],
+                  static_argnames="live")
+    want_logits, want = run(params, state, ids, n, live=None)
+    logits, got = run(params, state, ids, n, live=3)
+    for row, valid in enumerate(np.asarray(n)):
+        np.testing.assert_array_equal(np.asarray(logits[row, :valid]), np.asarray(want_logits[row, :valid]))
+    for a, b in zip(got.recurrent + got.conv, want.recurrent + want.conv):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for a, b in zip(got.keys + got.values, want.keys + want.values):
+        np.testing.assert_array_equal(np.asarray(a[:, :19]), np.asarray(b[:, :19]))  # 16 + 3 positions
+    assert not np.array_equal(np.asarray(logits[1, 3:]), np.asarray(want_logits[1, 3:]))  # padding rows differ
+
+
 def test_pad_rows_repeats_the_last_id():
     ids = np.asarray([[3, 4], [5, 6]])
     np.testing.assert_array_equal(np.asarray(pad_rows(ids, 4)), [[3, 4, 4, 4], [5, 6, 6, 6]])
@@ -117,7 +143,7 @@ def test_every_decode_forward_runs_at_the_decode_shape(monkeypatch):
 
     def recording(fn, name):
         def wrapped(params, cfg, state, ids, *args, **kwargs):
-            calls.append((name, ids.shape[1], kwargs.get("num_steps")))
+            calls.append((name, ids.shape[1], kwargs.get("num_steps", kwargs.get("live_rows"))))
             return fn(params, cfg, state, ids, *args, **kwargs)
         return wrapped
 
@@ -145,9 +171,11 @@ def test_every_decode_forward_runs_at_the_decode_shape(monkeypatch):
     qwen, huginn = _model(QWEN), _model(HUGINN)
     q_ids, h_ids = _prompts(QWEN)[0][:, :7], _prompts(HUGINN)[0][:, :7]  # 7: not a decode row count
     R = huginn.config.mean_recurrence
-    for method in ("ar", "ngram", "mtp"):
-        rows = {t for name, t, _ in traced(qwen, q_ids, method) if name == "qwen"} - {7}
-        assert rows == {8}, f"{method}: decode forwards at {rows}"
+    for method, live in (("ar", 1), ("ngram", 5), ("mtp", 5)):  # gamma 4 by default
+        decode = {(t, rows) for name, t, rows in traced(qwen, q_ids, method) if name == "qwen" and t != 7}
+        # AR steps and verifications at 8 rows; the GDN recurrence on the rows that can be valid only
+        assert {t for t, _ in decode} == {8}, f"{method}: decode forwards at {decode}"
+        assert {rows for _, rows in decode} == {live}, f"{method}: GDN rows {decode}"
     assert {t for _, t, _ in traced(qwen, q_ids, "ngram", exact=False)} - {7} == {5}, "fast path: gamma + 1"
     for method in ("ar", "self-spec", "das-wave"):
         calls_ = traced(huginn, h_ids, method)

@@ -43,7 +43,7 @@ def ar_ops(family: Family, decode_rows: int = 0) -> FamilyOps:
 
     def decode(params, cfg, state, ids):  # ids [B, 1]; logits of every row, as a verification computes them
         logits, state = family.decode_forward(params, cfg, state, pad_rows(ids, decode_rows),
-                                              jnp.ones((ids.shape[0],), jnp.int32))
+                                              jnp.ones((ids.shape[0],), jnp.int32), live_rows=ids.shape[1])
         return logits[:, 0], state
 
     return FamilyOps(init_state=family.init_state, step=step, decode=decode if decode_rows else None)

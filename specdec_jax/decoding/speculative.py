@@ -136,7 +136,7 @@ def verify_forward(params, cfg, model: qwen35.Qwen35State, verify_ids: jax.Array
         return qwen35.forward(params, cfg, model, verify_ids, impl=impl, collect=rollback)
     padded = pad_rows(verify_ids, decode_rows)
     logits, verified, extras = qwen35.forward(params, cfg, model, padded, impl=impl, collect=rollback,
-                                              n_valid=jnp.full((B,), decode_rows, jnp.int32))
+                                              n_valid=jnp.full((B,), decode_rows, jnp.int32), live_rows=G1)
     return logits[:, :G1], verified, dict(extras, hidden=extras["hidden"][:, :G1])
 
 

@@ -11,9 +11,11 @@ so it hashes and can be a static argument of a jitted loop:
     commit(before, verified, extras, n_keep [B]) -> state
                                                           the state as if only the first n_keep of the T
                                                           verified tokens had run (ragged per row)
-    decode_forward(params, cfg, state, ids [B, T], n_valid [B]) -> (logits [B, T, V], state)
+    decode_forward(params, cfg, state, ids [B, T], n_valid [B], live_rows=None) -> (logits [B, T, V], state)
                                                           the exact path's decode shape: T padded rows,
-                                                          the state advances by n_valid
+                                                          the state advances by n_valid; live_rows (static):
+                                                          no valid row lies past it (a hint; Qwen3.5 runs its
+                                                          GDN recurrence on those rows only)
     state_dtype(model) -> dtype                           what a fresh state of `model` holds
 
 `QWEN35`, the Qwen3.5 hybrid: its commit replays the GDN recurrence over the kept tokens from the state
@@ -82,8 +84,8 @@ def _qwen_verify(params, cfg, state, ids):
     return qwen35.forward(params, cfg, state, ids, collect="replay")
 
 
-def _qwen_decode_forward(params, cfg, state, ids, n_valid):
-    logits, state, _ = qwen35.forward(params, cfg, state, ids, n_valid=n_valid)
+def _qwen_decode_forward(params, cfg, state, ids, n_valid, live_rows=None):
+    logits, state, _ = qwen35.forward(params, cfg, state, ids, n_valid=n_valid, live_rows=live_rows)
     return logits, state
 
 
@@ -116,7 +118,7 @@ def _looped_family(num_steps: int, cache_mode: str) -> LoopedFamily:
     def verify(params, cfg, cache, ids):
         return looped.forward(params, cfg, cache, ids, num_steps=num_steps)
 
-    def decode_forward(params, cfg, cache, ids, n_valid):
+    def decode_forward(params, cfg, cache, ids, n_valid, live_rows=None):  # attention only: no hint to use
         return looped.decode_forward(params, cfg, cache, ids, n_valid, num_steps=num_steps)
 
     return LoopedFamily(name="looped", init_state=init_state, forward=forward, verify=verify, commit=_looped_commit,

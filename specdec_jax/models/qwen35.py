@@ -162,10 +162,12 @@ def conv_window_at(window: jax.Array, n: jax.Array, width: int) -> jax.Array:
 
 
 def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, rec_state: jax.Array,
-              impl: str, collect, n_valid=None):
+              impl: str, collect, n_valid=None, live_rows=None):
     """Gated DeltaNet token mixer. x [B, T, D] -> out [B, T, D], new conv/recurrent state, extras.
 
-    n_valid [B] or None: rows past it are padding (decode shape); the new states are those after n_valid."""
+    n_valid [B] or None: rows past it are padding (decode shape); the new states are those after n_valid.
+    live_rows (static, with n_valid) or None: no valid row lies past the first live_rows, so the recurrence
+    runs on those only and the rest get a zero GDN output (see `forward`)."""
     B, T, _ = x.shape
     HV, V, W = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
     qkv, z, b, a = gdn_projections(p, cfg, x)
@@ -178,6 +180,18 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
 
     q, k, v = gdn_heads(cfg, conv)
     beta, g = gdn_gates(p, b, a)
+    live = T if n_valid is None or live_rows is None else min(int(live_rows), T)
+    if n_valid is not None:
+        # The decode shape: the recurrence's inputs are computed for all T rows, as one value whatever `live`
+        # is (the barrier keeps XLA from fusing the slice below into their producers, which would compute
+        # them in another order).
+        q, k, v, g, beta = lax.optimization_barrier((q, k, v, g, beta))
+    if live < T:
+        # The step recurrence is a chain of dependent steps, one per row: padding rows would lengthen it (at the
+        # 9B shape about 0.5 us per row and layer). A row's steps are the same instructions whatever the row
+        # count, so the valid rows' outputs and states are unchanged.
+        q, k, v, g, beta = (t[:, :live] for t in (q, k, v, g, beta))
+        n_valid = jnp.minimum(n_valid, live)
 
     snapshots, replay = collect == "snapshot", collect == "replay"
     # Under replay rollback the commit recomputes the state from rec_state, so verification writes none (one
@@ -206,7 +220,8 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         # chunked form is parallel over T (as an XLA loop the step recurrence is T dependent launches).
         res = gdn_rule(cfg, gated_delta.chunk_gated_delta_rule, q, k, v, g, beta, rec_state, **kwargs)
     final_state = rec_state if skip_state else res.final_state
-    o = L.gated_rms_norm(res.o.astype(x.dtype), z, p["norm"], cfg.rms_norm_eps)  # [B, T, HV, V]
+    o = res.o if live == T else jnp.pad(res.o, ((0, 0), (0, T - live), (0, 0), (0, 0)))  # padding rows: zeros
+    o = L.gated_rms_norm(o.astype(x.dtype), z, p["norm"], cfg.rms_norm_eps)  # [B, T, HV, V]
     out = L.linear(o.reshape(B, T, HV * V), p["out_proj"])
     extras = {}
     if replay:  # what the step needs to run again: keys (normalised in the kernel), values, gates
@@ -298,7 +313,7 @@ def mlp(p: dict, cfg: Qwen35Config, x: jax.Array) -> jax.Array:
 
 def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.Array, *,
             impl: str = "auto", collect=None, logits_for: str = "all", n_valid=None, skip: tuple = (),
-            skip_deltas=None, record: tuple = (), head=None):
+            skip_deltas=None, record: tuple = (), head=None, live_rows=None):
     """Run T >= 1 new tokens [B, T] from `state`; returns (logits, new_state, extras).
 
     logits: [B, T, vocab] float32 ("all") or [B, 1, vocab] for the last position ("last").
@@ -311,6 +326,9 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     do not depend on how many real rows share its forward; the state advances by n_valid (GDN state by
     the step recurrence, conv window at that boundary, length + n_valid). The padding rows' K/V land
     past the new length: masked, and overwritten by later tokens.
+    live_rows: None, or (static, with n_valid) a bound on the valid rows (1 for an AR step, gamma + 1 for a
+    verification): the GDN recurrence runs on that many rows, the padding rows past them getting a zero GDN
+    output (every other op still runs all T rows, so each product keeps its row count).
     skip (static layer indices): layers not run (self-drafts); their state slots pass through unchanged.
     skip_deltas: None, or [B, T, len(skip), D]: what each skipped layer adds to the residual stream instead.
     record (static layer indices): extras["deltas"] [B, T, len(record), D], what each of those layers
@@ -339,7 +357,8 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
                                                           positions, mask)
         else:
             h, conv[slot], rec[slot], ex = gdn_mixer(p["mixer"], cfg, h, conv[slot], rec[slot], impl,
-                                                     None if collect == "hidden" else collect, n_valid)
+                                                     None if collect == "hidden" else collect, n_valid,
+                                                     live_rows)
             gdn_extras.append(ex)
         x = x + h
         x = x + mlp(p["mlp"], cfg, L.rms_norm(x, p["post_norm"], cfg.rms_norm_eps, zero_centered=True))
@@ -391,9 +410,9 @@ def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax
     """
     n_keep = n_keep.astype(jnp.int32)
     conv, rec = [], []
-    for s0, ex in zip(before.recurrent, extras["gdn"]):
+    for s0, c0, ex in zip(before.recurrent, before.conv, extras["gdn"]):
         window = ex["conv_window"]  # [B, W-1+T, C]
-        conv.append(conv_window_at(window, n_keep, window.shape[1] - ex["k"].shape[1]))
+        conv.append(conv_window_at(window, n_keep, c0.shape[1]))
         if "beta" in ex:
             rec.append(gdn_state_rule(mesh, gated_delta.replay_state, s0, ex["k"], ex["v"], ex["g"], ex["beta"],
                                       n=n_keep, use_qk_l2norm=True, implementation=impl))
