@@ -181,10 +181,12 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
     q, k, v = gdn_heads(cfg, conv)
     beta, g = gdn_gates(p, b, a)
     live = T if n_valid is None or live_rows is None else min(int(live_rows), T)
-    if n_valid is not None:
-        # The decode shape: the recurrence's inputs are computed for all T rows, as one value whatever `live`
-        # is (the barrier keeps XLA from fusing the slice below into their producers, which would compute
-        # them in another order).
+    if n_valid is not None and gated_delta.resolve(impl, "recurrent") != "pallas":
+        # The decode shape on the jnp recurrence: its inputs are computed for all T rows, as one value whatever
+        # `live` is (XLA's CPU compiler, fusing the slice below into their producers, computed them in another
+        # order: last-bit differences in bf16 and fp32). The Pallas kernel reads its inputs from memory, written
+        # by elementwise producers, so on the GPU the barrier is left out: there it cost one copy per input and
+        # GDN layer, 120 copies and 120 us per 9B token (kernel_profile_qwen35_9b_random_live_profile.md).
         q, k, v, g, beta = lax.optimization_barrier((q, k, v, g, beta))
     if live < T:
         # The step recurrence is a chain of dependent steps, one per row: padding rows would lengthen it (at the
@@ -205,8 +207,11 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
     recurrent = gated_delta.fused_recurrent_gated_delta_rule
     if n_valid is not None:
         # Decode shape: every row, AR step or verification, through the same step kernel; the state is
-        # the one after the valid rows.
-        res = gdn_rule(cfg, recurrent, q, k, v, g, beta, rec_state, n_valid, return_all_states=snapshots, **kwargs)
+        # the one after the valid rows. A verification that writes no state runs uncounted: its outputs are the
+        # same (each row's output comes before the count's mask), and the masked form keeps two states live,
+        # which at 17 rows cost 31 us per 9B layer against 8 us at 9 (kernel_profile_qwen35_9b_random_live_profile.md).
+        steps = None if skip_state and not snapshots else n_valid
+        res = gdn_rule(cfg, recurrent, q, k, v, g, beta, rec_state, steps, return_all_states=snapshots, **kwargs)
     elif snapshots:
         res = gdn_rule(cfg, recurrent, q, k, v, g, beta, rec_state, return_all_states=True, **kwargs)
     elif T == 1 or replay or (collect and T <= MAX_RECURRENT_VERIFY
