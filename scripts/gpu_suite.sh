@@ -5,14 +5,14 @@
 #                                                  ab, tune, looped, looped-grid, exact-all, qwen-all,
 #                                                  looped-scale, reuse, train,
 #                                                  train-huginn, retrained, selfdraft, profile, graphs,
-#                                                  replay, current, train-depth, live, live-check
+#                                                  replay, current, train-depth, live, live-check, preload
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -220,6 +220,14 @@ live-check)  # issues 12, 13: bf16 equality with AR after that change (every Qwe
     step 200 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
         --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
         --e2e-methods ngram:4,ngram:8,mtp:3,mtp:4,mtp-shortlist:4 --tag _live --out "$dir"
+    ;;
+preload)  # issue 12: gamma 8 and 16 steps (9B, exact path, full acceptance) with the small-T kernel's inputs preloaded
+    # up to 32 rows (the default), 16 and 8: is the 17-row verification (27.6 us per layer against 7.8 at 9) spilling?
+    for bound in 32 16 8; do
+        SPECDEC_GDN_PRELOAD_MAX=$bound step 100 curve_preload$bound python scripts/bench_spec.py --random-9b \
+            --forced-acceptance 1.0 --exact on --rollbacks replay --gammas 8,16 --repeats 2 --max-new-tokens 96 \
+            --prompt-len 256 --time-budget-s 90 --tag _preload$bound --out "$dir"
+    done
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \

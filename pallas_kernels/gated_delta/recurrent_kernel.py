@@ -28,6 +28,7 @@ and ..._grouped_replay.md; the grouped kernel was tried at commit 28c9a1c and re
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -50,7 +51,9 @@ def _unroll(t: int, interpret: bool) -> bool:
 
 
 def _preload(preload, t: int) -> bool:
-    return 1 < t <= PRELOAD_MAX if preload is None else bool(preload)
+    # SPECDEC_GDN_PRELOAD_MAX overrides the bound (an A/B knob for GPU measurements; arithmetic is unchanged).
+    bound = int(os.environ.get("SPECDEC_GDN_PRELOAD_MAX", PRELOAD_MAX))
+    return 1 < t <= bound if preload is None else bool(preload)
 
 
 def gated_delta_step(state, k, v, g, beta):
