@@ -17,9 +17,9 @@ Replay (`counts` given, no outputs but the state): It is the commit of the repla
 prefix, recomputed from the old state by the very arithmetic that verification (and AR decode) ran,
 so it equals the recurrence's state bit for bit (one read and one write of the state).
 
-One launch per layer. At the Qwen3.5-9B shape 24 launches took 142-154 us per step, about as much at gamma 2
-as at gamma 8 (a fixed cost per launch, not the chain of dependent steps; README.md says how to remove it);
-the same work as 4 launches of 6 layers each (one branch per layer, each layer its own aliased state buffers)
+One launch per layer. At the Qwen3.5-9B shape 24 launches took 100 / 153 / 274 us per step at gamma 2 / 8 / 16
+(3 / 9 / 17 positions: benchmarks/results/kernel_profile_qwen35_9b_random_live_profile.md; deferring it into the
+next verification's launch measured slower, README.md); the same work as 4 launches of 6 layers each (one branch per layer, each layer its own aliased state buffers)
 took 167-187 us plus 50 us of input stacking, and as 1 launch of 24 branches it did not compile within 3
 minutes (benchmarks/results/kernel_profile_qwen35_9b_random_profile.md
 and ..._grouped_replay.md; the grouped kernel was tried at commit 28c9a1c and removed).
@@ -41,7 +41,8 @@ from ._kernel_utils import F32, l2norm_vec
 MAX_UNROLL = 64  # decode / verify lengths; longer sequences belong to the chunk kernel
 # From 2 to this many steps all inputs are loaded before the first update (registers allow it). Measured on
 # an H200 at the Qwen3.5-9B layer shape (benchmarks/results/tune_recurrent.md): T = 17 29.1 -> 19.9 us,
-# T = 9 20.6 -> 20.2 us, but T = 1 (decode) 15.8 -> 24.7 us, so a single step loads as it goes.
+# T = 9 20.6 -> 20.2 us, but T = 1 (decode) 15.8 -> 24.7 us, so a single step loads as it goes. In the model, a
+# gamma-16 step (17 rows) took 6.51 / 6.61 / 6.75 ms with bounds 32 / 16 / 8 (spec_cost_curve_qwen35_9b_random_preload*.md).
 PRELOAD_MAX = 32
 
 

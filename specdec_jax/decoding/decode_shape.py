@@ -23,7 +23,8 @@ from ..errors import InputError
 # a 32-row verification took 8.3 ms against 6.0 ms at 17 rows, benchmarks/results/spec_cost_curve_qwen35_
 # 9b_random.md), so rows are not rounded up. Qwen3.5: 8 rows cover gamma <= 7 (the default 4, MTP's 3-4),
 # and an AR step at 8 rows took 0.956x the time of a 1-row step (16 rows 1.077x; exact_qwen35_9b_random_rows16.md;
-# re-measured: 8 rows 0.949x, 9 rows 0.979x, exact_qwen35_9b_random.md).
+# re-measured: 8 rows 0.949x, 9 rows 0.979x, exact_qwen35_9b_random.md; with the GDN recurrence on the valid row
+# only, 8 rows 0.938x, 9 rows 0.950x, exact_qwen35_9b_random_live.md).
 # Looped models: 17 rows, so das-wave's and the sampler's default gamma of 16 share AR's shape. Its price at the
 # Huginn-0125 shape: AR at 17 rows took 38.75 ms per token (looped_cost_curve_huginn0125.md) against 29.3 and
 # 31.3 ms at one row in other runs (looped_ar_huginn0125_r32_20261201_*.md, looped_spec_tiny-huginn-code_r32_

@@ -186,7 +186,7 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         # `live` is (XLA's CPU compiler, fusing the slice below into their producers, computed them in another
         # order: last-bit differences in bf16 and fp32). The Pallas kernel reads its inputs from memory, written
         # by elementwise producers, so on the GPU the barrier is left out: there it cost one copy per input and
-        # GDN layer, 120 copies and 120 us per 9B token (kernel_profile_qwen35_9b_random_live_profile.md).
+        # GDN layer, 120 copies and 120 us per 9B token (kernel_profile_qwen35_9b_random_live_barrier_profile.md).
         q, k, v, g, beta = lax.optimization_barrier((q, k, v, g, beta))
     if live < T:
         # The step recurrence is a chain of dependent steps, one per row: padding rows would lengthen it (at the
@@ -208,8 +208,8 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
     if n_valid is not None:
         # Decode shape: every row, AR step or verification, through the same step kernel; the state is
         # the one after the valid rows. A verification that writes no state runs uncounted: its outputs are the
-        # same (each row's output comes before the count's mask), and the masked form keeps two states live,
-        # which at 17 rows cost 31 us per 9B layer against 8 us at 9 (kernel_profile_qwen35_9b_random_live_profile.md).
+        # same (each row's output comes before the count's mask), and at 17 rows the 24 layers' kernels took 662
+        # us per 9B step against 744 us counted (kernel_profile_qwen35_9b_random_live_profile.md, ..._live_barrier_profile.md).
         steps = None if skip_state and not snapshots else n_valid
         res = gdn_rule(cfg, recurrent, q, k, v, g, beta, rec_state, steps, return_all_states=snapshots, **kwargs)
     elif snapshots:
