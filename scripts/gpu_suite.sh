@@ -5,14 +5,14 @@
 #                                                  ab, tune, looped, looped-grid, exact-all, qwen-all,
 #                                                  looped-scale, reuse, train,
 #                                                  train-huginn, retrained, selfdraft, profile, graphs,
-#                                                  replay, current, train-depth, live, live-check, preload, prefetch
+#                                                  replay, current, train-depth, live, live-check, preload
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | prefetch}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -227,14 +227,6 @@ preload)  # issue 12: gamma 8 and 16 steps (9B, exact path, full acceptance) wit
         SPECDEC_GDN_PRELOAD_MAX=$bound step 100 curve_preload$bound python scripts/bench_spec.py --random-9b \
             --forced-acceptance 1.0 --exact on --rollbacks replay --gammas 8,16 --repeats 2 --max-new-tokens 96 \
             --prompt-len 256 --time-budget-s 90 --tag _preload$bound --out "$dir"
-    done
-    ;;
-prefetch)  # issue 12: gamma 8 and 16 steps (9B, exact path, full acceptance) with the preloading kernel holding every
-    # position's inputs (default) or only the next 8 (SPECDEC_GDN_PREFETCH): is the 17-row verification spilling?
-    for distance in 64 8; do
-        SPECDEC_GDN_PREFETCH=$distance step 100 curve_prefetch$distance python scripts/bench_spec.py --random-9b \
-            --forced-acceptance 1.0 --exact on --rollbacks replay --gammas 8,16 --repeats 2 --max-new-tokens 96 \
-            --prompt-len 256 --time-budget-s 85 --tag _prefetch$distance --out "$dir"
     done
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed

@@ -51,12 +51,6 @@ def _unroll(t: int, interpret: bool) -> bool:
     return t <= MAX_UNROLL and not interpret
 
 
-def _prefetch_distance() -> int:
-    """Positions whose inputs a preloading kernel holds at once (default: all). SPECDEC_GDN_PREFETCH sets it (an
-    A/B knob for GPU measurements; every result is the same)."""
-    return max(1, int(os.environ.get("SPECDEC_GDN_PREFETCH", MAX_UNROLL)))
-
-
 def _preload(preload, t: int) -> bool:
     # SPECDEC_GDN_PRELOAD_MAX overrides the bound (an A/B knob for GPU measurements; arithmetic is unchanged).
     bound = int(os.environ.get("SPECDEC_GDN_PRELOAD_MAX", PRELOAD_MAX))
@@ -117,15 +111,10 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
 
     if unroll and preload:
         # Every position's loads (and key / query normalisation) are issued before the chain of state
-        # updates starts, so the memory latency is paid once, not once per step. With a prefetch distance D
-        # below T, only the next D positions' inputs are held at once (position t + D is loaded at step t):
-        # fewer registers at large T, the same arithmetic.
-        distance = min(_prefetch_distance(), n_steps)
-        xs = {t: load(t) for t in range(distance)}
+        # updates starts, so the memory latency is paid once, not once per step.
+        xs = [load(t) for t in range(n_steps)]
         for t in range(n_steps):
-            if t + distance < n_steps:
-                xs[t + distance] = load(t + distance)
-            state = step(t, state, xs.pop(t))
+            state = step(t, state, xs[t])
     elif unroll:
         for t in range(n_steps):
             state = step(t, state, load(t))
