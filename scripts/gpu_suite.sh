@@ -5,14 +5,14 @@
 #                                                  ab, tune, looped, looped-grid, exact-all, qwen-all,
 #                                                  looped-scale, reuse, train,
 #                                                  train-huginn, retrained, selfdraft, profile, graphs,
-#                                                  replay, current, train-depth, live, live-check, preload
+#                                                  replay, current, train-depth, live, live-check, preload, rolled
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -228,6 +228,18 @@ preload)  # issue 12: gamma 8 and 16 steps (9B, exact path, full acceptance) wit
             --forced-acceptance 1.0 --exact on --rollbacks replay --gammas 8,16 --repeats 2 --max-new-tokens 96 \
             --prompt-len 256 --time-budget-s 90 --tag _preload$bound --out "$dir"
     done
+    ;;
+rolled)  # issue 12 (not yet run): gamma 8 and 16 steps (9B, exact path, full acceptance) with the small-T kernel's steps
+    # unrolled up to 64 rows (the default) or run as a loop from 17 / 9 rows (SPECDEC_GDN_UNROLL_MAX): is the 17-row
+    # verification (27.6 us per layer against 7.8 at 9; 382 KB of unrolled code) bound by its code size?
+    for bound in 64 16 8; do
+        SPECDEC_GDN_UNROLL_MAX=$bound step 100 curve_unroll$bound python scripts/bench_spec.py --random-9b \
+            --forced-acceptance 1.0 --exact on --rollbacks replay --gammas 8,16 --repeats 2 --max-new-tokens 96 \
+            --prompt-len 256 --time-budget-s 85 --tag _unroll$bound --out "$dir"
+    done
+    # a loop-form verification must still give AR's (unrolled, one row) output bit for bit: 9B shape damped, gamma 16
+    SPECDEC_GDN_UNROLL_MAX=${ROLLED_CHECK:-16} step 110 exact_9b_rolled python scripts/bench_exact.py --part 9b \
+        --num-prompts 1 --gamma 16 --ar-rows 17 --repeats 1 --tag _rolled --out "$dir"
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \

@@ -48,7 +48,11 @@ PRELOAD_MAX = 32
 
 def _unroll(t: int, interpret: bool) -> bool:
     # Interpret mode runs the same step as a loop: unrolled it compiles ~10x slower on CPU.
-    return t <= MAX_UNROLL and not interpret
+    # SPECDEC_GDN_UNROLL_MAX lowers the bound (an A/B knob for GPU measurements; arithmetic is unchanged). Why one
+    # might: compiled locally for sm_90a (Triton 3.8 + ptxas), the unrolled verification kernel holds ~22 KB of
+    # code per step (its cubin 205 KB at T = 9, 382 KB at T = 17; 208 registers, no spills), where the loop form
+    # is 32 KB whatever T; at 17 rows the unrolled kernel took 27.6 us per 9B layer against 7.8 at 9.
+    return t <= int(os.environ.get("SPECDEC_GDN_UNROLL_MAX", MAX_UNROLL)) and not interpret
 
 
 def _preload(preload, t: int) -> bool:
@@ -119,7 +123,14 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         for t in range(n_steps):
             state = step(t, state, load(t))
     else:
-        state = lax.fori_loop(0, n_steps, lambda t, st: step(t, st, load(t)), state)
+        # One step's code in a loop; the next position's inputs are loaded before this step's update, so their
+        # latency overlaps it (the arithmetic is the unrolled form's).
+        def body(t, carry):
+            state, x = carry
+            x_next = load(jnp.minimum(t + 1, n_steps - 1))
+            return step(t, state, x), x_next
+
+        state, _ = lax.fori_loop(0, n_steps, body, (state, load(0)))
     if st_ref is not None:
         st_ref[...] = state
 
