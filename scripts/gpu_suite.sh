@@ -5,14 +5,15 @@
 #                                                  ab, tune, looped, looped-grid, exact-all, qwen-all,
 #                                                  looped-scale, reuse, train,
 #                                                  train-huginn, retrained, selfdraft, profile, graphs,
-#                                                  replay, current, train-depth, live, live-check, preload, rolled
+#                                                  replay, current, train-depth, live, live-check, preload, rolled,
+#                                                  rolled-curve
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -240,6 +241,16 @@ rolled)  # issue 12 (not yet run): gamma 8 and 16 steps (9B, exact path, full ac
     # a loop-form verification must still give AR's (unrolled, one row) output bit for bit: 9B shape damped, gamma 16
     SPECDEC_GDN_UNROLL_MAX=${ROLLED_CHECK:-16} step 110 exact_9b_rolled python scripts/bench_exact.py --part 9b \
         --num-prompts 1 --gamma 16 --ar-rows 17 --repeats 1 --tag _rolled --out "$dir"
+    ;;
+rolled-curve)  # issues 12, 14: the 9B cost curve at the small-T kernel's new unroll bound (a loop from 17 rows), then the
+    # looped forced curve at the Huginn-0125 shape with das-wave's p dense where the trained tiny checkpoint's
+    # acceptance lies (13.5 / 14.6 tokens per verification at gamma 16, k 1 / 2), projected at that run's acceptance
+    step 200 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.6,0.8,1.0 --exact on \
+        --rollbacks replay --gammas 2,4,8,16 --repeats 2 --max-new-tokens 128 --prompt-len 256 --time-budget-s 185 \
+        --tag _rolled --out "$dir"
+    step 270 looped_curve python scripts/bench_looped_curve.py --max-new-tokens 48 --repeats 1 --time-budget-s 235 \
+        --das-ps 0.5,0.8,0.9,0.95,0.97,0.98,1.0 --ps 0.5,0.8,1.0 \
+        --tiny-acceptance benchmarks/results/looped_spec_tiny-huginn-code_r32_20261201_174439.json --out "$dir"
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \

@@ -91,3 +91,14 @@ def test_script_programs_take_parameters_as_arguments(model):
     assert len(lowered) == 6  # AR prefill + loop, one prefill per (gamma, window), a loop per config
     for name, lo in lowered.items():
         assert _largest_stablehlo_constant(lo.as_text()) < LIMIT, f"{name} embeds a large constant"
+
+
+def test_das_wave_probabilities_are_its_own_and_checked(capsys):
+    """--das-ps applies to das-wave only (default --ps); a probability outside [0, 1] is one error naming the flag."""
+    args = bench_looped_curve.parse_args(["--tiny", "--ps", "0.5", "--das-ps", "0.97,1"])
+    assert args.ps == [0.5] and args.das_ps == [0.97, 1.0]
+    assert bench_looped_curve.parse_args(["--tiny", "--ps", "0.2,0.4"]).das_ps == [0.2, 0.4]
+    for flag in ("--ps", "--das-ps"):
+        with pytest.raises(SystemExit):
+            bench_looped_curve.parse_args(["--tiny", flag, "0.5,1.5"])
+        assert f"{flag}: every probability must lie in [0, 1]" in capsys.readouterr().err

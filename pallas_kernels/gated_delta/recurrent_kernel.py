@@ -38,7 +38,12 @@ from jax.experimental.pallas import triton as plt
 
 from ._kernel_utils import F32, l2norm_vec
 
-MAX_UNROLL = 64  # decode / verify lengths; longer sequences belong to the chunk kernel
+# Up to this many steps the kernel is unrolled; longer runs (a gamma-16 verification and its replay, 17 rows)
+# run the same step as a loop. Measured on an H200 at the 9B shape, exact path, full acceptance, one run
+# (spec_cost_curve_qwen35_9b_random_unroll{64,16,8}.md): a gamma-16 step 6.51 ms unrolled (bound 64) against
+# 6.02 / 6.25 ms as a loop (bounds 16 / 8: the same 17-row kernels, so their gap is run-to-run noise); a gamma-8
+# step (9 rows) 5.47 ms unrolled (bound 16) against 5.56 ms as a loop (bound 8), so 9 rows stay unrolled.
+MAX_UNROLL = 16
 # From 2 to this many steps all inputs are loaded before the first update (registers allow it). Measured on
 # an H200 at the Qwen3.5-9B layer shape (benchmarks/results/tune_recurrent.md): T = 17 29.1 -> 19.9 us,
 # T = 9 20.6 -> 20.2 us, but T = 1 (decode) 15.8 -> 24.7 us, so a single step loads as it goes. In the model, a
@@ -48,10 +53,10 @@ PRELOAD_MAX = 32
 
 def _unroll(t: int, interpret: bool) -> bool:
     # Interpret mode runs the same step as a loop: unrolled it compiles ~10x slower on CPU.
-    # SPECDEC_GDN_UNROLL_MAX lowers the bound (an A/B knob for GPU measurements; arithmetic is unchanged). Why one
-    # might: compiled locally for sm_90a (Triton 3.8 + ptxas), the unrolled verification kernel holds ~22 KB of
-    # code per step (its cubin 205 KB at T = 9, 382 KB at T = 17; 208 registers, no spills), where the loop form
-    # is 32 KB whatever T; at 17 rows the unrolled kernel took 27.6 us per 9B layer against 7.8 at 9.
+    # SPECDEC_GDN_UNROLL_MAX overrides the bound (an A/B knob for GPU measurements; arithmetic is unchanged). Why
+    # the bound is low: compiled locally for sm_90a (Triton 3.8 + ptxas), an unrolled verification step is ~22 KB
+    # of code (the cubin 200 KiB at T = 9, 373 KiB at T = 17; 208 registers, no spills), where the loop form is
+    # ~37 KiB whatever T; at 17 rows the unrolled kernel took 27.6 us per 9B layer against 7.8 at 9.
     return t <= int(os.environ.get("SPECDEC_GDN_UNROLL_MAX", MAX_UNROLL)) and not interpret
 
 
