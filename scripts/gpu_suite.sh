@@ -6,14 +6,14 @@
 #                                                  looped-scale, reuse, train,
 #                                                  train-huginn, retrained, selfdraft, profile, graphs,
 #                                                  replay, current, train-depth, live, live-check, preload, rolled,
-#                                                  rolled-curve
+#                                                  rolled-curve, rolled-check
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -251,6 +251,15 @@ rolled-curve)  # issues 12, 14: the 9B cost curve at the small-T kernel's new un
     step 270 looped_curve python scripts/bench_looped_curve.py --max-new-tokens 48 --repeats 1 --time-budget-s 235 \
         --das-ps 0.5,0.8,0.9,0.95,0.97,0.98,1.0 --ps 0.5,0.8,1.0 \
         --tiny-acceptance benchmarks/results/looped_spec_tiny-huginn-code_r32_20261201_174439.json --out "$dir"
+    ;;
+rolled-check)  # issues 12, 14 at the current code: DAS-Wave on the tiny checkpoint end to end (8 held-out prompts),
+    # Huginn-0125 AR at R = 32 against its roofline, then the 9B steps kernel by kernel (gamma 2, 8, 16)
+    step 170 looped_tiny python scripts/bench_looped_spec.py --grid small --methods das-wave --num-prompts 8 \
+        --time-budget-s 110 --out "$dir"
+    step 90 looped_ar python scripts/bench_looped.py --out "$dir"
+    step 150 profile_9b python scripts/bench_spec.py --random-9b --forced-acceptance 1.0 --exact on --curve-method ngram \
+        --rollbacks replay --gammas 2,8,16 --repeats 1 --max-new-tokens 64 --prompt-len 256 --kernel-profile \
+        --tag _rolled_profile --out "$dir"
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \
