@@ -192,6 +192,21 @@ def busy_and_idle(intervals) -> tuple[float, list[float]]:
     return busy, idle
 
 
+def wait_sites(events, min_gap: float = WAIT_GAP_NS) -> list[tuple[str, str, int, float]]:
+    """Kernel events [(start, end, name)] -> where the device waited: [(kernel before, kernel after, count, idle)]
+    for every idle stretch of at least `min_gap` between the first start and the last end, grouped by the pair of
+    kernel names around it (the one that ended last before it, the one that starts it), largest total first."""
+    sites, end, last = {}, None, None
+    for a, b, name in sorted(events):
+        if end is not None and a - end >= min_gap:
+            site = sites.setdefault((last, name), [0, 0.0])
+            site[0] += 1
+            site[1] += a - end
+        if end is None or b > end:
+            end, last = b, name
+    return sorted(((x, y, c, t) for (x, y), (c, t) in sites.items()), key=lambda r: -r[3])
+
+
 def host_api_time(events) -> dict:
     """{kind: [count, ns]} of host-side CUDA API calls [(name, duration ns)] by HOST_API_KINDS: kernel launches,
     synchronizations, copies."""
@@ -215,6 +230,8 @@ def device_kernel_profile(run: Callable[[], object], per: float, top: int = 30) 
     (between back-to-back kernels: launch latency, or a host that issues kernels slower than they run).
     `host_api`: {kind: {"count", "us"}} of host-side CUDA API calls (launch, sync, copy) per unit, where the trace
     records them (under tracing a launch costs the host more than it does untraced).
+    `wait_sites`: the 8 largest of those waits' sites, {"before", "after", "count", "us"} per unit (the kernels
+    around each wait, full names: which op the device waited before).
     `lines` names the trace lines read (for a trace whose layout differs). Empty rows on a machine
     without a device tracer (CPU): the numbers then only say so."""
     import glob
@@ -230,7 +247,7 @@ def device_kernel_profile(run: Callable[[], object], per: float, top: int = 30) 
             wall = time.perf_counter() - t0
         files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
         data = ProfileData.from_file(files[0]) if files else None
-    intervals, families, lines, host_events = [], {}, [], []
+    intervals, named, families, lines, host_events = [], [], {}, [], []
     for plane in (data.planes if data is not None else ()):
         if plane.name.startswith("/host:"):
             host_events += [(ev.name, float(ev.duration_ns)) for line in plane.lines for ev in line.events]
@@ -244,6 +261,7 @@ def device_kernel_profile(run: Callable[[], object], per: float, top: int = 30) 
             for ev in line.events:
                 start, dur = float(ev.start_ns), float(ev.duration_ns)
                 intervals.append((start, start + dur))
+                named.append((start, start + dur, ev.name))
                 fam = families.setdefault(kernel_family(ev.name), [0, 0.0])
                 fam[0] += 1
                 fam[1] += dur
@@ -257,6 +275,8 @@ def device_kernel_profile(run: Callable[[], object], per: float, top: int = 30) 
             "idle_us": sum(idle) * scale, "wait_us": sum(waits) * scale, "waits": len(waits) / per,
             "short_idle_us": (sum(idle) - sum(waits)) * scale,
             "host_api": {k: {"count": c / per, "us": ns * scale} for k, (c, ns) in host_api_time(host_events).items()},
+            "wait_sites": [{"before": x, "after": y, "count": c / per, "us": t * scale}
+                           for x, y, c, t in wait_sites(named)[:8]],
             "other_us": sum(ns for _, (_, ns) in ranked[top:]) * scale, "lines": sorted(set(lines))}
 
 
@@ -276,6 +296,10 @@ def kernel_profile_markdown(profiles: Mapping[str, dict], unit: str = "step") ->
         md += ["", f"**{label}** (per {unit})", "", "| kernel | count | µs |", "|---|---|---|"]
         md += [f"| `{r['kernel']}` | {r['count']:.2f} | {r['us']:.1f} |" for r in p["rows"]]
         md.append(f"| (the rest) | | {p['other_us']:.1f} |")
+        if p.get("wait_sites"):
+            md += ["", f"Where the device waited ≥ {WAIT_GAP_NS / 1e3:g} µs (the kernels around each wait, per {unit}):", "",
+                   "| kernel before | kernel after | count | µs |", "|---|---|---|---|"]
+            md += [f"| `{w['before']}` | `{w['after']}` | {w['count']:.2f} | {w['us']:.1f} |" for w in p["wait_sites"]]
     return md
 
 

@@ -71,6 +71,16 @@ def test_busy_and_idle_stretches_of_kernel_intervals():
     assert harness.busy_and_idle([(2.0, 9.0), (3.0, 4.0)]) == (7.0, [])  # nested: no idle
 
 
+def test_wait_sites_name_the_kernels_around_each_long_idle_stretch():
+    events = [(0.0, 10.0, "a"), (5.0, 12.0, "b"), (40.0, 41.0, "c"), (41.5, 42.0, "d"), (80.0, 90.0, "c")]
+    # idle: 12 -> 40 after b (b ended last), 41 -> 41.5 (short), 42 -> 80 after d
+    assert harness.wait_sites(events, min_gap=10.0) == [("d", "c", 1, 38.0), ("b", "c", 1, 28.0)]
+    assert harness.wait_sites(events + [(100.0, 101.0, "x"), (130.0, 131.0, "c")], min_gap=10.0)[0] == \
+        ("d", "c", 1, 38.0)
+    assert harness.wait_sites([(0.0, 5.0, "a"), (1.0, 2.0, "b"), (20.0, 21.0, "c")], min_gap=10.0) == \
+        [("a", "c", 1, 15.0)]  # the kernel that ended last, not the one that started last
+
+
 def test_host_api_time_by_kind():
     events = [("cuLaunchKernel", 3.0), ("cuLaunchKernelEx", 5.0), ("cuStreamSynchronize", 40.0),
               ("cuMemcpyDtoHAsync_v2", 2.0), ("ThunkExecutor::Execute", 100.0)]
