@@ -6,14 +6,14 @@
 #                                                  looped-scale, reuse, train,
 #                                                  train-huginn, retrained, selfdraft, profile, graphs,
 #                                                  replay, current, train-depth, live, live-check, preload, rolled,
-#                                                  rolled-curve, rolled-check, waits
+#                                                  rolled-curve, rolled-check, waits, nocb
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -266,6 +266,19 @@ waits)  # issue 12: where a 9B spec step's device sits idle (0.1 / 0.3 / 0.5 ms 
     step 150 profile_9b python scripts/bench_spec.py --random-9b --forced-acceptance 1.0 --exact on --curve-method ngram \
         --rollbacks replay --gammas 2,8 --repeats 1 --max-new-tokens 64 --prompt-len 256 --kernel-profile \
         --tag _waits --out "$dir"
+    ;;
+nocb)  # issue 12: the 1.2 ms (traced) wait after each spec step's predicate read, before its first kernel: XLA's
+    # command buffers (CUDA graphs of each thunk sequence, updated on the host)? Default flags against none, each
+    # paired with its own AR: 9B at p = 1 (gamma 2, 8, 16), then the tiny checkpoint (n-gram, MTP at gamma 4)
+    nocb="--xla_gpu_enable_command_buffer="
+    big=(--random-9b --forced-acceptance 1.0 --exact on --rollbacks replay --gammas 2,8,16 --repeats 2
+         --max-new-tokens 96 --prompt-len 256 --time-budget-s 80 --out "$dir")
+    tiny=(--model checkpoints/tiny-qwen35-code --forced-acceptance 1.0 --exact on --curve-method ngram,mtp
+          --rollbacks replay --gammas 4 --repeats 3 --max-new-tokens 128 --prompt-len 64 --out "$dir")
+    step 95 curve_9b_cb python scripts/bench_spec.py "${big[@]}" --tag _cb
+    step 95 curve_9b_nocb env XLA_FLAGS="${XLA_FLAGS:-} $nocb" python scripts/bench_spec.py "${big[@]}" --tag _nocb
+    step 70 tiny_cb python scripts/bench_spec.py "${tiny[@]}" --tag _cb
+    step 70 tiny_nocb env XLA_FLAGS="${XLA_FLAGS:-} $nocb" python scripts/bench_spec.py "${tiny[@]}" --tag _nocb
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \
