@@ -6,14 +6,14 @@
 #                                                  looped-scale, reuse, train,
 #                                                  train-huginn, retrained, selfdraft, profile, graphs,
 #                                                  replay, current, train-depth, live, live-check, preload, rolled,
-#                                                  rolled-curve, rolled-check, waits, nocb
+#                                                  rolled-curve, rolled-check, waits, nocb, replay-kept
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -279,6 +279,14 @@ nocb)  # issue 12: the 1.2 ms (traced) wait after each spec step's predicate rea
     step 95 curve_9b_nocb env XLA_FLAGS="${XLA_FLAGS:-} $nocb" python scripts/bench_spec.py "${big[@]}" --tag _nocb
     step 70 tiny_cb python scripts/bench_spec.py "${tiny[@]}" --tag _cb
     step 70 tiny_nocb env XLA_FLAGS="${XLA_FLAGS:-} $nocb" python scripts/bench_spec.py "${tiny[@]}" --tag _nocb
+    ;;
+replay-kept)  # issue 12: the replay runs only the steps it keeps (a branch per unrolled step, the loop form's trip
+    # count n): bf16 equality with AR at the 9B shape (forced drafts: partial acceptance), then gamma 8 / 16 at p 0.6, 1
+    step 100 exact_9b python scripts/bench_exact.py --part 9b --num-prompts 1 --ar-rows 9 --repeats 1 \
+        --tag _replay_kept --out "$dir"
+    step 80 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.6,1.0 --exact on \
+        --rollbacks replay --gammas 8,16 --repeats 1 --max-new-tokens 96 --prompt-len 256 --time-budget-s 70 \
+        --tag _replay_kept --out "$dir"
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \

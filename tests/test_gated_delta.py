@@ -234,6 +234,26 @@ def test_replay_equals_the_recurrence_bit_for_bit(impl, case):
     np.testing.assert_array_equal(np.asarray(run.final_state), np.asarray(states[:, t]))
 
 
+@pytest.mark.parametrize("case", [(2, 5, 1, 2, 16, 16, jnp.float32), (2, 1, 1, 1, 16, 16, jnp.bfloat16)],
+                         ids=["preloaded", "one_step"])
+def test_unrolled_replay_equals_the_unrolled_recurrence(case, monkeypatch):
+    """The GPU's unrolled forms (interpret mode runs the loop form): the replay, which skips the steps it does
+    not keep, reaches the unrolled recurrence's state after n steps bit for bit, for every n."""
+    from pallas_kernels.gated_delta import recurrent_kernel
+    monkeypatch.setattr(recurrent_kernel, "_unroll", lambda t, interpret: True)
+    b, t, h, hv, k_dim, v_dim, dtype = case
+    x = make_inputs(b, t, h, hv, k_dim, v_dim, dtype, seed=350 + t, normalize_k=False)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    run = jax.jit(functools.partial(gd.fused_recurrent_gated_delta_rule, return_all_states=True, use_qk_l2norm=True,
+                                    **_kw("pallas")))(*args, initial_state=x["s0"])
+    states = jnp.concatenate([x["s0"][:, None], run.all_states], axis=1)
+    replay = jax.jit(functools.partial(gd.replay_state, use_qk_l2norm=True, **_kw("pallas")))
+    for a in range(t + 1):
+        n = jnp.asarray([(a + i) % (t + 1) for i in range(b)], jnp.int32)
+        np.testing.assert_array_equal(np.asarray(replay(x["s0"], x["k"], x["v"], x["g"], x["beta"], n)),
+                                      np.asarray(states[jnp.arange(b), n]), err_msg=f"n={n.tolist()}")
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("case", REPLAY_CASES[:3], ids=lambda c: "B{}_T{}_H{}_HV{}_K{}_V{}_{}".format(
     *c[:6], jnp.dtype(c[6]).name))

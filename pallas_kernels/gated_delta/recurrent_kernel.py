@@ -116,26 +116,35 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
                 vnew_ref[t, :] = u
             if want_states:
                 states_ref[t, :, :] = new
-        return new if n_valid is None else jnp.where(t < n_valid, new, state)
+        # A counted verification still computes every row's output; past n_valid its state stays.
+        return new if n_valid is None or replay else jnp.where(t < n_valid, new, state)
+
+    def kept(t, state, x):
+        # The replay runs only the steps it keeps (the state after them is the same bits as running all T
+        # and keeping the first n_valid): at partial acceptance a commit costs its accepted positions, not T.
+        if not replay:
+            return step(t, state, x)
+        return lax.cond(t < n_valid, lambda s: step(t, s, x), lambda s: s, state)
 
     if unroll and preload:
         # Every position's loads (and key / query normalisation) are issued before the chain of state
         # updates starts, so the memory latency is paid once, not once per step.
         xs = [load(t) for t in range(n_steps)]
         for t in range(n_steps):
-            state = step(t, state, xs[t])
+            state = kept(t, state, xs[t])
     elif unroll:
         for t in range(n_steps):
-            state = step(t, state, load(t))
+            state = kept(t, state, load(t))
     else:
         # One step's code in a loop; the next position's inputs are loaded before this step's update, so their
-        # latency overlaps it (the arithmetic is the unrolled form's).
+        # latency overlaps it (the arithmetic is the unrolled form's). The replay's loop ends at n_valid.
         def body(t, carry):
             state, x = carry
             x_next = load(jnp.minimum(t + 1, n_steps - 1))
             return step(t, state, x), x_next
 
-        state, _ = lax.fori_loop(0, n_steps, body, (state, load(0)))
+        upper = jnp.clip(n_valid, 0, n_steps) if replay else n_steps
+        state, _ = lax.fori_loop(0, upper, body, (state, load(0)))
     if st_ref is not None:
         st_ref[...] = state
 
