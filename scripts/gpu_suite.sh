@@ -280,13 +280,16 @@ nocb)  # issue 12: the 1.2 ms (traced) wait after each spec step's predicate rea
     step 70 tiny_cb python scripts/bench_spec.py "${tiny[@]}" --tag _cb
     step 70 tiny_nocb env XLA_FLAGS="${XLA_FLAGS:-} $nocb" python scripts/bench_spec.py "${tiny[@]}" --tag _nocb
     ;;
-replay-kept)  # issue 12: the replay runs only the steps it keeps (a branch per unrolled step, the loop form's trip
-    # count n): bf16 equality with AR at the 9B shape (forced drafts: partial acceptance), then gamma 8 / 16 at p 0.6, 1
-    step 100 exact_9b python scripts/bench_exact.py --part 9b --num-prompts 1 --ar-rows 9 --repeats 1 \
-        --tag _replay_kept --out "$dir"
-    step 80 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.6,1.0 --exact on \
-        --rollbacks replay --gammas 8,16 --repeats 1 --max-new-tokens 96 --prompt-len 256 --time-budget-s 70 \
-        --tag _replay_kept --out "$dir"
+replay-kept)  # issue 12 (next): the replay running only the steps it keeps (SPECDEC_GDN_REPLAY_SKIP=1, off by default):
+    # bf16 equality with AR at the 9B shape (forced drafts: partial acceptance; its first run hit the 100 s limit), then
+    # gamma 8 / 16 at p 0.6, 1 with the knob off and on, each paired with its own AR
+    SPECDEC_GDN_REPLAY_SKIP=1 step 160 exact_9b python scripts/bench_exact.py --part 9b --num-prompts 1 --ar-rows 9 \
+        --repeats 1 --tag _replay_kept --out "$dir"
+    for skip in 0 1; do
+        SPECDEC_GDN_REPLAY_SKIP=$skip step 90 curve_9b_skip$skip python scripts/bench_spec.py --random-9b \
+            --forced-acceptance 0.6,1.0 --exact on --rollbacks replay --gammas 8,16 --repeats 2 --max-new-tokens 96 \
+            --prompt-len 256 --time-budget-s 80 --tag _replay_skip$skip --out "$dir"
+    done
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \

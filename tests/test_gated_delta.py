@@ -234,13 +234,22 @@ def test_replay_equals_the_recurrence_bit_for_bit(impl, case):
     np.testing.assert_array_equal(np.asarray(run.final_state), np.asarray(states[:, t]))
 
 
-@pytest.mark.parametrize("case", [(2, 5, 1, 2, 16, 16, jnp.float32), (2, 1, 1, 1, 16, 16, jnp.bfloat16)],
-                         ids=["preloaded", "one_step"])
-def test_unrolled_replay_equals_the_unrolled_recurrence(case, monkeypatch):
-    """The GPU's unrolled forms (interpret mode runs the loop form): the replay, which skips the steps it does
-    not keep, reaches the unrolled recurrence's state after n steps bit for bit, for every n."""
+@pytest.mark.parametrize("form, skip, case", [
+    ("unrolled", "0", (2, 5, 1, 2, 16, 16, jnp.float32)), ("unrolled", "1", (2, 5, 1, 2, 16, 16, jnp.float32)),
+    ("unrolled", "1", (2, 1, 1, 1, 16, 16, jnp.bfloat16)), ("loop", "1", (2, 5, 1, 2, 16, 16, jnp.bfloat16))],
+    ids=["unrolled_preloaded", "unrolled_preloaded_skip", "unrolled_one_step_skip", "loop_skip"])
+def test_replay_forms_equal_the_recurrence(form, skip, case, monkeypatch, request):
+    """The GPU's unrolled forms (interpret mode otherwise runs the loop form) and the replay that skips the steps
+    it does not keep (SPECDEC_GDN_REPLAY_SKIP=1): the state after n steps is the recurrence's, bit for bit, for
+    every n."""
     from pallas_kernels.gated_delta import recurrent_kernel
-    monkeypatch.setattr(recurrent_kernel, "_unroll", lambda t, interpret: True)
+    if form == "unrolled":
+        monkeypatch.setattr(recurrent_kernel, "_unroll", lambda t, interpret: True)
+    monkeypatch.setenv("SPECDEC_GDN_REPLAY_SKIP", skip)
+    # Both settings are read when a kernel is traced: no trace of the same shapes may be reused from another case,
+    # nor this case's traces by later tests.
+    jax.clear_caches()
+    request.addfinalizer(jax.clear_caches)
     b, t, h, hv, k_dim, v_dim, dtype = case
     x = make_inputs(b, t, h, hv, k_dim, v_dim, dtype, seed=350 + t, normalize_k=False)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])

@@ -60,6 +60,15 @@ def _unroll(t: int, interpret: bool) -> bool:
     return t <= int(os.environ.get("SPECDEC_GDN_UNROLL_MAX", MAX_UNROLL)) and not interpret
 
 
+def _skip_unkept() -> bool:
+    # SPECDEC_GDN_REPLAY_SKIP=1: the replay runs only the steps it keeps (a branch per unrolled step; the loop form
+    # ends at n), the same bits (interpret tests of both forms). Off by default: its one H200 run (commit 883691b,
+    # spec_cost_curve_qwen35_9b_random_replay_kept.md, not paired with the old form) was within run-to-run noise
+    # (ms per step, gamma 8: 5.28 / 5.56 at p 0.6 / 1 against 5.18 / 5.42 in another run; gamma 16: 5.52 / 6.19
+    # against 5.62 / 6.05), and its bf16 equality with AR on the GPU is not yet checked.
+    return os.environ.get("SPECDEC_GDN_REPLAY_SKIP", "0") == "1"
+
+
 def _preload(preload, t: int) -> bool:
     # SPECDEC_GDN_PRELOAD_MAX overrides the bound (an A/B knob for GPU measurements; arithmetic is unchanged).
     bound = int(os.environ.get("SPECDEC_GDN_PRELOAD_MAX", PRELOAD_MAX))
@@ -107,6 +116,8 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
             q = None if replay else l2norm_vec(q)
         return q, k, v_ref[t, :].astype(F32), g_ref[t].astype(F32), beta_ref[t].astype(F32)
 
+    skip = replay and _skip_unkept()
+
     def step(t, state, x):  # state [K, BV] fp32
         q, k, v, g, beta = x
         new, u = gated_delta_step(state, k, v, g, beta)
@@ -116,13 +127,13 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
                 vnew_ref[t, :] = u
             if want_states:
                 states_ref[t, :, :] = new
-        # A counted verification still computes every row's output; past n_valid its state stays.
-        return new if n_valid is None or replay else jnp.where(t < n_valid, new, state)
+        # Past n_valid the state stays (a counted verification still computes every row's output).
+        return new if n_valid is None or skip else jnp.where(t < n_valid, new, state)
 
     def kept(t, state, x):
-        # The replay runs only the steps it keeps (the state after them is the same bits as running all T
-        # and keeping the first n_valid): at partial acceptance a commit costs its accepted positions, not T.
-        if not replay:
+        # With `skip` the replay runs only the steps it keeps (the state after them is the same bits as running
+        # all T and keeping the first n_valid): at partial acceptance a commit costs its accepted positions.
+        if not skip:
             return step(t, state, x)
         return lax.cond(t < n_valid, lambda s: step(t, s, x), lambda s: s, state)
 
@@ -143,7 +154,7 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
             x_next = load(jnp.minimum(t + 1, n_steps - 1))
             return step(t, state, x), x_next
 
-        upper = jnp.clip(n_valid, 0, n_steps) if replay else n_steps
+        upper = jnp.clip(n_valid, 0, n_steps) if skip else n_steps
         state, _ = lax.fori_loop(0, upper, body, (state, load(0)))
     if st_ref is not None:
         st_ref[...] = state
