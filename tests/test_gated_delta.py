@@ -18,6 +18,7 @@ import pytest
 
 from pallas_kernels import gated_delta as gd
 from pallas_kernels.gated_delta import pallas_ops, reference
+from tests.gdn_inputs import make_inputs, rel_err
 
 IMPLS = ["reference", "pallas"]
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
@@ -31,34 +32,18 @@ def _has_mosaic_interpret() -> bool:
     return hasattr(plgpu, "InterpretGPUParams")
 
 
-def rel_err(a, b) -> float:
-    a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
-    b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
-def make_inputs(b, t, h, hv, k_dim, v_dim, dtype=jnp.float32, seed=0, normalize_k=True):
-    """Random inputs; gates mostly mild with ~10% strong decay down to -20."""
-    ks = jax.random.split(jax.random.PRNGKey(seed), 8)
-    q = jax.random.normal(ks[0], (b, t, h, k_dim))
-    k = jax.random.normal(ks[1], (b, t, h, k_dim))
-    if normalize_k:  # without in-kernel normalisation the recurrence needs |k| ~ 1 to stay bounded
-        k = reference.l2_normalize(k)
-    v = jax.random.normal(ks[2], (b, t, hv, v_dim))
-    strong = jax.random.bernoulli(ks[3], 0.1, (b, t, hv))
-    g = jnp.where(strong, jax.random.uniform(ks[4], (b, t, hv), minval=-20.0, maxval=-1.0),
-                  jax.random.uniform(ks[5], (b, t, hv), minval=-0.5, maxval=0.0))
-    beta = jax.nn.sigmoid(jax.random.normal(ks[6], (b, t, hv)))
-    s0 = 0.5 * jax.random.normal(ks[7], (b, hv, k_dim, v_dim))
-    return dict(q=q.astype(dtype), k=k.astype(dtype), v=v.astype(dtype), g=g, beta=beta, s0=s0)
-
-
 def _check(name, got, want, tol):
     assert got is not None, f"{name} missing"
     assert got.shape == want.shape, f"{name}: shape {got.shape} != {want.shape}"
-    assert bool(jnp.all(jnp.isfinite(jnp.asarray(got, jnp.float32)))), f"{name}: non-finite (unwritten) elements"
+    assert np.isfinite(np.asarray(got).astype(np.float32)).all(), f"{name}: non-finite (unwritten) elements"
     err = rel_err(got, want)
     assert err <= tol, f"{name}: relative error {err:.3e} > {tol:.0e}"
+
+
+# The ground truth, jitted: one program per shape and options instead of one per jnp op and shape (the same
+# per-step recurrence in float32; tests/gdn_inputs.py says why it matters on CPU).
+naive = jax.jit(reference.naive_recurrent_gated_delta_rule, static_argnames=(
+    "scale", "output_final_state", "return_pseudo_values", "return_all_states", "use_qk_l2norm"))
 
 
 def _kw(impl):
@@ -88,8 +73,7 @@ def test_chunk_matches_naive(impl, case):
     x = make_inputs(b, t, h, hv, k_dim, v_dim, dtype, seed=t, normalize_k=not l2)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     s0 = x["s0"] if with_s0 else None
-    want = reference.naive_recurrent_gated_delta_rule(*args, initial_state=s0, return_pseudo_values=True,
-                                                      use_qk_l2norm=l2)
+    want = naive(*args, initial_state=s0, return_pseudo_values=True, use_qk_l2norm=l2)
     got = gd.chunk_gated_delta_rule(*args, initial_state=s0, return_pseudo_values=True, use_qk_l2norm=l2, **_kw(impl))
     tol = TOL[dtype]
     assert got.o.dtype == dtype
@@ -128,8 +112,7 @@ def test_recurrent_matches_naive(impl, extra, case):
     x = make_inputs(b, t, h, hv, k_dim, v_dim, dtype, seed=100 + t, normalize_k=not l2)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     s0 = x["s0"] if with_s0 else None
-    want = reference.naive_recurrent_gated_delta_rule(*args, initial_state=s0, return_pseudo_values=True,
-                                                      return_all_states=True, use_qk_l2norm=l2)
+    want = naive(*args, initial_state=s0, return_pseudo_values=True, return_all_states=True, use_qk_l2norm=l2)
     tol = TOL[dtype]
     # Kernel options beyond the shared signature go to pallas_ops directly (the dispatcher has none).
     op = (functools.partial(pallas_ops.fused_recurrent_gated_delta_rule, interpret=True, **extra) if extra
@@ -157,8 +140,7 @@ def test_chunk_kernel_variants(dtype, variant, seed):
     inverse from products only) compute the same function."""
     x = make_inputs(1, 130, 2, 4, 64, 64, dtype, seed=seed, normalize_k=False)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
-    want = reference.naive_recurrent_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True,
-                                                      use_qk_l2norm=True)
+    want = naive(*args, initial_state=x["s0"], return_pseudo_values=True, use_qk_l2norm=True)
     got = pallas_ops.chunk_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True,
                                             use_qk_l2norm=True, interpret=True, **variant)
     for name in ("o", "final_state", "v_new"):
@@ -194,8 +176,8 @@ def test_commit_every_accepted_count(impl, case):
     b, t, h, hv, k_dim, v_dim, l2 = case
     x = make_inputs(b, t, h, hv, k_dim, v_dim, seed=200 + t, normalize_k=not l2)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
-    want = reference.naive_recurrent_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True,
-                                                      return_all_states=True, use_qk_l2norm=l2)
+    want = naive(*args, initial_state=x["s0"], return_pseudo_values=True, return_all_states=True,
+                 use_qk_l2norm=l2)
     commit = jax.jit(functools.partial(gd.commit_state, use_qk_l2norm=l2, **_kw(impl)))
     states = jnp.concatenate([x["s0"][:, None], want.all_states], axis=1)  # [B, T+1, HV, K, V]: after a steps
     for a in range(t + 1):
@@ -318,7 +300,7 @@ def test_unrolled_recurrent_kernel_with_and_without_preload(monkeypatch):
         outs[preload] = run
     for name in ("o", "final_state", "v_new", "all_states"):
         np.testing.assert_array_equal(np.asarray(getattr(outs[True], name)), np.asarray(getattr(outs[False], name)))
-    want = reference.naive_recurrent_gated_delta_rule(*args, initial_state=x["s0"], use_qk_l2norm=True)
+    want = naive(*args, initial_state=x["s0"], use_qk_l2norm=True)
     _check("o", outs[True].o, want.o, TOL[jnp.bfloat16])
     _check("state", outs[True].final_state, want.final_state, 1e-5)
 
@@ -329,7 +311,7 @@ def test_chunk_verify_then_commit(impl):
     b, t, h, hv, k_dim, v_dim = 1, 130, 1, 2, 64, 64
     x = make_inputs(b, t, h, hv, k_dim, v_dim, seed=7)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
-    want = reference.naive_recurrent_gated_delta_rule(*args, initial_state=x["s0"], return_all_states=True)
+    want = naive(*args, initial_state=x["s0"], return_all_states=True)
     out = gd.chunk_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True, **_kw(impl))
     commit = jax.jit(functools.partial(gd.commit_state, **_kw(impl)))
     for a in (1, 63, 64, 65, 128, 130):
@@ -375,7 +357,7 @@ def test_pseudo_values_equal_wy_form():
     """The WY pseudo-values of the chunk form are the per-step u_t (README.md, derivation)."""
     x = make_inputs(1, 64, 1, 1, 64, 64, seed=3)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
-    want = reference.naive_recurrent_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True)
+    want = naive(*args, initial_state=x["s0"], return_pseudo_values=True)
     got = reference.chunk_gated_delta_rule_reference(*args, initial_state=x["s0"], return_pseudo_values=True)
     _check("v_new", got.v_new, want.v_new, 1e-5)
 

@@ -85,16 +85,22 @@ def small_vocab_model(tmp_path_factory):
     return H.small_vocab_model(str(tmp_path_factory.mktemp("v6sd")))
 
 
+@pytest.fixture(scope="module")
+def ar_samples(small_vocab_model):
+    """AR's first 3 tokens of the 12,000 rows below (seed 1): one draw, which each sampling test compares with (it
+    is deterministic, so each test drawing it again would get the same tokens)."""
+    ids = np.tile(np.asarray([[1, 2, 3, 1, 2]]), (12_000, 1))
+    return ids, sj.generate(small_vocab_model, ids, 3, temperature=1.0, seed=1, eos_token_id=False).tokens
+
+
 @pytest.mark.parametrize("drafter", [SelfDrafter("layer-skip", skip_layers=(1,), shortlist_size=4),
                                      SelfDrafter("residual-reuse", skip_layers=(0,)),
                                      SelfDrafter("partial-mlp", mlp_keep=0.5)],
                          ids=["layer-skip-shortlist", "residual-reuse", "partial-mlp"])
-def test_self_draft_sampling_preserves_distribution(small_vocab_model, drafter):
+def test_self_draft_sampling_preserves_distribution(small_vocab_model, ar_samples, drafter):
     """layer-skip drafts among a 4-token shortlist of the 6-token vocabulary: tokens 1 and 4 are never drafted
     (their q is zero), yet every token keeps its target probability."""
-    model, n = small_vocab_model, 12_000
-    ids = np.tile(np.asarray([[1, 2, 3, 1, 2]]), (n, 1))
-    ar = sj.generate(model, ids, 3, temperature=1.0, seed=1, eos_token_id=False).tokens
+    model, (ids, ar) = small_vocab_model, ar_samples
     params = dict(model.params, draft={"shortlist": jnp.asarray([0, 2, 3, 5], jnp.int32)})
     spec = generate_speculative(params, model.config, ids, 3, drafter=drafter, gamma=2, max_len=ids.shape[1] + 6,
                                 sampling=SamplingConfig(temperature=1.0), seed=2, eos_ids=(), state_dtype=jnp.float32)
@@ -135,9 +141,13 @@ def test_shortlist_drafts_come_from_the_shortlist_and_the_output_is_ar():
     np.testing.assert_array_equal(out.tokens, _ar(24))
     assert out.stats["mean_accepted"] > 0.3  # drafts from the shortlist head are real guesses (garbage: ~0)
     drafter = SelfDrafter("layer-skip", skip_layers=default_skip_layers(8), shortlist_size=3)
-    prompt = jnp.asarray(ids, jnp.int32)
-    dstate = drafter.init(model.params, model.config, prompt[:, :-1], 64, first_token=prompt[:, -1])
-    drafts, _, _ = drafter.propose(model.params, model.config, dstate, None, None, 4, jax.random.PRNGKey(0))
+
+    @jax.jit  # as inside a generation (op by op, each of the forward's ops would compile on its own)
+    def draft(params, prompt):
+        dstate = drafter.init(params, model.config, prompt[:, :-1], 64, first_token=prompt[:, -1])
+        return drafter.propose(params, model.config, dstate, None, None, 4, jax.random.PRNGKey(0))[0]
+
+    drafts = draft(model.params, jnp.asarray(ids, jnp.int32))
     allowed = set(np.asarray(model.params["draft"]["shortlist"][:3]).tolist())
     assert set(np.asarray(drafts).ravel().tolist()) <= allowed
 

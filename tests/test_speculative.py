@@ -186,13 +186,20 @@ def small_vocab_model(tmp_path_factory):
     return H.small_vocab_model(str(tmp_path_factory.mktemp("v6")))
 
 
+@pytest.fixture(scope="module")
+def ar_samples(small_vocab_model):
+    """AR's first 3 tokens of the 20,000 rows below (seed 1): one draw, which each sampling test compares with (it
+    is deterministic, so each test drawing it again would get the same tokens)."""
+    ids = np.tile(np.asarray([[1, 2, 3, 1, 2]]), (20_000, 1))
+    return ids, sj.generate(small_vocab_model, ids, 3, temperature=1.0, seed=1, eos_token_id=False).tokens
+
+
 @pytest.mark.parametrize("drafter_kind", ["ngram", "random_q"])
-def test_speculative_sampling_preserves_distribution(small_vocab_model, drafter_kind):
+def test_speculative_sampling_preserves_distribution(small_vocab_model, ar_samples, drafter_kind):
     model = small_vocab_model
-    V, n = model.vocab_size, 20_000
-    ids = np.tile(np.asarray([[1, 2, 3, 1, 2]]), (n, 1))
+    V = model.vocab_size
+    ids, ar = ar_samples
     sampling = SamplingConfig(temperature=1.0)
-    ar = sj.generate(model, ids, 3, temperature=1.0, seed=1, eos_token_id=False).tokens
     drafter = NgramDrafter() if drafter_kind == "ngram" else RandomDrafter((0.5, -1.0, 0.0, 1.0, 0.2, -0.3))
     spec = _spec(model, ids, 3, drafter, 2, sampling=sampling, seed=2)
     assert spec.stats["mean_accepted"] > 0.2  # the rejection path and the accept path both ran

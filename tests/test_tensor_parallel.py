@@ -5,10 +5,11 @@ XLA_FLAGS=--xla_force_host_platform_device_count=4, and this process's JAX is al
 gets this session's XLA CPU flags and compile cache (conftest.py) and prints its results as JSON.
 
 Checked: greedy AR, n-gram and MTP outputs of the shipped checkpoint in float32 on 2- and 4-device meshes equal
-the single-device outputs token for token; parameters and decode state are split over the mesh (the shipped model
-has 2 KV heads: on 4 devices each holds a copy of one, as vLLM replicates them); a head count that neither divides
-nor is divided by the mesh, a mesh without a "tp" axis and a looped model are each one InputError, raised before
-any tensor is read; a random MoE model's experts are split over the mesh and its logits match one device's.
+the single-device output token for token (AR's, which greedy n-gram and MTP equal on one device); parameters and
+decode state are split over the mesh (the shipped model has 2 KV heads: on 4 devices each holds a copy of one, as
+vLLM replicates them); a head count that neither divides nor is divided by the mesh, a mesh without a "tp" axis and
+a looped model are each one InputError, raised before any tensor is read; a random MoE model's experts are split
+over the mesh and its logits match one device's.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ def test_worker_sees_four_devices(results):
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("method", ["ar", "ngram", "mtp"])
 def test_mesh_outputs_equal_single_device(results, n, method):
-    assert results[str(n)]["tokens"][method] == results["single"][method]
+    # One device's greedy output, AR's, is every method's reference: greedy n-gram and MTP equal it token for token
+    # there (the exact path: test_exact.py, test_drafters.py), so the worker runs only AR on one device.
+    assert results[str(n)]["tokens"][method] == results["single"]["ar"]
 
 
 def test_parameters_are_split_by_role(results):

@@ -140,9 +140,10 @@ def test_huginn_loss_from_a_random_initial_state():
     cfg = training.huginn_config(VOCAB, o)
     params = training.init_huginn_params(cfg, jax.random.PRNGKey(0))
     tokens = jnp.asarray(bigram_tokens(2 * 17, seed=3).reshape(2, 17))
-    loss = lambda key, scale: float(training.huginn_loss(
-        params, cfg, tokens, jnp.int32(1), jnp.int32(2), key, backprop_depth=2, compute_dtype=jnp.float32,
-        init_state_scale=scale)[0])
+    run = jax.jit(training.huginn_loss, static_argnums=1,  # jitted, as training runs it
+                  static_argnames=("backprop_depth", "compute_dtype", "init_state_scale"))
+    loss = lambda key, scale: float(run(params, cfg, tokens, jnp.int32(1), jnp.int32(2), key, backprop_depth=2,
+                                        compute_dtype=jnp.float32, init_state_scale=scale)[0])
     k1, k2 = jax.random.PRNGKey(1), jax.random.PRNGKey(2)
     assert loss(k1, 0.0) == loss(k2, 0.0) == loss(None, 0.0)
     assert loss(k1, 1.0) != loss(k2, 1.0) and loss(k1, 1.0) != loss(k1, 0.0)
@@ -216,9 +217,14 @@ def mtp_setup():
     return cfg, params, hidden, next_ids
 
 
+# Jitted, as training and decoding run them (op by op, each of the head's ops would compile on its own per shape).
+_mtp_forward_train = jax.jit(mtp.mtp_forward_train, static_argnums=1)
+_mtp_forward = jax.jit(mtp.mtp_forward, static_argnums=1)
+
+
 def test_mtp_forward_matches_torch(mtp_setup):
     cfg, params, hidden, next_ids = mtp_setup
-    logits, hidden_out = mtp.mtp_forward_train(params, cfg, jnp.asarray(hidden), jnp.asarray(next_ids))
+    logits, hidden_out = _mtp_forward_train(params, cfg, jnp.asarray(hidden), jnp.asarray(next_ids))
     assert logits.shape == (2, 11, VOCAB) and hidden_out.shape == hidden.shape
     tensors = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in qwen35.hf_tensors(params, cfg).items()}
     want = torch_mtp(tensors, cfg, torch.from_numpy(hidden), torch.from_numpy(next_ids)).numpy()
@@ -227,13 +233,13 @@ def test_mtp_forward_matches_torch(mtp_setup):
 
 def test_mtp_cached_forward_equals_full(mtp_setup):
     cfg, params, hidden, next_ids = mtp_setup
-    full, full_hidden = mtp.mtp_forward_train(params, cfg, jnp.asarray(hidden), jnp.asarray(next_ids))
+    full, full_hidden = _mtp_forward_train(params, cfg, jnp.asarray(hidden), jnp.asarray(next_ids))
     k_cache, v_cache = mtp.init_mtp_cache(cfg, 2, 16, jnp.float32)
     pieces, hiddens = [], []
     for start, stop in ((0, 1), (1, 6), (6, 11)):  # T = 1 (decode) and multi-token (verification) calls
         pos = jnp.broadcast_to(jnp.arange(start, stop, dtype=jnp.int32)[None], (2, stop - start))
-        lg, ho, k_cache, v_cache = mtp.mtp_forward(params, cfg, jnp.asarray(hidden[:, start:stop]),
-                                                   jnp.asarray(next_ids[:, start:stop]), k_cache, v_cache, pos)
+        lg, ho, k_cache, v_cache = _mtp_forward(params, cfg, jnp.asarray(hidden[:, start:stop]),
+                                                jnp.asarray(next_ids[:, start:stop]), k_cache, v_cache, pos)
         pieces.append(lg)
         hiddens.append(ho)
     assert H.rel_err(jnp.concatenate(pieces, axis=1), full) <= 1e-5

@@ -422,14 +422,21 @@ def small_vocab_mtp_model(tmp_path_factory):
     return H.small_vocab_model(str(tmp_path_factory.mktemp("tree_v6")), mtp_layers=1, mtp_seed=7)
 
 
+@pytest.fixture(scope="module")
+def ar_samples(small_vocab_mtp_model):
+    """AR's first 3 tokens of the 20,000 rows below (seed 1): one draw, which each tree sampling test compares with
+    (it is deterministic, so each test drawing it again would get the same tokens)."""
+    ids = np.tile(np.asarray([[1, 2, 3, 1, 2]]), (20_000, 1))
+    return ids, sj.generate(small_vocab_mtp_model, ids, 3, temperature=0.9, top_k=5, seed=1, eos_token_id=False).tokens
+
+
 @pytest.mark.parametrize("drafter", [TreeNgramDrafter(), TreeMtpDrafter()], ids=["ngram", "mtp"])
-def test_tree_sampling_preserves_distribution(small_vocab_mtp_model, drafter):
+def test_tree_sampling_preserves_distribution(small_vocab_mtp_model, ar_samples, drafter):
     """First 3 tokens of 20,000 rows (one batch, ragged acceptance): tree sampling == AR sampling."""
     model = small_vocab_mtp_model
-    V, n = model.vocab_size, 20_000
-    ids = np.tile(np.asarray([[1, 2, 3, 1, 2]]), (n, 1))
+    V = model.vocab_size
+    ids, ar = ar_samples
     sampling = SamplingConfig(temperature=0.9, top_k=5)
-    ar = sj.generate(model, ids, 3, temperature=0.9, top_k=5, seed=1, eos_token_id=False).tokens
     parents, _ = ts.tree_from_branching((2, 2))
     tree = ts.generate_tree(model.params, model.config, ids, 3, drafter=drafter, parents=parents, sampling=sampling,
                             seed=2)

@@ -19,21 +19,16 @@ import pytest
 
 from pallas_kernels.gated_delta import reference
 from pallas_kernels.gated_delta import tree_wy as tw
+from tests.gdn_inputs import make_inputs, rel_err
 
 IMPLS = ["reference", "pallas"]
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
 
 
-def rel_err(a, b) -> float:
-    a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
-    b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
 def _check(name, got, want, tol):
     assert got is not None, f"{name} missing"
     assert got.shape == want.shape, f"{name}: shape {got.shape} != {want.shape}"
-    assert bool(jnp.all(jnp.isfinite(jnp.asarray(got, jnp.float32)))), f"{name}: non-finite (unwritten) elements"
+    assert np.isfinite(np.asarray(got).astype(np.float32)).all(), f"{name}: non-finite (unwritten) elements"
     err = rel_err(got, want)
     assert err <= tol, f"{name}: relative error {err:.3e} > {tol:.0e}"
 
@@ -54,22 +49,6 @@ def make_parents(kind: str, n: int, seed: int) -> np.ndarray:
         raise ValueError(kind)
     p[0] = -1
     return p.astype(np.int32)
-
-
-def make_inputs(b, n, h, hv, k_dim, v_dim, dtype=jnp.float32, seed=0, normalize_k=True, strong=0.1):
-    """Random inputs; gates mostly mild, a fraction `strong` of them down to -20."""
-    ks = jax.random.split(jax.random.PRNGKey(seed), 8)
-    q = jax.random.normal(ks[0], (b, n, h, k_dim))
-    k = jax.random.normal(ks[1], (b, n, h, k_dim))
-    if normalize_k:  # without in-kernel normalisation the recurrence needs |k| ~ 1 to stay bounded
-        k = reference.l2_normalize(k)
-    v = jax.random.normal(ks[2], (b, n, hv, v_dim))
-    is_strong = jax.random.bernoulli(ks[3], strong, (b, n, hv))
-    g = jnp.where(is_strong, jax.random.uniform(ks[4], (b, n, hv), minval=-20.0, maxval=-1.0),
-                  jax.random.uniform(ks[5], (b, n, hv), minval=-0.5, maxval=0.0))
-    beta = jax.nn.sigmoid(jax.random.normal(ks[6], (b, n, hv)))
-    s0 = 0.5 * jax.random.normal(ks[7], (b, hv, k_dim, v_dim))
-    return dict(q=q.astype(dtype), k=k.astype(dtype), v=v.astype(dtype), g=g, beta=beta, s0=s0)
 
 
 def _kw(impl):
