@@ -6,14 +6,15 @@
 #                                                  looped-scale, reuse, train,
 #                                                  train-huginn, retrained, selfdraft, profile, graphs,
 #                                                  replay, current, train-depth, live, live-check, preload, rolled,
-#                                                  rolled-curve, rolled-check, waits, nocb, replay-kept
+#                                                  rolled-curve, rolled-check, waits, nocb, replay-kept,
+#                                                  loop-forms
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -290,6 +291,12 @@ replay-kept)  # issue 12 (next): the replay running only the steps it keeps (SPE
             --forced-acceptance 0.6,1.0 --exact on --rollbacks replay --gammas 8,16 --repeats 2 --max-new-tokens 96 \
             --prompt-len 256 --time-budget-s 80 --tag _replay_skip$skip --out "$dir"
     done
+    ;;
+loop-forms)  # issue 12: the spec step's host gap (0.1 / 0.3 ms per step at gamma 2 / 8 untraced, none per AR token):
+    # the same jitted step in lax.while_loop, dispatched from Python without reads, and with a read per step, each
+    # paired with AR; then each form traced, with what the host did while the device waited
+    step 330 loop_forms_9b python scripts/bench_loop_forms.py --random-9b --gammas 2,8 --new-tokens 96 --repeats 3 \
+        --kernel-profile --out "$dir"
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \

@@ -207,6 +207,33 @@ def wait_sites(events, min_gap: float = WAIT_GAP_NS) -> list[tuple[str, str, int
     return sorted(((x, y, c, t) for (x, y), (c, t) in sites.items()), key=lambda r: -r[3])
 
 
+def wait_windows(events, min_gap: float = WAIT_GAP_NS) -> list[tuple[float, float]]:
+    """Kernel events [(start, end, name)] -> the device's idle stretches of at least `min_gap` [(from, to)]."""
+    windows, end = [], None
+    for a, b, _ in sorted(events):
+        if end is not None and a - end >= min_gap:
+            windows.append((end, a))
+        if end is None or b > end:
+            end = b
+    return windows
+
+
+def host_during(windows, host_events) -> list[tuple[str, int, float]]:
+    """What the host was doing while the device waited: host events [(start, end, name)] overlapping the idle
+    windows [(from, to)], as [(name, events, overlap ns)], largest overlap first. Nested events (a call and the
+    calls inside it) each count, so the rows say where the host was, not a partition of its time."""
+    rows = {}
+    windows = sorted(windows)
+    for a, b, name in host_events:
+        for lo, hi in windows:  # few windows per run: a plain scan
+            overlap = min(b, hi) - max(a, lo)
+            if overlap > 0:
+                row = rows.setdefault(name, [0, 0.0])
+                row[0] += 1
+                row[1] += overlap
+    return sorted(((n, c, t) for n, (c, t) in rows.items()), key=lambda r: -r[2])
+
+
 def host_api_time(events) -> dict:
     """{kind: [count, ns]} of host-side CUDA API calls [(name, duration ns)] by HOST_API_KINDS: kernel launches,
     synchronizations, copies."""
@@ -232,6 +259,8 @@ def device_kernel_profile(run: Callable[[], object], per: float, top: int = 30) 
     records them (under tracing a launch costs the host more than it does untraced).
     `wait_sites`: the 8 largest of those waits' sites, {"before", "after", "count", "us"} per unit (the kernels
     around each wait, full names: which op the device waited before).
+    `host_during_waits`: the 12 host events (the runtime's trace annotations, API calls) that overlap those waits
+    most, {"host", "count", "us"} per unit: what the host did while the device waited.
     `lines` names the trace lines read (for a trace whose layout differs). Empty rows on a machine
     without a device tracer (CPU): the numbers then only say so."""
     import glob
@@ -250,7 +279,10 @@ def device_kernel_profile(run: Callable[[], object], per: float, top: int = 30) 
     intervals, named, families, lines, host_events = [], [], {}, [], []
     for plane in (data.planes if data is not None else ()):
         if plane.name.startswith("/host:"):
-            host_events += [(ev.name, float(ev.duration_ns)) for line in plane.lines for ev in line.events]
+            for line in plane.lines:
+                for ev in line.events:
+                    start, dur = float(ev.start_ns), float(ev.duration_ns)
+                    host_events.append((start, start + dur, ev.name))
             continue
         if not plane.name.startswith("/device:GPU"):
             continue
@@ -274,7 +306,10 @@ def device_kernel_profile(run: Callable[[], object], per: float, top: int = 30) 
             "kernels": len(intervals) / per, "rows": rows,
             "idle_us": sum(idle) * scale, "wait_us": sum(waits) * scale, "waits": len(waits) / per,
             "short_idle_us": (sum(idle) - sum(waits)) * scale,
-            "host_api": {k: {"count": c / per, "us": ns * scale} for k, (c, ns) in host_api_time(host_events).items()},
+            "host_api": {k: {"count": c / per, "us": ns * scale}
+                         for k, (c, ns) in host_api_time([(n, b - a) for a, b, n in host_events]).items()},
+            "host_during_waits": [{"host": n, "count": c / per, "us": t * scale}
+                                  for n, c, t in host_during(wait_windows(named), host_events)[:12]],
             "wait_sites": [{"before": x, "after": y, "count": c / per, "us": t * scale}
                            for x, y, c, t in wait_sites(named)[:8]],
             "other_us": sum(ns for _, (_, ns) in ranked[top:]) * scale, "lines": sorted(set(lines))}
@@ -300,6 +335,10 @@ def kernel_profile_markdown(profiles: Mapping[str, dict], unit: str = "step") ->
             md += ["", f"Where the device waited ≥ {WAIT_GAP_NS / 1e3:g} µs (the kernels around each wait, per {unit}):", "",
                    "| kernel before | kernel after | count | µs |", "|---|---|---|---|"]
             md += [f"| `{w['before']}` | `{w['after']}` | {w['count']:.2f} | {w['us']:.1f} |" for w in p["wait_sites"]]
+        if p.get("host_during_waits"):
+            md += ["", f"What the host did during those waits (trace events overlapping them, nested ones each counted; "
+                   f"per {unit}):", "", "| host event | count | µs in waits |", "|---|---|---|"]
+            md += [f"| `{h['host'][:90]}` | {h['count']:.2f} | {h['us']:.1f} |" for h in p["host_during_waits"]]
     return md
 
 

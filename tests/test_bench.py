@@ -81,6 +81,16 @@ def test_wait_sites_name_the_kernels_around_each_long_idle_stretch():
         [("a", "c", 1, 15.0)]  # the kernel that ended last, not the one that started last
 
 
+def test_host_during_waits_sums_each_host_event_over_the_idle_windows():
+    kernels = [(0.0, 10.0, "a"), (40.0, 41.0, "c"), (41.5, 42.0, "d"), (80.0, 90.0, "c")]
+    assert harness.wait_windows(kernels, min_gap=10.0) == [(10.0, 40.0), (42.0, 80.0)]
+    host = [(5.0, 20.0, "sync"), (30.0, 90.0, "update"), (41.0, 41.4, "launch"), (95.0, 99.0, "late")]
+    # sync overlaps 10 -> 20; update 30 -> 40 and 42 -> 80; launch lies in a short gap; late in none
+    assert harness.host_during(harness.wait_windows(kernels, min_gap=10.0), host) == [
+        ("update", 2, 48.0), ("sync", 1, 10.0)]
+    assert harness.host_during([], host) == []
+
+
 def test_host_api_time_by_kind():
     events = [("cuLaunchKernel", 3.0), ("cuLaunchKernelEx", 5.0), ("cuStreamSynchronize", 40.0),
               ("cuMemcpyDtoHAsync_v2", 2.0), ("ThunkExecutor::Execute", 100.0)]
