@@ -1,9 +1,10 @@
 """Where a speculative step's host time goes: the same jitted step driven three ways, each paired with AR.
 
     python scripts/bench_loop_forms.py --random-9b --gammas 2,8 --out DIR     (H200)
+    python scripts/bench_loop_forms.py --model checkpoints/tiny-qwen35-code --methods ngram,mtp --gammas 4 --out DIR
     python scripts/bench_loop_forms.py --random-9b --tiny --gammas 2 --new-tokens 16 --out /tmp/x   (CPU smoke)
 
-Forms (n-gram drafts, forced acceptance p, exact path, replay rollback: the default step):
+Forms (each --methods drafter, forced acceptance p, exact path, replay rollback: the default step):
   while       `speculative._spec_loop`: the step inside `lax.while_loop` (what `generate` runs): the host reads
               the loop predicate back after every step before it launches the next one;
   host-async  the step as one jitted call (`spec_step_jit`) dispatched from Python as many times as the while
@@ -36,7 +37,10 @@ FORMS = ("while", "host-async", "host-sync")
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--random-9b", action="store_true", required=True, help="Qwen3.5-9B shape, random bf16 weights")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--random-9b", action="store_true", help="Qwen3.5-9B shape, random bf16 weights")
+    src.add_argument("--model", help="a Qwen3.5 checkpoint folder")
+    ap.add_argument("--methods", default="ngram", help="drafters, comma-separated (bench_spec.py's curve methods)")
     ap.add_argument("--tiny", action="store_true", help="a tiny shape (CPU smoke run)")
     ap.add_argument("--gammas", default="2,8")
     ap.add_argument("--p", type=float, default=1.0, help="forced acceptance probability")
@@ -57,14 +61,19 @@ def main():
     from specdec_jax.decoding.sampling import SamplingConfig
     from specdec_jax.models.family import QWEN35
 
-    model = bench_spec.random_9b_model(args.tiny)
-    name = "qwen35_tiny_random" if args.tiny else "qwen35_9b_random"
+    if args.random_9b:
+        model = bench_spec.random_9b_model(args.tiny)
+        name = "qwen35_tiny_random" if args.tiny else "qwen35_9b_random"
+    else:
+        import specdec_jax as sj
+        model, name = sj.load(args.model, dtype="bfloat16"), os.path.basename(os.path.normpath(args.model))
+    methods = args.methods.split(",")
     cfg, params = model.config, model.params
     n_new = args.new_tokens
     prompt = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (1, args.prompt_len)), jnp.int32)
     key = jax.random.PRNGKey(0)
     sampling = SamplingConfig()
-    drafter = bench_spec.curve_drafter(model, "ngram")
+    drafters = {m: bench_spec.curve_drafter(model, m) for m in methods}
     rows = {g: choose_decode_rows(g, None, "qwen3_5") for g in gammas}
     ar_rows = choose_decode_rows(0, None, "qwen3_5")
     max_len = args.prompt_len + n_new + max(max(gammas) + 1, *rows.values())
@@ -75,19 +84,20 @@ def main():
     static_ad = dict(ops=ar_mod.ar_ops(QWEN35, ar_rows), cfg=cfg, max_new_tokens=n_new, sampling=sampling, eos_ids=())
     jobs = {"ar_prefill": lambda: ar_mod._prefill.lower(params, prompt, **static_ap),
             "ar_loop": lambda: ar_mod._decode_loop.lower(params, state_s, logits_s, key, **static_ad)}
-    static_step = {}
-    for g in gammas:
+    settings = [(m, g) for m in methods for g in gammas]
+    for m, g in settings:
         static_p = dict(cfg=cfg, max_len=max_len, sampling=sampling, eos_ids=(), state_dtype=model.dtype, gamma=g,
-                        max_new_tokens=n_new, drafter=drafter, impl="auto")
+                        max_new_tokens=n_new, drafter=drafters[m], impl="auto")
         shapes = jax.eval_shape(functools.partial(sp._spec_prefill, **static_p), params, prompt, key)
-        static_l = dict(cfg=cfg, sampling=sampling, eos_ids=(), gamma=g, max_new_tokens=n_new, drafter=drafter,
+        static_l = dict(cfg=cfg, sampling=sampling, eos_ids=(), gamma=g, max_new_tokens=n_new, drafter=drafters[m],
                         rollback="replay", impl="auto", decode_rows=rows[g])
-        static_step[g] = dict(drafter=drafter, gamma=g, sampling=sampling, rollback="replay", max_new_tokens=n_new,
-                              eos_ids=(), impl="auto", decode_rows=rows[g])
-        jobs["prefill", g] = functools.partial(sp._spec_prefill.lower, params, prompt, key, **static_p)
-        jobs["while", g] = functools.partial(sp._spec_loop.lower, params, shapes[0], shapes[1], key, p, **static_l)
-        jobs["step", g] = functools.partial(sp.spec_step_jit.lower, params, cfg, shapes[0], shapes[1], key,
-                                            accept_p=p, **static_step[g])
+        static_step = dict(drafter=drafters[m], gamma=g, sampling=sampling, rollback="replay", max_new_tokens=n_new,
+                           eos_ids=(), impl="auto", decode_rows=rows[g])
+        jobs["prefill", (m, g)] = functools.partial(sp._spec_prefill.lower, params, prompt, key, **static_p)
+        jobs["while", (m, g)] = functools.partial(sp._spec_loop.lower, params, shapes[0], shapes[1], key, p,
+                                                  **static_l)
+        jobs["step", (m, g)] = functools.partial(sp.spec_step_jit.lower, params, cfg, shapes[0], shapes[1], key,
+                                                 accept_p=p, **static_step)
     t0 = time.perf_counter()
     exe, compile_s = compile_timed({k: make() for k, make in jobs.items()}, workers=12)
     print(f"compiled {len(exe)} functions in {time.perf_counter() - t0:.0f} s", flush=True)
@@ -138,14 +148,14 @@ def main():
               "xla_flags": os.environ.get("XLA_FLAGS", ""), "compile_seconds": compile_s, "rows": []}
     ar_run()
     ar_times = [ar_run() for _ in range(args.repeats)]
-    for g in gammas:
+    for g in settings:
         for form in FORMS:
             timed(form, g)  # warm-up (and the while loop's step count)
         runs = alternate({form: functools.partial(timed, form, g) for form in FORMS} | {"ar": ar_run}, args.repeats)
         ar_times += runs.pop("ar")
         ar_sec = float(np.median(ar_times))
         for form, secs in runs.items():
-            row = {"gamma": g, "form": form, "steps": steps_of[g], "ms_per_step": 1e3 * float(np.median(secs)),
+            row = {"method": g[0], "gamma": g[1], "form": form, "steps": steps_of[g], "ms_per_step": 1e3 * float(np.median(secs)),
                    "ms_per_step_all": [1e3 * s for s in secs], "ar_ms_per_token": 1e3 * ar_sec,
                    "step_over_ar": float(np.median(secs)) / ar_sec}
             result["rows"].append(row)
@@ -154,12 +164,12 @@ def main():
         save(result, args)
     if args.kernel_profile:
         profiles = result["kernel_profiles"] = {}
-        for g in gammas:
+        for g in settings:
             for form in FORMS:
                 state, dstate = fresh(g)
                 run = (while_loop(g, state, dstate) if form == "while"
                        else host_loop(g, state, dstate, steps_of[g], sync=form == "host-sync"))
-                profiles[f"gamma {g}, {form}, per step"] = device_kernel_profile(run, steps_of[g])
+                profiles[f"{g[0]} gamma {g[1]}, {form}, per step"] = device_kernel_profile(run, steps_of[g])
                 save(result, args)
     save(result, args, echo=True)
 
@@ -168,15 +178,15 @@ def save(result, args, echo=False):
     md = [f"# One speculative step, three ways to drive it ({result['model']})", "",
           f"{result['device']} · jax {result['jax']} · commit {result['git_commit']} · {result['date']}", "",
           f"`{result['command']}`", "",
-          f"n-gram drafts, forced acceptance p = {result['p']:g} (outputs meaningless), exact path, replay rollback; "
+          f"drafts of each method, forced acceptance p = {result['p']:g} (outputs meaningless), exact path, replay rollback; "
           f"{result['new_tokens']} new tokens after a {result['prompt_len']}-token prompt; medians, each form "
           f"alternated with the others and with AR in one run. `while`: the step in `lax.while_loop` (generate's "
           f"loop; the host reads the predicate back after each step); `host-async`: the jitted step dispatched from "
           f"Python as many times, nothing read back until the end; `host-sync`: the same, reading the done flag "
           f"after each step.", "",
           f"AR: {result.get('ar_ms_per_token', float('nan')):.3f} ms per token.", "",
-          "| gamma | form | steps | ms / step | step / AR token |", "|---|---|---|---|---|"]
-    md += [f"| {r['gamma']} | {r['form']} | {r['steps']} | {r['ms_per_step']:.3f} | {r['step_over_ar']:.3f} |"
+          "| method | gamma | form | steps | ms / step | step / AR token |", "|---|---|---|---|---|---|"]
+    md += [f"| {r['method']} | {r['gamma']} | {r['form']} | {r['steps']} | {r['ms_per_step']:.3f} | {r['step_over_ar']:.3f} |"
            for r in result["rows"]]
     if result.get("kernel_profiles"):
         md += ["", "## Traced (one run each)", ""] + kernel_profile_markdown(result["kernel_profiles"])

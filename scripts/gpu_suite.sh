@@ -7,14 +7,14 @@
 #                                                  train-huginn, retrained, selfdraft, profile, graphs,
 #                                                  replay, current, train-depth, live, live-check, preload, rolled,
 #                                                  rolled-curve, rolled-check, waits, nocb, replay-kept,
-#                                                  loop-forms
+#                                                  loop-forms, loop-forms-tiny
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -297,6 +297,10 @@ loop-forms)  # issue 12: the spec step's host gap (0.1 / 0.3 ms per step at gamm
     # paired with AR; then each form traced, with what the host did while the device waited
     step 330 loop_forms_9b python scripts/bench_loop_forms.py --random-9b --gammas 2,8 --new-tokens 96 --repeats 3 \
         --kernel-profile --out "$dir"
+    ;;
+loop-forms-tiny)  # issue 12: the same on the tiny checkpoint, where a step's device time (~0.24 ms) is near the host's
+    step 200 loop_forms_tiny python scripts/bench_loop_forms.py --model checkpoints/tiny-qwen35-code --methods ngram,mtp \
+        --gammas 3,4,8 --prompt-len 64 --new-tokens 128 --repeats 5 --out "$dir"
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \
