@@ -107,13 +107,13 @@ def component_times(model, prompt_len: int, chain: int = 64):
     mlp_p = params["layers"][0]["mlp"]
     pos = jnp.full((1, 1), prompt_len, jnp.int32)
     mask = L.causal_cache_mask(pos, state.max_len)
-    rec = jax.random.normal(jax.random.PRNGKey(2), state.recurrent[0].shape, jnp.float32) * 0.1
+    rec = jax.random.normal(jax.random.PRNGKey(2), state.recurrent[:1].shape, jnp.float32) * 0.1  # [1, B, HV, K, V]
     conv, kc, vc = state.conv[0], state.keys[0], state.values[0]
     head = qwen35.lm_head_weight(params)
     nbytes = lambda t: sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(t))
     pieces = [
         ("gdn mixer", len(cfg.linear_layers), lin_p,
-         lambda x: qwen35.gdn_mixer(lin_p, cfg, x, conv, rec, "auto", False)[0]),
+         lambda x: qwen35.gdn_mixer(lin_p, cfg, x, conv, rec, 0, "auto", False)[0]),
         ("attention mixer", len(cfg.attention_layers), attn_p,
          lambda x: qwen35.attention_mixer(attn_p, cfg, x, kc, vc, pos, mask)[0]),
         ("mlp", cfg.num_hidden_layers, mlp_p, lambda x: qwen35.mlp(mlp_p, cfg, x)),

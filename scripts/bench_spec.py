@@ -102,8 +102,8 @@ def prefix_state(model, prefix: int, max_len: int):
     from specdec_jax.models import qwen35
     base = qwen35.init_state(model.config, 1, max_len, model.dtype)
     return base.replace(length=jnp.full((1,), prefix, jnp.int32),
-                        recurrent=tuple(jax.random.normal(jax.random.PRNGKey(i), r.shape, jnp.float32) * 0.1
-                                        for i, r in enumerate(base.recurrent)))
+                        recurrent=jnp.stack([jax.random.normal(jax.random.PRNGKey(i), r.shape, jnp.float32) * 0.1
+                                             for i, r in enumerate(base.recurrent)]))
 
 
 def step_costs(model, gammas, prompt_len: int, repeats: int):

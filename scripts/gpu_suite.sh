@@ -7,14 +7,14 @@
 #                                                  train-huginn, retrained, selfdraft, profile, graphs,
 #                                                  replay, current, train-depth, live, live-check, preload, rolled,
 #                                                  rolled-curve, rolled-check, waits, nocb, replay-kept,
-#                                                  loop-forms, loop-forms-tiny
+#                                                  loop-forms, loop-forms-tiny, stacked, stacked-check
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -301,6 +301,27 @@ loop-forms)  # issue 12: the spec step's host gap (0.1 / 0.3 ms per step at gamm
 loop-forms-tiny)  # issue 12: the same on the tiny checkpoint, where a step's device time (~0.24 ms) is near the host's
     step 200 loop_forms_tiny python scripts/bench_loop_forms.py --model checkpoints/tiny-qwen35-code --methods ngram,mtp \
         --gammas 3,4,8 --prompt-len 64 --new-tokens 128 --repeats 5 --out "$dir"
+    ;;
+stacked)  # issue 12: every GDN state in one array; the step kernels read and write their layer in place and the commit
+    # replays all layers in one launch: the 9B steps kernel by kernel (gamma 2, 8, 16), then the 9B cost curve
+    step 150 profile_9b python scripts/bench_spec.py --random-9b --forced-acceptance 1.0 --exact on --curve-method ngram \
+        --rollbacks replay --gammas 2,8,16 --repeats 1 --max-new-tokens 64 --prompt-len 256 --kernel-profile \
+        --tag _stacked_profile --out "$dir"
+    step 210 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.6,0.8,1.0 --exact on \
+        --rollbacks replay --gammas 2,4,8,16 --repeats 2 --max-new-tokens 128 --prompt-len 256 --time-budget-s 195 \
+        --tag _stacked --out "$dir"
+    ;;
+stacked-check)  # issues 12, 13 after that change: bf16 equality with AR (every Qwen chain method on the shipped
+    # checkpoint, the 9B shape damped at gamma 8 and 16), then the tiny checkpoint end to end
+    step 130 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 20 --prompt-len 64 \
+        --modes exact --tag _qwen_stacked --out "$dir"
+    step 110 exact_9b python scripts/bench_exact.py --part 9b --num-prompts 1 --ar-rows 9 --repeats 1 \
+        --tag _stacked --out "$dir"
+    step 110 exact_9b_g16 python scripts/bench_exact.py --part 9b --num-prompts 1 --gamma 16 --ar-rows 17 --repeats 1 \
+        --tag _stacked_g16 --out "$dir"
+    step 200 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
+        --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
+        --e2e-methods ngram:4,ngram:8,mtp:3,mtp:4,mtp-shortlist:4 --tag _stacked --out "$dir"
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \

@@ -2,7 +2,7 @@
 Triton IR here (a cross-platform lowering for "cuda" with a stand-in sm_90 device), compiled by the local Triton
 and `ptxas -v`. What a device profile cannot show: whether a kernel spills, and how large its unrolled code is.
 
-    python scripts/kernel_resources.py --rows 1,9,17 [--kernels verify,replay] [--unroll-max 64]
+    python scripts/kernel_resources.py --rows 1,9,17 [--kernels verify,stacked,replay] [--unroll-max 64]
 
 Needs `triton` importable and `ptxas` on PATH (both are on the development machine; the GPU machine's bundled
 Triton may differ). Shapes: Qwen3.5-9B's GDN layer (H 16, HV 32, K = V = 128), bf16, block_v 8, 1 warp.
@@ -24,7 +24,8 @@ import jax.numpy as jnp  # noqa: E402
 
 
 def lower_to_ttir(kernel: str, t: int) -> str:
-    """Triton IR of the recurrent ("verify": outputs only, as under replay rollback) or replay kernel at T = t."""
+    """Triton IR of the recurrent ("verify": outputs only, as under replay rollback; "stacked": a counted step that
+    reads and writes its layer of the stack of 24 layers' states) or replay kernel at T = t."""
     import jax._src.pallas.triton.pallas_call_registration as registration
     from pallas_kernels.gated_delta import recurrent_kernel as rk
 
@@ -47,7 +48,13 @@ def lower_to_ttir(kernel: str, t: int) -> str:
         keys, values = sds((b, t, h, k_dim), bf), sds((b, t, hv, v_dim), bf)
         gates, betas = sds((b, t, hv), jnp.float32), sds((b, t, hv), bf)
         state, counts = sds((b, hv, k_dim, v_dim), jnp.float32), sds((1,), jnp.int32)
-        if kernel == "replay":
+        if kernel == "stacked":  # a counted decode / verification step reading and writing its layer of a stack
+            stack = sds((24, b, hv, k_dim, v_dim), jnp.float32)
+            fn = lambda q, k, v, g, be, s0, n, layer: rk.recurrent_fwd(
+                q, k, v, g, be, s0, scale=k_dim ** -0.5, l2norm=True, want_vnew=False, want_states=False, block_v=8,
+                interpret=False, counts=n, layer=layer)
+            args = (keys, keys, values, gates, betas, stack, counts, sds((1,), jnp.int32))
+        elif kernel == "replay":
             fn = lambda k, v, g, be, s0, n: rk.replay_fwd(k, v, g, be, s0, n, l2norm=True, block_v=8, interpret=False)
             args = (keys, values, gates, betas, state, counts)
         else:

@@ -59,7 +59,7 @@ STATE_PARTITIONS: dict[str, P] = {
     "keys": P(None, None, TP, None),  # [B, S, KV heads, hd]
     "values": P(None, None, TP, None),
     "conv": P(None, None, TP),  # [B, W - 1, grouped channels]
-    "recurrent": P(None, TP, None, None),  # [B, HV, K, V]
+    "recurrent": P(None, None, TP, None, None),  # [n_gdn, B, HV, K, V]
     "length": P(),
 }
 

@@ -139,7 +139,7 @@ def main() -> None:
                        "mtp_qkv_proj": placement(model.params["mtp"]["layers"][0]["mixer"]["qkv_proj"]),
                        "final_norm": placement(model.params["final_norm"])},
             "state": {"keys": placement(state.keys[0]), "conv": placement(state.conv[0]),
-                      "recurrent": placement(state.recurrent[0]), "length": placement(state.length)},
+                      "recurrent": placement(state.recurrent), "length": placement(state.length)},
             # 4 devices, 2 KV heads: devices 0 and 1 hold copies of head 0, devices 2 and 3 of head 1.
             "kv_copies": [shards_equal(state.keys[0], 0, 1), shards_equal(state.keys[0], 2, 3),
                           shards_equal(state.keys[0], 0, 2)] if n == 4 else None,

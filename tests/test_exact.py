@@ -89,7 +89,7 @@ def test_gdn_on_the_live_rows_leaves_every_valid_row_unchanged():
     logits, got = run(params, state, ids, n, live=3)
     for row, valid in enumerate(np.asarray(n)):
         np.testing.assert_array_equal(np.asarray(logits[row, :valid]), np.asarray(want_logits[row, :valid]))
-    for a, b in zip(got.recurrent + got.conv, want.recurrent + want.conv):
+    for a, b in zip((*got.recurrent, *got.conv), (*want.recurrent, *want.conv)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     for a, b in zip(got.keys + got.values, want.keys + want.values):
         np.testing.assert_array_equal(np.asarray(a[:, :19]), np.asarray(b[:, :19]))  # 16 + 3 positions

@@ -44,6 +44,12 @@ def _check(name, got, want, tol):
 # per-step recurrence in float32; tests/gdn_inputs.py says why it matters on CPU).
 naive = jax.jit(reference.naive_recurrent_gated_delta_rule, static_argnames=(
     "scale", "output_final_state", "return_pseudo_values", "return_all_states", "use_qk_l2norm"))
+# The ops under test, jitted as the model runs them (eagerly, their jnp forms would compile op by op).
+chunk = jax.jit(gd.chunk_gated_delta_rule, static_argnames=(
+    "scale", "output_final_state", "return_pseudo_values", "use_qk_l2norm", "implementation", "interpret"))
+recurrent = jax.jit(gd.fused_recurrent_gated_delta_rule, static_argnames=(
+    "scale", "output_final_state", "return_pseudo_values", "return_all_states", "use_qk_l2norm", "implementation",
+    "interpret"))
 
 
 def _kw(impl):
@@ -74,7 +80,7 @@ def test_chunk_matches_naive(impl, case):
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     s0 = x["s0"] if with_s0 else None
     want = naive(*args, initial_state=s0, return_pseudo_values=True, use_qk_l2norm=l2)
-    got = gd.chunk_gated_delta_rule(*args, initial_state=s0, return_pseudo_values=True, use_qk_l2norm=l2, **_kw(impl))
+    got = chunk(*args, initial_state=s0, return_pseudo_values=True, use_qk_l2norm=l2, **_kw(impl))
     tol = TOL[dtype]
     assert got.o.dtype == dtype
     _check("o", got.o, want.o, tol)
@@ -116,7 +122,7 @@ def test_recurrent_matches_naive(impl, extra, case):
     tol = TOL[dtype]
     # Kernel options beyond the shared signature go to pallas_ops directly (the dispatcher has none).
     op = (functools.partial(pallas_ops.fused_recurrent_gated_delta_rule, interpret=True, **extra) if extra
-          else functools.partial(gd.fused_recurrent_gated_delta_rule, **_kw(impl)))
+          else functools.partial(recurrent, **_kw(impl)))
     # Pseudo-value mode (what speculative verification uses) ...
     got = op(*args, initial_state=s0, return_pseudo_values=True, use_qk_l2norm=l2)
     _check("o", got.o, want.o, tol)
@@ -216,6 +222,57 @@ def test_replay_equals_the_recurrence_bit_for_bit(impl, case):
     np.testing.assert_array_equal(np.asarray(run.final_state), np.asarray(states[:, t]))
 
 
+@pytest.mark.parametrize("impl", ["reference", "pallas"])
+def test_stacked_states_run_one_layer_in_place(impl):
+    """With `state_layer` the op reads layer l of a stack of layers' states and returns the stack with only that
+    layer's state replaced: the same bits as the op on that layer's state alone (counted steps, uncounted, a
+    verification that writes no state, snapshots), from one compilation for every layer (the index is traced)."""
+    b, t, h, hv, k_dim, v_dim = 2, 3, 1, 2, 16, 16
+    x = make_inputs(b, t, h, hv, k_dim, v_dim, jnp.float32, seed=41, normalize_k=False)
+    stack = jnp.stack([x["s0"] * (1 + 0.5 * i) for i in range(3)])  # [L=3, B, HV, K, V], distinct layers
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    n = jnp.asarray([2, 3], jnp.int32)
+    for options in (dict(state_steps=n), dict(), dict(output_final_state=False), dict(return_all_states=True)):
+        op = functools.partial(gd.fused_recurrent_gated_delta_rule, use_qk_l2norm=True, **_kw(impl), **options)
+        one = jax.jit(lambda s0: op(*args, initial_state=s0))
+        stacked = jax.jit(lambda s, layer: op(*args, initial_state=s, state_layer=layer))
+        for layer in (0, 2):
+            want, got = one(stack[layer]), stacked(stack, jnp.int32(layer))
+            np.testing.assert_array_equal(np.asarray(got.o), np.asarray(want.o), err_msg=str(options))
+            if want.final_state is None:
+                assert got.final_state is None
+            else:
+                np.testing.assert_array_equal(np.asarray(got.final_state),
+                                              np.asarray(stack.at[layer].set(want.final_state)), err_msg=str(options))
+            if options.get("return_all_states"):
+                np.testing.assert_array_equal(np.asarray(got.all_states), np.asarray(want.all_states))
+        assert stacked._cache_size() == 1, "the layer index must be traced: one compilation for every layer"
+    with pytest.raises(ValueError, match=r"state_layer must lie in \[0, 3\)"):
+        gd.fused_recurrent_gated_delta_rule(*args, initial_state=stack, state_layer=3, **_kw(impl))
+    with pytest.raises(ValueError, match=r"stack of layers' states \[L, B, HV, K, V\]"):
+        gd.fused_recurrent_gated_delta_rule(*args, initial_state=x["s0"], state_layer=0, **_kw(impl))
+
+
+@pytest.mark.parametrize("rule", ["replay", "pseudo"])
+def test_commit_of_every_layer_in_one_call_equals_one_call_per_layer(rule):
+    """qwen35.stacked_state_rule: the commit of L layers as L * B batch rows of one call (one kernel launch on the
+    GPU) gives each layer the bits of its own call, for ragged counts."""
+    from specdec_jax.models import qwen35
+    b, t, h, hv, k_dim, v_dim, n_layers = 2, 4, 1, 2, 16, 16, 3
+    xs = [make_inputs(b, t, h, hv, k_dim, v_dim, jnp.float32, seed=60 + i, normalize_k=False) for i in range(n_layers)]
+    stack = jnp.stack([x["s0"] for x in xs])
+    n = jnp.asarray([1, 4], jnp.int32)
+    if rule == "replay":
+        op, names = functools.partial(gd.replay_state, use_qk_l2norm=True, **_kw("pallas")), ("k", "v", "g", "beta")
+    else:
+        op, names = functools.partial(gd.commit_state, use_qk_l2norm=True), ("k", "g", "v")
+    per_layer = tuple([x[name] for x in xs] for name in names)
+    got = jax.jit(lambda s, *ins: qwen35.stacked_state_rule(None, op, s, ins, n))(stack, *per_layer)
+    for i, x in enumerate(xs):
+        want = jax.jit(op)(x["s0"], *(x[name] for name in names), n)
+        np.testing.assert_array_equal(np.asarray(got[i]), np.asarray(want), err_msg=f"layer {i}")
+
+
 @pytest.mark.parametrize("form, skip, case", [
     ("unrolled", "0", (2, 5, 1, 2, 16, 16, jnp.float32)), ("unrolled", "1", (2, 5, 1, 2, 16, 16, jnp.float32)),
     ("unrolled", "1", (2, 1, 1, 1, 16, 16, jnp.bfloat16)), ("loop", "1", (2, 5, 1, 2, 16, 16, jnp.bfloat16))],
@@ -312,7 +369,7 @@ def test_chunk_verify_then_commit(impl):
     x = make_inputs(b, t, h, hv, k_dim, v_dim, seed=7)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     want = naive(*args, initial_state=x["s0"], return_all_states=True)
-    out = gd.chunk_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True, **_kw(impl))
+    out = chunk(*args, initial_state=x["s0"], return_pseudo_values=True, **_kw(impl))
     commit = jax.jit(functools.partial(gd.commit_state, **_kw(impl)))
     for a in (1, 63, 64, 65, 128, 130):
         got = commit(x["s0"], x["k"], x["g"], out.v_new, jnp.full((b,), a, jnp.int32))
@@ -333,7 +390,7 @@ def test_chunk_precision_when_cumulative_gates_are_large(impl, pattern):
          "alternating": np.where((np.arange(t)[None, :, None] // 8) % 2 == 0, -19.5, weak)}[pattern]
     args = (x["q"], x["k"], x["v"], jnp.asarray(g, jnp.float32), x["beta"])
     want = _float64_recurrence(*args, x["s0"])
-    out = gd.chunk_gated_delta_rule(*args, initial_state=x["s0"], return_pseudo_values=True, **_kw(impl))
+    out = chunk(*args, initial_state=x["s0"], return_pseudo_values=True, **_kw(impl))
     for name, got, ref in (("o", out.o, want[0]), ("final_state", out.final_state, want[1]),
                            ("v_new", out.v_new, want[2])):
         err = rel_err(got, ref)
@@ -358,7 +415,8 @@ def test_pseudo_values_equal_wy_form():
     x = make_inputs(1, 64, 1, 1, 64, 64, seed=3)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     want = naive(*args, initial_state=x["s0"], return_pseudo_values=True)
-    got = reference.chunk_gated_delta_rule_reference(*args, initial_state=x["s0"], return_pseudo_values=True)
+    got = jax.jit(functools.partial(reference.chunk_gated_delta_rule_reference, return_pseudo_values=True))(
+        *args, initial_state=x["s0"])
     _check("v_new", got.v_new, want.v_new, 1e-5)
 
 
@@ -465,12 +523,12 @@ def test_verification_routes_through_the_recurrent_kernel_when_enabled(monkeypat
          "out_proj": jnp.asarray(rng.standard_normal((D, HV * V)) * 0.2, jnp.float32)}
     x = jnp.asarray(rng.standard_normal((1, 9, D)), jnp.float32)
     conv0 = jnp.asarray(rng.standard_normal((1, 3, C)) * 0.1, jnp.float32)
-    s0 = jnp.asarray(rng.standard_normal((1, HV, 16, 16)) * 0.1, jnp.float32)
+    s0 = jnp.asarray(rng.standard_normal((2, 1, HV, 16, 16)) * 0.1, jnp.float32)  # two layers' states; runs slot 1
     monkeypatch.delenv(gd.ENV_VAR, raising=False)
-    want = qwen35.gdn_mixer(p, cfg, x, conv0, s0, "auto", "pseudo")
+    want = qwen35.gdn_mixer(p, cfg, x, conv0, s0, 1, "auto", "pseudo")
     assert not calls  # the chunk path
     monkeypatch.setenv(gd.ENV_VAR, "recurrent=pallas")
-    got = qwen35.gdn_mixer(p, cfg, x, conv0, s0, "auto", "pseudo")
+    got = qwen35.gdn_mixer(p, cfg, x, conv0, s0, 1, "auto", "pseudo")
     assert calls  # the recurrent kernel (interpret mode here)
     for a, b in ((got[0], want[0]), (got[2], want[2]), (got[3]["v_new"], want[3]["v_new"])):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)

@@ -75,7 +75,7 @@ def test_greedy_equals_ar_and_the_drafter_state_is_rolled_back(drafter):
     logits, fresh = fresh_forward(draft_params, qwen35.init_state(cfg, 1, max_len, jnp.float32), tokens)
     kept = dstate["model"]
     assert int(kept.length[0]) == tokens.shape[1]
-    for a, b in zip(kept.recurrent + kept.conv, fresh.recurrent + fresh.conv):
+    for a, b in zip((*kept.recurrent, *kept.conv), (*fresh.recurrent, *fresh.conv)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-4, rtol=2e-4)
     np.testing.assert_allclose(np.asarray(dstate["logits"]), np.asarray(logits[:, 0]), atol=2e-3, rtol=2e-3)
 

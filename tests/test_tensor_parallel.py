@@ -70,8 +70,8 @@ def test_parameters_are_split_by_role(results):
 def test_decode_state_is_split_over_heads(results):
     for n in (2, 4):
         s = results[str(n)]["state"]
-        assert s["recurrent"]["spec"] == "P(None, 'tp')"
-        assert all(sh[1] == 8 // n for sh in s["recurrent"]["shard_shapes"])  # 8 GDN value heads
+        assert s["recurrent"]["spec"] == "P(None, None, 'tp')"  # [n_gdn, B, HV, K, V]
+        assert all(sh[2] == 8 // n for sh in s["recurrent"]["shard_shapes"])  # 8 GDN value heads
         assert all(sh[2] == 1 for sh in s["keys"]["shard_shapes"])  # one KV head (or head copy) per device
         assert all(sh[2] == s["conv"]["shape"][2] // n for sh in s["conv"]["shard_shapes"])
         assert s["length"]["replicated"]

@@ -155,7 +155,7 @@ def test_tree_forward_and_commit_equal_per_path_forward(model):
     _, verified, extras = verify["pseudo"]
     kept = _commit(state, verified, extras, tuple(parents.tolist()), jnp.asarray([3, 3]),
                    jnp.asarray(table)[jnp.asarray([3, 3])], jnp.asarray([0, 3]))
-    for a, b in zip(kept.recurrent + kept.conv, state.recurrent + state.conv):
+    for a, b in zip((*kept.recurrent, *kept.conv), (*state.recurrent, *state.conv)):
         np.testing.assert_array_equal(a[0], b[0])
     assert int(kept.length[0]) == int(state.length[0])
 
@@ -191,7 +191,7 @@ def test_state_after_tree_generation_equals_ar_state(model):
             seq = np.concatenate([ids[row], np.asarray(state.out)[row, : n_out - 1]])[None]
             fresh = qwen35.init_state(model.config, 1, state.model.max_len, jnp.float32)
             _, want, _ = _forward(model.params, model.config, fresh, jnp.asarray(seq))
-            got = jax.tree.map(lambda x: x[row:row + 1], state.model)
+            got = state.model.batch_rows(slice(row, row + 1))
             np.testing.assert_array_equal(got.length, want.length)
             L = seq.shape[1]
             for a, b in zip(got.recurrent, want.recurrent):

@@ -51,6 +51,18 @@ def make_parents(kind: str, n: int, seed: int) -> np.ndarray:
     return p.astype(np.int32)
 
 
+def naive_tree(q, k, v, g, beta, parents, *, initial_state, **options):
+    """The ground truth as one compiled program (its root paths come from the concrete parents, closed over);
+    eagerly, each of its jnp ops would compile on its own per shape."""
+    run = lambda q, k, v, g, beta, s0: tw.tree_gated_delta_rule_naive(q, k, v, g, beta, parents, initial_state=s0,
+                                                                       **options)
+    return jax.jit(run)(q, k, v, g, beta, initial_state)
+
+
+# The op under test, jitted as the model runs it (parents traced).
+tree = jax.jit(tw.tree_gated_delta_rule, static_argnames=("scale", "use_qk_l2norm", "implementation", "interpret"))
+
+
 def _kw(impl):
     return dict(implementation="pallas", interpret=True) if impl == "pallas" else dict(implementation=impl)
 
@@ -85,8 +97,8 @@ def _case_data(case):
     seed = 1000 + n + hv
     x = make_inputs(b, n, h, hv, k_dim, v_dim, dtype, seed=seed, normalize_k=not l2, strong=strong)
     parents = _parents_for(case, seed)
-    want = tw.tree_gated_delta_rule_naive(x["q"], x["k"], x["v"], x["g"], x["beta"], parents,
-                                          initial_state=x["s0"], use_qk_l2norm=l2, return_node_states=True)
+    want = naive_tree(x["q"], x["k"], x["v"], x["g"], x["beta"], parents, initial_state=x["s0"], use_qk_l2norm=l2,
+                      return_node_states=True)
     return x, parents, want
 
 
@@ -96,16 +108,16 @@ def test_tree_matches_every_root_path(impl, case):
     dtype, l2, kind = case[7], case[8], case[6]
     x, parents, want = _case_data(case)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], parents)
-    got = tw.tree_gated_delta_rule(*args, initial_state=x["s0"], use_qk_l2norm=l2, **_kw(impl))
+    got = tree(*args, initial_state=x["s0"], use_qk_l2norm=l2, **_kw(impl))
     tol = TOL[dtype]
     assert got.o.dtype == dtype and got.final_state is None
     _check("o", got.o, want.o, tol)
     _check("v_new", got.v_new, want.v_new, tol)
     _check("g_cumsum (path gammas)", got.g_cumsum, want.g_cumsum, 1e-6)
     if kind == "chain":  # a chain is the chain WY form: same outputs and pseudo-values
-        chain = reference.chunk_gated_delta_rule_reference(x["q"], x["k"], x["v"], x["g"], x["beta"],
-                                                           initial_state=x["s0"], return_pseudo_values=True,
-                                                           use_qk_l2norm=l2)
+        chain = jax.jit(functools.partial(reference.chunk_gated_delta_rule_reference, return_pseudo_values=True,
+                                          use_qk_l2norm=l2))(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                                             initial_state=x["s0"])
         _check("o vs chain WY", got.o, chain.o, tol)
         _check("v_new vs chain WY", got.v_new, chain.v_new, tol)
         _check("g_cumsum vs chain", got.g_cumsum, chain.g_cumsum, 1e-6)
@@ -154,7 +166,7 @@ def test_commit_every_node(case):
     par = np.stack([make_parents(kind, n, seed + r) for r in range(b)]) if kind == "random" else \
         make_parents(kind, n, seed)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], par)
-    want = tw.tree_gated_delta_rule_naive(*args, initial_state=x["s0"], use_qk_l2norm=l2, return_node_states=True)
+    want = naive_tree(*args, initial_state=x["s0"], use_qk_l2norm=l2, return_node_states=True)
     states = jnp.concatenate([x["s0"][:, None], want.all_states], axis=1)  # [B, 1+N]: index a+1
     verified = tw.tree_gated_delta_rule_reference(*args, initial_state=x["s0"], use_qk_l2norm=l2)
     commit = jax.jit(functools.partial(tw.tree_commit_state, use_qk_l2norm=l2))

@@ -126,22 +126,30 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, 
 def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
                                      output_final_state=True, return_pseudo_values=False,
                                      return_all_states=False, use_qk_l2norm=False, implementation="auto",
-                                     interpret=False, state_steps=None) -> GatedDeltaOutput:
+                                     interpret=False, state_steps=None, state_layer=None) -> GatedDeltaOutput:
     """Step recurrence for small T (decode, chain verification) from an initial state.
 
     Rollback modes: `return_all_states` (one state snapshot per position, the baseline) or
     `return_pseudo_values` (v_new, g_cumsum for `commit_state`). `state_steps` [B] (traced) or None:
     the final state is the one after that many positions, the rest of the T rows being padding (a decode
     step at a padded row count: every row meets the same kernel, and the state is the recurrence's).
+    `state_layer` (int or traced int32 scalar) or None: `initial_state` is a stack of layers' states
+    [L, B, HV, K, V], the run starts from that layer's, and `final_state` is the stack with that layer's state
+    replaced (the Pallas kernel reads and writes that layer's blocks in place: a model keeps its GDN states in
+    one array, so that a commit can replay every layer in one launch).
     """
     impl = _resolve(implementation, "recurrent")
     kwargs = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                   return_pseudo_values=return_pseudo_values, return_all_states=return_all_states,
                   use_qk_l2norm=use_qk_l2norm, state_steps=state_steps)
     if impl in ("reference", "naive"):
-        return reference.naive_recurrent_gated_delta_rule(q, k, v, g, beta, **kwargs)
+        if state_layer is None:
+            return reference.naive_recurrent_gated_delta_rule(q, k, v, g, beta, **kwargs)
+        reference.check_stacked_state(initial_state, state_layer, check_gated_delta_inputs(q, k, v, g, beta))
+        return reference.stacked_rule(reference.naive_recurrent_gated_delta_rule, q, k, v, g, beta,
+                                      state_layer=state_layer, **kwargs)
     return _pallas_module().fused_recurrent_gated_delta_rule(q, k, v, g, beta, interpret=_interpret(interpret),
-                                                             **kwargs)
+                                                             state_layer=state_layer, **kwargs)
 
 
 def commit_state(initial_state, k, g, v_new, n_accepted, *, use_qk_l2norm=False, implementation="auto",

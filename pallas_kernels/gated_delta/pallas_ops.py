@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from . import chunk_kernel, commit_kernel, recurrent_kernel
 from ._kernel_utils import F32, check_block_v, dot_precisions, is_low_precision, next_pow2, pad_axis
 from .reference import (GatedDeltaOutput, check_accepted_counts, check_commit_inputs, check_gated_delta_inputs,
-                        check_replay_inputs, compensated_cumsum)
+                        check_replay_inputs, check_stacked_state, compensated_cumsum)
 
 CHUNK = chunk_kernel.CHUNK
 
@@ -35,8 +35,9 @@ def _scale(scale, k_dim: int) -> float:
 def _pad_kv(q, k, v, initial_state, kp: int, vp: int):
     q, k = pad_axis(q, 3, kp), pad_axis(k, 3, kp)
     v = pad_axis(v, 3, vp)
-    if initial_state is not None:
-        initial_state = pad_axis(pad_axis(initial_state.astype(F32), 2, kp), 3, vp)
+    if initial_state is not None:  # [..., K, V]: one state or a stack of layers' states
+        nd = initial_state.ndim
+        initial_state = pad_axis(pad_axis(initial_state.astype(F32), nd - 2, kp), nd - 1, vp)
     return q, k, v, initial_state
 
 
@@ -111,9 +112,14 @@ def _use_mosaic(backend, k_dim, v_dim, hv, block_v, return_all_states) -> bool:
 @functools.partial(jax.jit, static_argnames=("scale", "output_final_state", "return_pseudo_values",
                                              "return_all_states", "use_qk_l2norm", "interpret", "block_v",
                                              "num_warps", "backend", "preload"))
-def _recurrent(q, k, v, g, beta, initial_state, state_steps, *, scale, output_final_state, return_pseudo_values,
-               return_all_states, use_qk_l2norm, interpret, block_v, num_warps, backend, preload):
-    b, _, _, hv, k_dim, v_dim = check_gated_delta_inputs(q, k, v, g, beta, initial_state)
+def _recurrent(q, k, v, g, beta, initial_state, state_steps, state_layer, *, scale, output_final_state,
+               return_pseudo_values, return_all_states, use_qk_l2norm, interpret, block_v, num_warps, backend, preload):
+    stacked = state_layer is not None
+    b, _, _, hv, k_dim, v_dim = check_gated_delta_inputs(q, k, v, g, beta, None if stacked else initial_state)
+    layer = None
+    if stacked:  # the stack of every layer's state: the kernel reads and writes layer state_layer's in place
+        layer = jnp.asarray(state_layer, jnp.int32).reshape(1)
+        backend = "triton"
     counts = None
     if state_steps is not None:  # Triton kernel only (the Mosaic kernel has no counted form)
         counts = jnp.broadcast_to(jnp.asarray(state_steps, jnp.int32).reshape(-1), (b,))
@@ -133,10 +139,10 @@ def _recurrent(q, k, v, g, beta, initial_state, state_steps, *, scale, output_fi
     o, final, u, states = recurrent_kernel.recurrent_fwd(
         q, k, v, g, beta, s0, scale=scale, l2norm=use_qk_l2norm, want_vnew=return_pseudo_values,
         want_states=return_all_states, block_v=block_v, interpret=interpret, num_warps=num_warps, preload=preload,
-        counts=counts, want_state=output_final_state)
+        counts=counts, want_state=output_final_state, layer=layer)
     return GatedDeltaOutput(
         o=o[..., :v_dim],
-        final_state=final[:, :, :k_dim, :v_dim] if output_final_state else None,
+        final_state=final[..., :k_dim, :v_dim] if output_final_state else None,
         v_new=u[..., :v_dim] if return_pseudo_values else None,
         g_cumsum=jnp.cumsum(g.astype(F32), axis=1) if return_pseudo_values else None,
         all_states=states[..., :k_dim, :v_dim] if return_all_states else None,
@@ -146,7 +152,7 @@ def _recurrent(q, k, v, g, beta, initial_state, state_steps, *, scale, output_fi
 def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=True,
                                      return_pseudo_values=False, return_all_states=False, use_qk_l2norm=False,
                                      interpret=False, block_v=8, num_warps=1, backend="triton",
-                                     preload=None, state_steps=None) -> GatedDeltaOutput:
+                                     preload=None, state_steps=None, state_layer=None) -> GatedDeltaOutput:
     """Step recurrence for small T (decode, chain verification) from an initial state, Pallas kernel.
 
     Shapes as `chunk_gated_delta_rule`. Rollback modes: `return_pseudo_values` (v_new = u_t and
@@ -157,11 +163,17 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
     the arithmetic, and so every result, is the same either way.
     `state_steps` [B] int (traced) or None: the final state is the state after that many positions
     (a decode step at a padded row count); outputs past them are meaningless.
+    `state_layer` (int, or a traced int32 scalar) or None: `initial_state` is a stack of layers' states
+    [L, B, HV, K, V]; the run starts from layer `state_layer`'s and `final_state` is the stack with that layer's
+    state replaced, written in place (reference.check_stacked_state).
     """
-    check_gated_delta_inputs(q, k, v, g, beta, initial_state)
+    if state_layer is None:
+        check_gated_delta_inputs(q, k, v, g, beta, initial_state)
+    else:
+        check_stacked_state(initial_state, state_layer, check_gated_delta_inputs(q, k, v, g, beta))
     if state_steps is not None:
         check_accepted_counts(state_steps, q.shape[0], q.shape[1], name="state_steps")
-    return _recurrent(q, k, v, g, beta, initial_state, state_steps, scale=_scale(scale, q.shape[-1]),
+    return _recurrent(q, k, v, g, beta, initial_state, state_steps, state_layer, scale=_scale(scale, q.shape[-1]),
                       output_final_state=output_final_state, return_pseudo_values=return_pseudo_values,
                       return_all_states=return_all_states, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
                       block_v=check_block_v(block_v), num_warps=num_warps, backend=backend, preload=preload)

@@ -85,12 +85,17 @@ def gated_delta_step(state, k, v, g, beta):
 
 
 def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2norm, unroll, replay, n_heads,
-                      preload, counted=False, want_state=True):
-    """want_state: False when no final state is written (outputs only)."""
+                      preload, counted=False, want_state=True, stacked=False):
+    """want_state: False when no final state is written (outputs only). stacked: the state refs hold every layer's
+    block [L, K, BV]; a layer index ref (after the counts) says which one this call reads and writes."""
     n_valid = None
     if replay or counted:
         n_ref, refs = refs[0], refs[1:]
         n_valid = n_ref[pl.program_id(0) // n_heads]  # leading positions whose update is kept
+    layer = None
+    if stacked:
+        layer_ref, refs = refs[0], refs[1:]
+        layer = layer_ref[0]
     if replay:
         q_ref = None
         k_ref, v_ref, g_ref, beta_ref = refs[:4]
@@ -107,7 +112,10 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         vnew_ref = rest.pop(0) if want_vnew else None
         states_ref = rest.pop(0) if want_states else None
     kdim, bv = k_ref.shape[-1], v_ref.shape[-1]
-    state = s0_ref[...].astype(F32) if s0_ref is not None else jnp.zeros((kdim, bv), F32)
+    if s0_ref is None:
+        state = jnp.zeros((kdim, bv), F32)
+    else:
+        state = (s0_ref[layer] if stacked else s0_ref[...]).astype(F32)
 
     def load(t):  # position t's inputs; none depends on the state
         k = k_ref[t, :].astype(F32)  # [K]
@@ -158,7 +166,10 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         upper = jnp.clip(n_valid, 0, n_steps) if skip else n_steps
         state, _ = lax.fori_loop(0, upper, body, (state, load(0)))
     if st_ref is not None:
-        st_ref[...] = state
+        if stacked:
+            st_ref[layer] = state
+        else:
+            st_ref[...] = state
 
 
 def _block_specs(t: int, hv: int, group: int, kp: int, bv: int):
@@ -173,11 +184,14 @@ def _block_specs(t: int, hv: int, group: int, kp: int, bv: int):
 
 
 def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states, block_v, interpret,
-                  num_warps=1, num_stages=2, preload=None, counts=None, want_state=True):
+                  num_warps=1, num_stages=2, preload=None, counts=None, want_state=True, layer=None):
     """q, k [B, T, H, Kp]; v [B, T, HV, Vp]; g, beta [B, T, HV]; s0 [B, HV, Kp, Vp] fp32 or None;
     counts [Bp] int32 (Bp >= B a power of two) or None: the final state is the state after counts[b]
     positions (None: after all T). want_state: False writes no final state (a verification whose commit
     replays from s0).
+    layer: None, or int32 [1]: s0 is then the stack of every layer's state [L, B, HV, Kp, Vp], the run starts from
+    layer[0]'s, and the final state returned is the whole stack with that layer's state written in place (the other
+    layers' blocks are neither read nor written: no copy of the stack, one kernel for every layer).
 
     Returns o [B, T, HV, Vp] (v.dtype), final state [B, HV, Kp, Vp] fp32 (written over s0's buffer: each
     program reads its block before writing it; XLA copies s0 first where the caller still needs it) or
@@ -195,13 +209,21 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     if counts is not None:
         in_specs.insert(0, pl.BlockSpec((counts.shape[0],), lambda i, j: (0,)))
         args.insert(0, counts)
+    stacked = layer is not None
+    if stacked:
+        if not has_s0:
+            raise ValueError("recurrent_fwd: a layer index needs the stacked initial state")
+        # Every layer's [K, BV] block of this program's head and value block; the kernel indexes the layer.
+        state_spec = pl.BlockSpec((s0.shape[0], None, None, kp, bv), lambda i, j: (0, i // hv, i % hv, 0, j))
+        in_specs.insert(1 if counts is not None else 0, pl.BlockSpec((1,), lambda i, j: (0,)))
+        args.insert(1 if counts is not None else 0, layer)
     if has_s0:
         in_specs.append(state_spec)
         args.append(s0)
     out_specs = [val_spec] + ([state_spec] if want_state else [])
     out_shape = [jax.ShapeDtypeStruct((b, t, hv, vp), v.dtype)]
     if want_state:
-        out_shape.append(jax.ShapeDtypeStruct((b, hv, kp, vp), F32))
+        out_shape.append(jax.ShapeDtypeStruct(s0.shape if stacked else (b, hv, kp, vp), F32))
     # The final state over s0's buffer: in the decode loop the state is carried in place, where a separate
     # output cost a 2 MiB copy per GDN layer and token at the 9B shape (24 `memcpy128`, 55 us per token:
     # benchmarks/results/kernel_profile_qwen35_9b_random_profile.md).
@@ -216,7 +238,7 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
         functools.partial(_recurrent_kernel, n_steps=t, scale=scale, has_s0=has_s0, want_vnew=want_vnew,
                           want_states=want_states, l2norm=l2norm, replay=False, n_heads=hv,
                           preload=_preload(preload, t), counted=counts is not None,
-                          unroll=_unroll(t, interpret), want_state=want_state),
+                          unroll=_unroll(t, interpret), want_state=want_state, stacked=stacked),
         grid=(b * hv, nv),
         in_specs=in_specs,
         out_specs=out_specs,
@@ -252,7 +274,8 @@ def replay_fwd(k, v, g, beta, s0, counts, *, l2norm, block_v, interpret, num_war
                           preload=_preload(preload, t),
                           unroll=_unroll(t, interpret)),
         grid=(b * hv, vp // bv),
-        in_specs=[pl.BlockSpec((b,), lambda i, j: (0,)), key_spec, val_spec, gate_spec, gate_spec, state_spec],
+        in_specs=[pl.BlockSpec((counts.shape[0],), lambda i, j: (0,)), key_spec, val_spec, gate_spec, gate_spec,
+                  state_spec],
         out_specs=state_spec,
         out_shape=jax.ShapeDtypeStruct((b, hv, kp, vp), F32),
         input_output_aliases={5: 0},

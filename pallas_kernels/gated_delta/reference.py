@@ -130,6 +130,35 @@ def _step(state, k_t, v_t, g_t, b_t):
     return decayed + k_t[..., :, None] * u_t[..., None, :], u_t
 
 
+def check_stacked_state(states, layer, shapes: tuple[int, int, int, int, int, int]) -> None:
+    """A stack of layers' states [L, B, HV, K, V] for inputs of shapes (B, T, H, HV, K, V) and the layer to run
+    from (a Python int in [0, L), or a traced int32 scalar). Raises ValueError naming the bad argument."""
+    B, _, _, HV, K, V = shapes
+    if states is None or states.ndim != 5 or tuple(states.shape[1:]) != (B, HV, K, V):
+        raise ValueError(f"gated_delta: with state_layer, initial_state must be a stack of layers' states "
+                         f"[L, B, HV, K, V] = [L, {B}, {HV}, {K}, {V}]; got "
+                         f"{None if states is None else tuple(states.shape)}")
+    if isinstance(layer, (int, np.integer)):
+        if not 0 <= int(layer) < states.shape[0]:
+            raise ValueError(f"gated_delta: state_layer must lie in [0, {states.shape[0]}) (layers in the stack); "
+                             f"got {int(layer)}")
+    elif jnp.shape(layer) not in ((), (1,)) or not jnp.issubdtype(jnp.result_type(layer), jnp.integer):
+        raise ValueError(f"gated_delta: state_layer must be an integer scalar; got shape {jnp.shape(layer)}, "
+                         f"dtype {jnp.result_type(layer)}")
+
+
+def stacked_rule(rule, q, k, v, g, beta, *, initial_state, state_layer, **kwargs) -> GatedDeltaOutput:
+    """`rule` (a recurrent op of one state) run from layer `state_layer` of the stack `initial_state`
+    [L, B, HV, K, V]; final_state is the stack with that layer's state replaced (None if not asked for)."""
+    layer = jnp.asarray(state_layer, jnp.int32).reshape(())
+    s0 = lax.dynamic_index_in_dim(initial_state, layer, axis=0, keepdims=False)
+    out = rule(q, k, v, g, beta, initial_state=s0, **kwargs)
+    if out.final_state is None:
+        return out
+    return out._replace(final_state=lax.dynamic_update_index_in_dim(
+        initial_state, out.final_state.astype(initial_state.dtype), layer, axis=0))
+
+
 def naive_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
                                      output_final_state=True, return_pseudo_values=False,
                                      return_all_states=False, use_qk_l2norm=False,

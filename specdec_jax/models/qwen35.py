@@ -40,7 +40,9 @@ class Qwen35State:
 
     keys/values: per full-attention layer [B, S, NKV, hd] (slots >= length are stale or empty).
     conv: per GDN layer, the last (kernel - 1) pre-conv qkv inputs [B, kernel - 1, C].
-    recurrent: per GDN layer [B, HV, K, V] float32.
+    recurrent: every GDN layer's state in one array [n_gdn, B, HV, K, V] float32 (index: cfg.slot of the layer).
+    One array, not one per layer: the step kernels read and write their layer's blocks in place, and a commit
+    replays (or rebuilds) every layer's state in one kernel launch instead of one per layer.
     length: [B] int32 tokens committed per sequence.
     """
 
@@ -53,6 +55,12 @@ class Qwen35State:
     @property
     def max_len(self) -> int:
         return self.keys[0].shape[1] if self.keys else 0
+
+    def batch_rows(self, rows: slice) -> "Qwen35State":
+        """The state of the batch rows `rows` (the batch axis is 0 in every field but `recurrent`'s, where it is 1)."""
+        pick = lambda x: x[rows]
+        return Qwen35State(keys=tuple(map(pick, self.keys)), values=tuple(map(pick, self.values)),
+                           conv=tuple(map(pick, self.conv)), recurrent=self.recurrent[:, rows], length=self.length[rows])
 
 
 def kv_heads(cfg: Qwen35Config) -> int:
@@ -85,7 +93,7 @@ def init_state(cfg: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat16) 
         keys=tuple(zeros("keys", kv_shape, dtype) for _ in range(n_attn)),
         values=tuple(zeros("values", kv_shape, dtype) for _ in range(n_attn)),
         conv=tuple(zeros("conv", conv_shape, dtype) for _ in range(n_lin)),
-        recurrent=tuple(zeros("recurrent", rec_shape, jnp.float32) for _ in range(n_lin)),
+        recurrent=zeros("recurrent", (n_lin,) + rec_shape, jnp.float32),
         length=zeros("length", (batch,), jnp.int32),
     )
 
@@ -161,9 +169,12 @@ def conv_window_at(window: jax.Array, n: jax.Array, width: int) -> jax.Array:
     return jax.vmap(lambda w, a: lax.dynamic_slice_in_dim(w, a, width, axis=0))(window, n)
 
 
-def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, rec_state: jax.Array,
+def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, rec_states: jax.Array, slot: int,
               impl: str, collect, n_valid=None, live_rows=None):
-    """Gated DeltaNet token mixer. x [B, T, D] -> out [B, T, D], new conv/recurrent state, extras.
+    """Gated DeltaNet token mixer. x [B, T, D] -> out [B, T, D], new conv state, new recurrent states, extras.
+
+    rec_states: every GDN layer's state [n_gdn, B, HV, K, V]; this layer's is rec_states[slot]. The step kernel
+    reads and writes it in place; the other paths (chunk, a mesh) take it out and put it back.
 
     n_valid [B] or None: rows past it are padding (decode shape); the new states are those after n_valid.
     live_rows (static, with n_valid) or None: no valid row lies past the first live_rows, so the recurrence
@@ -196,8 +207,8 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         n_valid = jnp.minimum(n_valid, live)
 
     snapshots, replay = collect == "snapshot", collect == "replay"
-    # Under replay rollback the commit recomputes the state from rec_state, so verification writes none (one
-    # write of every GDN state saved per step); the state returned is then the unchanged rec_state.
+    # Under replay rollback the commit recomputes the state from rec_states, so verification writes none (one
+    # write of every GDN state saved per step); the states returned are then the unchanged rec_states.
     skip_state = replay and cfg.mesh is None
     kwargs = dict(output_final_state=not skip_state, return_pseudo_values=bool(collect) and not replay,
                   use_qk_l2norm=True, implementation=impl)
@@ -205,26 +216,33 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         raise ValueError(f"{collect or 'a decode-shape forward'} runs at most {MAX_RECURRENT_VERIFY} positions "
                          f"through the step recurrence; got T={T}")
     recurrent = gated_delta.fused_recurrent_gated_delta_rule
+
+    def run(rule, state_steps=None, **options):  # -> (result, the states after it)
+        if rule is recurrent and cfg.mesh is None:
+            res = gdn_rule(cfg, rule, q, k, v, g, beta, rec_states, state_steps, state_layer=slot, **options)
+            return res, rec_states if res.final_state is None else res.final_state
+        res = gdn_rule(cfg, rule, q, k, v, g, beta, rec_states[slot], state_steps, **options)
+        return res, rec_states if res.final_state is None else rec_states.at[slot].set(res.final_state)
+
     if n_valid is not None:
         # Decode shape: every row, AR step or verification, through the same step kernel; the state is
         # the one after the valid rows. A verification that writes no state runs uncounted: its outputs are the
         # same (each row's output comes before the count's mask), and at 17 rows the 24 layers' kernels took 662
         # us per 9B step against 744 us counted (kernel_profile_qwen35_9b_random_live_profile.md, ..._live_barrier_profile.md).
         steps = None if skip_state and not snapshots else n_valid
-        res = gdn_rule(cfg, recurrent, q, k, v, g, beta, rec_state, steps, return_all_states=snapshots, **kwargs)
+        res, new_states = run(recurrent, steps, return_all_states=snapshots, **kwargs)
     elif snapshots:
-        res = gdn_rule(cfg, recurrent, q, k, v, g, beta, rec_state, return_all_states=True, **kwargs)
+        res, new_states = run(recurrent, return_all_states=True, **kwargs)
     elif T == 1 or replay or (collect and T <= MAX_RECURRENT_VERIFY
                               and gated_delta.resolve(impl, "recurrent") == "pallas"):
         # Decode; verification under replay rollback (the commit re-runs this very step, so the committed
         # state is the recurrence's); short verification when the recurrent op is a Pallas kernel (one
         # launch per layer, measured faster than the chunk kernels on the GPU: see verify_forms_choice()).
-        res = gdn_rule(cfg, recurrent, q, k, v, g, beta, rec_state, **kwargs)
+        res, new_states = run(recurrent, **kwargs)
     else:
         # Prefill (an unrolled 64-step kernel took minutes to compile), and verification elsewhere: the
         # chunked form is parallel over T (as an XLA loop the step recurrence is T dependent launches).
-        res = gdn_rule(cfg, gated_delta.chunk_gated_delta_rule, q, k, v, g, beta, rec_state, **kwargs)
-    final_state = rec_state if skip_state else res.final_state
+        res, new_states = run(gated_delta.chunk_gated_delta_rule, **kwargs)
     o = res.o if live == T else jnp.pad(res.o, ((0, 0), (0, T - live), (0, 0), (0, 0)))  # padding rows: zeros
     o = L.gated_rms_norm(o.astype(x.dtype), z, p["norm"], cfg.rms_norm_eps)  # [B, T, HV, V]
     out = L.linear(o.reshape(B, T, HV * V), p["out_proj"])
@@ -235,7 +253,7 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         extras = {"k": k, "g": g, "v_new": res.v_new, "conv_window": window}
         if snapshots:
             extras["all_states"] = res.all_states  # [B, T, HV, K, V]: the per-position baseline
-    return out, new_conv, final_state, extras
+    return out, new_conv, new_states, extras
 
 
 def attention_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
@@ -346,7 +364,7 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     positions = state.length[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]  # [B, T]
     mask = L.causal_cache_mask(positions, state.max_len) if state.keys else None
     keys, values = list(state.keys), list(state.values)
-    conv, rec = list(state.conv), list(state.recurrent)
+    conv, rec = list(state.conv), state.recurrent
     gdn_extras, deltas = [], []
     for i, layer_type in enumerate(cfg.layer_types):
         if i in skip:
@@ -361,9 +379,8 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
             h, keys[slot], values[slot] = attention_mixer(p["mixer"], cfg, h, keys[slot], values[slot],
                                                           positions, mask)
         else:
-            h, conv[slot], rec[slot], ex = gdn_mixer(p["mixer"], cfg, h, conv[slot], rec[slot], impl,
-                                                     None if collect == "hidden" else collect, n_valid,
-                                                     live_rows)
+            h, conv[slot], rec, ex = gdn_mixer(p["mixer"], cfg, h, conv[slot], rec, slot, impl,
+                                               None if collect == "hidden" else collect, n_valid, live_rows)
             gdn_extras.append(ex)
         x = x + h
         x = x + mlp(p["mlp"], cfg, L.rms_norm(x, p["post_norm"], cfg.rms_norm_eps, zero_centered=True))
@@ -374,7 +391,7 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     head = lm_head_weight(params) if head is None else head
     logits = lax.dot_general(head_in, head.astype(dtype), (((2,), (1,)), ((), ())),
                              preferred_element_type=jnp.float32)
-    new_state = Qwen35State(keys=tuple(keys), values=tuple(values), conv=tuple(conv), recurrent=tuple(rec),
+    new_state = Qwen35State(keys=tuple(keys), values=tuple(values), conv=tuple(conv), recurrent=rec,
                             length=state.length + (T if n_valid is None else n_valid))
     extras = {"gdn": gdn_extras, "hidden": hidden} if collect else {}
     if record:
@@ -401,32 +418,51 @@ def decode_step(params, cfg, state, token_ids, impl="auto"):
     return logits[:, 0], state
 
 
+def stacked_state_rule(mesh, rule, states, per_layer: tuple, n: jax.Array, **options) -> jax.Array:
+    """A commit rule (gated_delta.replay_state or commit_state) applied to every GDN layer in ONE call: states
+    [L, B, HV, K, V], per_layer a tuple of per-token inputs, each a list of L arrays [B, T, ...], counts n [B].
+    The layers become batch rows (L * B: the kernels' programs are per batch row and head, so each row runs
+    the arithmetic it runs alone, and the bits are those of one call per layer). Returns [L, B, HV, K, V]."""
+    n_layers, batch = states.shape[:2]
+    merged = tuple(jnp.stack(xs).reshape((n_layers * batch,) + xs[0].shape[1:]) for xs in per_layer)
+    out = gdn_state_rule(mesh, rule, states.reshape((n_layers * batch,) + states.shape[2:]), *merged,
+                         n=jnp.tile(n, n_layers), **options)
+    return out.reshape(states.shape)
+
+
 def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax.Array, *,
            impl: str = "auto", mesh=None) -> Qwen35State:
     """State after keeping the first n_keep [B] of the T positions a verification forward ran.
 
     before: the committed state the verification started from; verified, extras: what
-    `forward(..., collect="pseudo" | "snapshot")` returned. Attention K/V stay where the verifier
+    `forward(..., collect="replay" | "pseudo" | "snapshot")` returned. Attention K/V stay where the verifier
     wrote them (entries past the new length are masked and later overwritten); the conv state is
-    the window at the accepted boundary; the GDN state is replayed from `before` over the kept
+    the window at the accepted boundary; the GDN states are replayed from `before` over the kept
     positions by the recurrence's own step (`replay_state`, bit-identical to the recurrence), rebuilt
-    from pseudo-values (`commit_state`) or, in snapshot mode, selected from the per-position states.
+    from pseudo-values (`commit_state`), both for every layer in one call, or, in snapshot mode, selected from
+    the per-position states.
     mesh: the model's cfg.mesh (None: one device); the commit kernels then run per device on their heads.
     """
     n_keep = n_keep.astype(jnp.int32)
-    conv, rec = [], []
-    for s0, c0, ex in zip(before.recurrent, before.conv, extras["gdn"]):
-        window = ex["conv_window"]  # [B, W-1+T, C]
-        conv.append(conv_window_at(window, n_keep, c0.shape[1]))
-        if "beta" in ex:
-            rec.append(gdn_state_rule(mesh, gated_delta.replay_state, s0, ex["k"], ex["v"], ex["g"], ex["beta"],
-                                      n=n_keep, use_qk_l2norm=True, implementation=impl))
-        elif "all_states" in ex:
-            idx = jnp.maximum(n_keep - 1, 0)
-            picked = jnp.take_along_axis(ex["all_states"], idx[:, None, None, None, None], axis=1)[:, 0]
-            rec.append(jnp.where((n_keep > 0)[:, None, None, None], picked, s0))
-        else:
-            rec.append(gdn_state_rule(mesh, gated_delta.commit_state, s0, ex["k"], ex["g"], ex["v_new"], n=n_keep,
-                                      use_qk_l2norm=True, implementation=impl))
-    return Qwen35State(keys=verified.keys, values=verified.values, conv=tuple(conv), recurrent=tuple(rec),
+    gdn = extras["gdn"]
+    if len(gdn) != before.recurrent.shape[0]:
+        raise ValueError(f"commit: the verification collected {len(gdn)} GDN layers; the state has "
+                         f"{before.recurrent.shape[0]} (a forward that skipped layers cannot be committed)")
+    conv = tuple(conv_window_at(ex["conv_window"], n_keep, c0.shape[1]) for c0, ex in zip(before.conv, gdn))
+    if not gdn:
+        rec = before.recurrent
+    elif "beta" in gdn[0]:
+        rec = stacked_state_rule(mesh, gated_delta.replay_state, before.recurrent,
+                                 tuple([ex[name] for ex in gdn] for name in ("k", "v", "g", "beta")), n_keep,
+                                 use_qk_l2norm=True, implementation=impl)
+    elif "all_states" in gdn[0]:
+        idx = jnp.maximum(n_keep - 1, 0)
+        picked = jnp.stack([jnp.take_along_axis(ex["all_states"], idx[:, None, None, None, None], axis=1)[:, 0]
+                            for ex in gdn])  # [L, B, HV, K, V]
+        rec = jnp.where((n_keep > 0)[None, :, None, None, None], picked, before.recurrent)
+    else:
+        rec = stacked_state_rule(mesh, gated_delta.commit_state, before.recurrent,
+                                 tuple([ex[name] for ex in gdn] for name in ("k", "g", "v_new")), n_keep,
+                                 use_qk_l2norm=True, implementation=impl)
+    return Qwen35State(keys=verified.keys, values=verified.values, conv=conv, recurrent=rec,
                        length=before.length + n_keep)
