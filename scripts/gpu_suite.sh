@@ -312,16 +312,18 @@ stacked)  # issue 12: every GDN state in one array; the step kernels read and wr
         --tag _stacked --out "$dir"
     ;;
 stacked-check)  # issues 12, 13 after that change: bf16 equality with AR (every Qwen chain method on the shipped
-    # checkpoint, the 9B shape damped at gamma 8 and 16), then the tiny checkpoint end to end
+    # checkpoint, the 9B shape damped at gamma 16), the all-layer replay without its inputs preloaded (fewer registers,
+    # more programs in flight: 72 against 96 / 167 at 3 / 9 rows), then the tiny checkpoint end to end
     step 130 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 20 --prompt-len 64 \
         --modes exact --tag _qwen_stacked --out "$dir"
-    step 110 exact_9b python scripts/bench_exact.py --part 9b --num-prompts 1 --ar-rows 9 --repeats 1 \
-        --tag _stacked --out "$dir"
+    SPECDEC_GDN_REPLAY_PRELOAD_MAX=1 step 110 profile_9b_nopreload python scripts/bench_spec.py --random-9b \
+        --forced-acceptance 1.0 --exact on --curve-method ngram --rollbacks replay --gammas 2,8,16 --repeats 2 \
+        --max-new-tokens 64 --prompt-len 256 --kernel-profile --tag _stacked_replay_nopreload --out "$dir"
     step 110 exact_9b_g16 python scripts/bench_exact.py --part 9b --num-prompts 1 --gamma 16 --ar-rows 17 --repeats 1 \
         --tag _stacked_g16 --out "$dir"
     step 200 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
         --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
-        --e2e-methods ngram:4,ngram:8,mtp:3,mtp:4,mtp-shortlist:4 --tag _stacked --out "$dir"
+        --e2e-methods ngram:4,ngram:8,mtp:3,mtp:4 --tag _stacked --out "$dir"
     ;;
 reuse)  # issue 17: residual-reuse after its deltas moved out of the verifier: equality on all 32 prompts, speed
     step 80 exact_reuse_all python scripts/bench_exact.py --part tiny --models qwen --methods residual-reuse \

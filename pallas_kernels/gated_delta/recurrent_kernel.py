@@ -70,9 +70,12 @@ def _skip_unkept() -> bool:
     return os.environ.get("SPECDEC_GDN_REPLAY_SKIP", "1") == "1"
 
 
-def _preload(preload, t: int) -> bool:
-    # SPECDEC_GDN_PRELOAD_MAX overrides the bound (an A/B knob for GPU measurements; arithmetic is unchanged).
+def _preload(preload, t: int, replay: bool = False) -> bool:
+    # SPECDEC_GDN_PRELOAD_MAX overrides the bound, SPECDEC_GDN_REPLAY_PRELOAD_MAX the replay's alone (A/B knobs for GPU
+    # measurements; arithmetic is unchanged).
     bound = int(os.environ.get("SPECDEC_GDN_PRELOAD_MAX", PRELOAD_MAX))
+    if replay:
+        bound = int(os.environ.get("SPECDEC_GDN_REPLAY_PRELOAD_MAX", bound))
     return 1 < t <= bound if preload is None else bool(preload)
 
 
@@ -271,7 +274,7 @@ def replay_fwd(k, v, g, beta, s0, counts, *, l2norm, block_v, interpret, num_war
     return pl.pallas_call(
         functools.partial(_recurrent_kernel, n_steps=t, scale=1.0, has_s0=True, want_vnew=False,
                           want_states=False, l2norm=l2norm, replay=True, n_heads=hv,
-                          preload=_preload(preload, t),
+                          preload=_preload(preload, t, replay=True),
                           unroll=_unroll(t, interpret)),
         grid=(b * hv, vp // bv),
         in_specs=[pl.BlockSpec((counts.shape[0],), lambda i, j: (0,)), key_spec, val_spec, gate_spec, gate_spec,
