@@ -17,12 +17,16 @@ Replay (`counts` given, no outputs but the state): It is the commit of the repla
 prefix, recomputed from the old state by the very arithmetic that verification (and AR decode) ran,
 so it equals the recurrence's state bit for bit (one read and one write of the state).
 
-One launch per layer. At the Qwen3.5-9B shape 24 launches took 100 / 153 / 274 us per step at gamma 2 / 8 / 16
-(3 / 9 / 17 positions: benchmarks/results/kernel_profile_qwen35_9b_random_live_profile.md; deferring it into the
-next verification's launch measured slower, README.md); the same work as 4 launches of 6 layers each (one branch per layer, each layer its own aliased state buffers)
-took 167-187 us plus 50 us of input stacking, and as 1 launch of 24 branches it did not compile within 3
-minutes (benchmarks/results/kernel_profile_qwen35_9b_random_profile.md
-and ..._grouped_replay.md; the grouped kernel was tried at commit 28c9a1c and removed).
+Stacked states (`layer` given): the model keeps every GDN layer's state in one array [L, B, HV, K, V]; a step reads
+and writes its own layer's blocks in place (the layer index is an input, so one compiled kernel serves every layer and
+nothing copies the stack), and the replay commits every layer in ONE launch, the layers as batch rows (L * B).
+At the Qwen3.5-9B shape that replay took 62 / 85 / 100 us per step at gamma 2 / 8 / 16, against 101 / 154 / 288 us for
+24 launches, one per layer (benchmarks/results/kernel_profile_qwen35_9b_random_stacked_profile.md against
+..._rolled_profile.md); without its inputs preloaded (72 registers against 96 / 167) the same 62 / 83 / 99 us
+(..._stacked_replay_nopreload.md). Earlier tries at fewer launches, with the layers' states still separate arrays:
+4 launches of 6 layers each (one branch per layer) took 167-187 us plus 50 us of input stacking, 1 launch of 24
+branches did not compile within 3 minutes (..._profile_grouped_replay.md, commit 28c9a1c); deferring the replay
+into the next verification's launch measured slower (README.md).
 """
 
 from __future__ import annotations
