@@ -5,6 +5,12 @@ generation programs (same checkpoint, same shapes), and on 2 CPU cores compiling
 cached executable is the one XLA compiled for the same program, so nothing a test checks changes.
 SPECDEC_TEST_COMPILE_CACHE="" turns it off.
 
+Every program XLA's CPU backend compiles keeps about three memory mappings while JAX's caches hold it, and a
+Linux process may hold vm.max_map_count of them (65 530 by default). One xdist worker of the whole suite reached
+27 752 in 12 minutes, and the runs that reached the limit crashed inside XLA's compiler (a segfault during
+test_training's compile, twice). So after each test module, once a worker holds more than a third of its limit,
+the trace and compile caches are dropped (the persistent cache above still serves their programs).
+
 XLA's CPU backend compiles at its lowest LLVM optimization level, with the concurrency-optimized scheduler
 and parallel codegen splitting off: the suite's programs are small and run briefly, so compiling them is
 most of its time. Measured on 2 cores: test_tree_wy's root-path tests 92 s -> 55 s, test_gated_delta's
@@ -20,7 +26,10 @@ _FAST_COMPILE = ("--xla_backend_optimization_level=0 --xla_cpu_enable_concurrenc
 os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""),
                                                  os.environ.get("SPECDEC_TEST_XLA_FLAGS", _FAST_COMPILE)]))
 
+import gc  # noqa: E402
+
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".pytest_cache",
                         "jax_compilation_cache")
@@ -28,3 +37,24 @@ _CACHE = os.environ.get("SPECDEC_TEST_COMPILE_CACHE", _DEFAULT)
 if _CACHE:
     jax.config.update("jax_compilation_cache_dir", _CACHE)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def _memory_maps() -> tuple[int, int] | None:
+    """(mappings this process holds, the most it may hold), or None where /proc does not say."""
+    try:
+        with open(f"/proc/{os.getpid()}/maps", "rb") as f:
+            held = sum(1 for _ in f)
+        with open("/proc/sys/vm/max_map_count") as f:
+            return held, int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _bounded_compiled_programs():
+    """Drop JAX's in-memory caches after a module once the worker holds a third of its memory-map limit."""
+    yield
+    maps = _memory_maps()
+    if maps is not None and maps[0] > maps[1] // 3:
+        jax.clear_caches()
+        gc.collect()
