@@ -7,14 +7,14 @@
 #                                                  train-huginn, retrained, selfdraft, profile, graphs,
 #                                                  replay, current, train-depth, live, live-check, preload, rolled,
 #                                                  rolled-curve, rolled-check, waits, nocb, replay-kept,
-#                                                  loop-forms, loop-forms-tiny, stacked, stacked-check
+#                                                  loop-forms, loop-forms-tiny, stacked, stacked-check, train-depth-floor
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -381,6 +381,13 @@ train-depth)  # issue 15: does depth matter more when the recurrence is trained 
     # side; held-out loss at r = 1..32 (train logs only, no checkpoints)
     huginn_layouts "${TRAIN_END_S:-420}" 540 train_random_init random-init --init-state-scale 1
     for run in 222 141; do cp "$dir/ck/random-init-$run/train_log.json" "$dir/train_log_random_init_$run.json"; done
+    rm -rf "$dir/ck"
+    ;;
+train-depth-floor)  # issue 15 (not yet run): does depth matter when training never samples a shallow recurrence? The
+    # 2+2+2 and 1+4+1 layouts side by side, every sampled recurrence raised to at least 8 (--min-recurrence 8; the
+    # official draw otherwise); held-out loss at r = 1..32 (train logs only, no checkpoints)
+    huginn_layouts "${TRAIN_END_S:-420}" 540 train_floor8 floor8 --min-recurrence 8
+    for run in 222 141; do cp "$dir/ck/floor8-$run/train_log.json" "$dir/train_log_floor8_$run.json"; done
     rm -rf "$dir/ck"
     ;;
 retrained)  # issue 15 (and 12, 13, 14): the retrained checkpoints: every chain method of tiny Qwen against AR (equality,

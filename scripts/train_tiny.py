@@ -72,11 +72,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="qwen35: share of the MTP loss against the model's own next-next-token distribution")
     g.add_argument("--mean-recurrence", type=int, default=d.mean_recurrence, help="huginn")
     g.add_argument("--backprop-depth", type=int, default=d.backprop_depth, help="huginn")
+    g.add_argument("--min-recurrence", type=int, default=d.min_recurrence,
+                   help="huginn: sampled recurrences below this are raised to it (1: the official draw)")
     g.add_argument("--init-state-scale", type=float, default=d.init_state_scale,
                    help="huginn: 0 = train from a zero initial state; > 0 = from the official random draw at this scale")
     g.add_argument("--eval-depths", type=_depths, default=d.eval_depths, help="huginn, e.g. 1,2,4,8,16,32")
     args = p.parse_args(argv)
-    for name in ("steps", "batch", "seq_len", "log_every"):
+    for name in ("steps", "batch", "seq_len", "log_every", "min_recurrence"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     return args

@@ -156,6 +156,15 @@ def test_recurrence_sampler():
     assert np.all((k >= 1) & (k <= 4)) and np.all(n >= 0)
     assert np.all((n == 0) | (k == 4))  # no-grad steps only once the backprop window is full
     assert abs(np.mean(n + k) - 17) < 0.5  # Poisson-lognormal around the mean, plus one
+    # A floor raises the short draws only: the same random stream, every other draw unchanged.
+    rng = np.random.default_rng(0)
+    floored = np.array([training.sample_recurrence(rng, 16, 4, 8) for _ in range(4000)])
+    total, floored_total = n + k, floored.sum(axis=1)
+    assert np.all(floored_total >= 8)
+    assert np.array_equal(floored_total, np.maximum(total, 8))
+    assert np.all((floored[:, 0] == 0) | (floored[:, 1] == 4))
+    with pytest.raises(ValueError, match="min_recurrence must be >= 1"):
+        training.sample_recurrence(rng, 16, 4, 0)
 
 
 # --------------------------------------------------------------------------------------------- MTP

@@ -86,7 +86,8 @@ def write_readme(out: Path, o: TrainOptions, summary: dict) -> None:
             "next-next-token distribution, held fixed)")
         lines.append(f"- loss: next-token CE + {o.mtp_weight} x {mtp_loss} (joint)")
     else:
-        lines.append(f"- recurrence per step ~ Poisson-LogNormal(mean {o.mean_recurrence}) + 1, truncated backprop "
+        floor = f", at least {o.min_recurrence}" if getattr(o, "min_recurrence", 1) > 1 else ""
+        lines.append(f"- recurrence per step ~ Poisson-LogNormal(mean {o.mean_recurrence}) + 1{floor}, truncated backprop "
                      f"through the last {o.backprop_depth}, zero initial state "
                      f"(mean sampled recurrence {s.get('mean_sampled_recurrence', float('nan')):.2f})")
     lines += [

@@ -157,7 +157,7 @@ def run_training(o: TrainOptions, train_ids: np.ndarray, heldout_ids: np.ndarray
         tokens = jnp.asarray(sample_windows(data_rng, train_ids, o.batch, width))
         extra = ()
         if o.arch == "huginn":
-            n, k = sample_recurrence(rec_rng, o.mean_recurrence, o.backprop_depth)
+            n, k = sample_recurrence(rec_rng, o.mean_recurrence, o.backprop_depth, o.min_recurrence)
             recurrences.append(n + k)
             extra = (jnp.int32(n), jnp.int32(k), jax.random.fold_in(init_key, step))
         t0 = time.perf_counter()

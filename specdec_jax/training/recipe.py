@@ -63,6 +63,7 @@ class TrainOptions:
     core: int = 2
     coda: int = 2
     mean_recurrence: int = 16
+    min_recurrence: int = 1  # huginn: draws below it are raised to it (1 = the official draw, unchanged)
     backprop_depth: int = 4
     init_state_scale: float = 0.0  # huginn: 0 = zero initial state in training; > 0: the official random draw
     eval_depths: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
@@ -270,11 +271,15 @@ def huginn_loss(params: dict, cfg: looped.LoopedConfig, tokens: jax.Array, n_no_
     return ce, {"ce": ce, "acc": acc}
 
 
-def sample_recurrence(rng: np.random.Generator, mean_recurrence: int, backprop_depth: int) -> tuple[int, int]:
-    """(no-grad steps, grad steps), the official poisson-lognormal-filling draw (total mean ~ mean + 1)."""
+def sample_recurrence(rng: np.random.Generator, mean_recurrence: int, backprop_depth: int,
+                      min_recurrence: int = 1) -> tuple[int, int]:
+    """(no-grad steps, grad steps), the official poisson-lognormal-filling draw (total mean ~ mean + 1), a total
+    below `min_recurrence` raised to it (the random draws are the same whatever the bound: 1 is the official draw)."""
+    if min_recurrence < 1:
+        raise ValueError(f"sample_recurrence: min_recurrence must be >= 1; got {min_recurrence}")
     s = backprop_depth
     t = max(mean_recurrence - s, 0)
     sigma = 0.5
     mu = math.log(t + s) - sigma ** 2 / 2
-    p = int(rng.poisson(rng.lognormal(mu, sigma))) + 1
+    p = max(int(rng.poisson(rng.lognormal(mu, sigma))) + 1, min_recurrence)
     return max(p - s, 0), min(s, p)
