@@ -383,12 +383,14 @@ train-depth)  # issue 15: does depth matter more when the recurrence is trained 
     for run in 222 141; do cp "$dir/ck/random-init-$run/train_log.json" "$dir/train_log_random_init_$run.json"; done
     rm -rf "$dir/ck"
     ;;
-train-depth-floor)  # issue 15 (not yet run): does depth matter when training never samples a shallow recurrence? The
-    # 2+2+2 and 1+4+1 layouts side by side, every sampled recurrence raised to at least 8 (--min-recurrence 8; the
-    # official draw otherwise); held-out loss at r = 1..32 (train logs only, no checkpoints)
+train-depth-floor)  # issue 15: does depth matter when training never samples a shallow recurrence? The 2+2+2 and
+    # 1+4+1 layouts side by side, every sampled recurrence raised to at least 8 (--min-recurrence 8; the official
+    # draw otherwise); held-out loss at r = 1..32; the checkpoints come back as tar parts of <= 15 MiB
     huginn_layouts "${TRAIN_END_S:-420}" 540 train_floor8 floor8 --min-recurrence 8
     for run in 222 141; do cp "$dir/ck/floor8-$run/train_log.json" "$dir/train_log_floor8_$run.json"; done
-    rm -rf "$dir/ck"
+    cp build/corpus/manifest.json "$dir/"
+    tar czf "$out/ck.tgz" -C "$dir" ck && split -b 15m -d "$out/ck.tgz" "$out/ck.tgz.part" && rm "$out/ck.tgz" \
+        && rm -rf "$dir/ck"
     ;;
 retrained)  # issue 15 (and 12, 13, 14): the retrained checkpoints: every chain method of tiny Qwen against AR (equality,
     # speed, exact and fast paths), the looped methods of tiny Huginn likewise, then das-wave end to end
