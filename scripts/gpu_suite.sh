@@ -7,14 +7,15 @@
 #                                                  train-huginn, retrained, selfdraft, profile, graphs,
 #                                                  replay, current, train-depth, live, live-check, preload, rolled,
 #                                                  rolled-curve, rolled-check, waits, nocb, replay-kept,
-#                                                  loop-forms, loop-forms-tiny, stacked, stacked-check, train-depth-floor
+#                                                  loop-forms, loop-forms-tiny, stacked, stacked-check, train-depth-floor,
+#                                                  convstack
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -310,6 +311,22 @@ stacked)  # issue 12: every GDN state in one array; the step kernels read and wr
     step 210 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.6,0.8,1.0 --exact on \
         --rollbacks replay --gammas 2,4,8,16 --repeats 2 --max-new-tokens 128 --prompt-len 256 --time-budget-s 195 \
         --tag _stacked --out "$dir"
+    ;;
+convstack)  # issue 12: every GDN conv state in one array too (the commit takes every layer's window in one op): the
+    # 9B steps kernel by kernel with the optimized HLO of the step kept (what each small fusion is), the 9B cost
+    # curve, bf16 equality at the 9B shape (gamma 16, damped) and on the shipped Qwen (every chain method)
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_dump_to=$dir/hlo --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*(spec_loop|decode_loop).*" \
+        step 150 profile_9b python scripts/bench_spec.py --random-9b --forced-acceptance 1.0 --exact on \
+        --curve-method ngram --rollbacks replay --gammas 2,8,16 --repeats 1 --max-new-tokens 64 --prompt-len 256 \
+        --kernel-profile --tag _convstack_profile --out "$dir"
+    find "$dir/hlo" -type f ! -name '*after_optimizations.txt' -delete 2>/dev/null
+    step 200 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.6,0.8,1.0 --exact on \
+        --rollbacks replay --gammas 2,4,8,16 --repeats 2 --max-new-tokens 128 --prompt-len 256 --time-budget-s 180 \
+        --tag _convstack --out "$dir"
+    step 100 exact_9b_g16 python scripts/bench_exact.py --part 9b --num-prompts 1 --gamma 16 --ar-rows 17 --repeats 1 \
+        --tag _convstack_g16 --out "$dir"
+    step 120 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 20 --prompt-len 64 \
+        --modes exact --tag _qwen_convstack --out "$dir"
     ;;
 stacked-check)  # issues 12, 13 after that change: bf16 equality with AR (every Qwen chain method on the shipped
     # checkpoint, the 9B shape damped at gamma 16), the all-layer replay without its inputs preloaded (fewer registers,

@@ -50,7 +50,7 @@ def committed_state(cfg, dtype, prefix: int, max_len: int, seed: int = 0):
     rand = lambda x, s: (jax.random.normal(next(keys), x.shape, jnp.float32) * s).astype(x.dtype)
     return base.replace(length=jnp.full((1,), prefix, jnp.int32),
                         keys=tuple(rand(x, 1.0) for x in base.keys), values=tuple(rand(x, 1.0) for x in base.values),
-                        conv=tuple(rand(x, 0.5) for x in base.conv), recurrent=rand(base.recurrent, 0.1))
+                        conv=rand(base.conv, 0.5), recurrent=rand(base.recurrent, 0.1))
 
 
 def main():

@@ -58,7 +58,7 @@ PARAM_PARTITIONS: dict[str, P] = {
 STATE_PARTITIONS: dict[str, P] = {
     "keys": P(None, None, TP, None),  # [B, S, KV heads, hd]
     "values": P(None, None, TP, None),
-    "conv": P(None, None, TP),  # [B, W - 1, grouped channels]
+    "conv": P(None, None, None, TP),  # [n_gdn, B, W - 1, grouped channels]
     "recurrent": P(None, None, TP, None, None),  # [n_gdn, B, HV, K, V]
     "length": P(),
 }

@@ -138,7 +138,7 @@ def main() -> None:
                        "down_proj": placement(gdn["mlp"]["down_proj"]),
                        "mtp_qkv_proj": placement(model.params["mtp"]["layers"][0]["mixer"]["qkv_proj"]),
                        "final_norm": placement(model.params["final_norm"])},
-            "state": {"keys": placement(state.keys[0]), "conv": placement(state.conv[0]),
+            "state": {"keys": placement(state.keys[0]), "conv": placement(state.conv),
                       "recurrent": placement(state.recurrent), "length": placement(state.length)},
             # 4 devices, 2 KV heads: devices 0 and 1 hold copies of head 0, devices 2 and 3 of head 1.
             "kv_copies": [shards_equal(state.keys[0], 0, 1), shards_equal(state.keys[0], 2, 3),

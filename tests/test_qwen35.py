@@ -107,6 +107,21 @@ def test_decode_step_equals_forward_t1(small_model):
     assert H.rel_err(last, full[:, -1]) <= 1e-5
 
 
+def test_every_layers_conv_window_in_one_op_equals_each_layers_window():
+    """qwen35.stacked_conv_windows_at (the commit's conv states, every GDN layer in one op): layer l, row b holds
+    its window's rows n[b] .. n[b] + W - 2, for ragged counts from none kept to all."""
+    rng = np.random.default_rng(11)
+    n_layers, batch, width, t, channels = 3, 4, 3, 5, 6
+    windows = [jnp.asarray(rng.standard_normal((batch, width + t, channels)), jnp.bfloat16) for _ in range(n_layers)]
+    n = jnp.asarray([0, 2, 5, 1], jnp.int32)
+    got = np.asarray(jax.jit(qwen35.stacked_conv_windows_at, static_argnums=2)(windows, n, width))
+    assert got.shape == (n_layers, batch, width, channels)
+    for layer, window in enumerate(windows):
+        for row, kept in enumerate(np.asarray(n)):
+            np.testing.assert_array_equal(got[layer, row], np.asarray(window[row, kept:kept + width]),
+                                          err_msg=f"layer {layer}, row {row}")
+
+
 def test_batched_generate_matches_single(small_model):
     _, model = small_model
     ids = np.random.default_rng(5).integers(0, model.vocab_size, size=(4, 6))

@@ -73,7 +73,8 @@ def test_decode_state_is_split_over_heads(results):
         assert s["recurrent"]["spec"] == "P(None, None, 'tp')"  # [n_gdn, B, HV, K, V]
         assert all(sh[2] == 8 // n for sh in s["recurrent"]["shard_shapes"])  # 8 GDN value heads
         assert all(sh[2] == 1 for sh in s["keys"]["shard_shapes"])  # one KV head (or head copy) per device
-        assert all(sh[2] == s["conv"]["shape"][2] // n for sh in s["conv"]["shard_shapes"])
+        assert s["conv"]["spec"] == "P(None, None, None, 'tp')"  # [n_gdn, B, W - 1, channels]
+        assert all(sh[3] == s["conv"]["shape"][3] // n for sh in s["conv"]["shard_shapes"])
         assert s["length"]["replicated"]
     assert results["2"]["state"]["keys"]["shape"][2] == 2
     assert results["4"]["state"]["keys"]["shape"][2] == 4  # 2 KV heads, each copied onto 2 devices

@@ -338,7 +338,7 @@ def tree_commit(before: qwen35.Qwen35State, verified: qwen35.Qwen35State, extras
         else:
             rec.append(tree_wy.tree_commit_state(s0, ex["k"], ex["g"], ex["v_new"], jnp.asarray(parents), last,
                                                  use_qk_l2norm=True))
-    return qwen35.Qwen35State(keys=keys, values=values, conv=tuple(conv), recurrent=jnp.stack(rec),
+    return qwen35.Qwen35State(keys=keys, values=values, conv=jnp.stack(conv), recurrent=jnp.stack(rec),
                               length=before.length + n_keep)
 
 

@@ -39,17 +39,18 @@ class Qwen35State:
     """Immutable decode state. Rollback = keep an old state; nothing is ever overwritten in place.
 
     keys/values: per full-attention layer [B, S, NKV, hd] (slots >= length are stale or empty).
-    conv: per GDN layer, the last (kernel - 1) pre-conv qkv inputs [B, kernel - 1, C].
+    conv: every GDN layer's last (kernel - 1) pre-conv qkv inputs in one array [n_gdn, B, kernel - 1, C].
     recurrent: every GDN layer's state in one array [n_gdn, B, HV, K, V] float32 (index: cfg.slot of the layer).
-    One array, not one per layer: the step kernels read and write their layer's blocks in place, and a commit
-    replays (or rebuilds) every layer's state in one kernel launch instead of one per layer.
+    One array each, not one per layer: the step kernels read and write their layer's blocks in place, and a
+    commit replays (or rebuilds) every layer's state in one kernel launch, and takes every layer's conv window
+    in one op, instead of one per layer.
     length: [B] int32 tokens committed per sequence.
     """
 
     keys: tuple
     values: tuple
-    conv: tuple
-    recurrent: tuple
+    conv: jax.Array
+    recurrent: jax.Array
     length: jax.Array
 
     @property
@@ -57,10 +58,11 @@ class Qwen35State:
         return self.keys[0].shape[1] if self.keys else 0
 
     def batch_rows(self, rows: slice) -> "Qwen35State":
-        """The state of the batch rows `rows` (the batch axis is 0 in every field but `recurrent`'s, where it is 1)."""
+        """The state of the batch rows `rows` (the batch axis is 0 in keys, values and length, 1 in the stacked conv
+        and recurrent states)."""
         pick = lambda x: x[rows]
         return Qwen35State(keys=tuple(map(pick, self.keys)), values=tuple(map(pick, self.values)),
-                           conv=tuple(map(pick, self.conv)), recurrent=self.recurrent[:, rows], length=self.length[rows])
+                           conv=self.conv[:, rows], recurrent=self.recurrent[:, rows], length=self.length[rows])
 
 
 def kv_heads(cfg: Qwen35Config) -> int:
@@ -84,7 +86,7 @@ def init_state(cfg: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat16) 
     n_attn, n_lin = len(cfg.attention_layers), len(cfg.linear_layers)
     kv_shape = (batch, max_len, kv_heads(cfg), cfg.head_dim)
     rec_shape = (batch, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
-    conv_shape = (batch, cfg.linear_conv_kernel_dim - 1, conv_channels(cfg))
+    conv_shape = (n_lin, batch, cfg.linear_conv_kernel_dim - 1, conv_channels(cfg))
 
     def zeros(field, shape, dtype):
         return sharding.constrain(jnp.zeros(shape, dtype), cfg.mesh, sharding.STATE_PARTITIONS[field])
@@ -92,7 +94,7 @@ def init_state(cfg: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat16) 
     return Qwen35State(
         keys=tuple(zeros("keys", kv_shape, dtype) for _ in range(n_attn)),
         values=tuple(zeros("values", kv_shape, dtype) for _ in range(n_attn)),
-        conv=tuple(zeros("conv", conv_shape, dtype) for _ in range(n_lin)),
+        conv=zeros("conv", conv_shape, dtype),
         recurrent=zeros("recurrent", (n_lin,) + rec_shape, jnp.float32),
         length=zeros("length", (batch,), jnp.int32),
     )
@@ -167,6 +169,16 @@ def gdn_gates(p: dict, b: jax.Array, a: jax.Array):
 def conv_window_at(window: jax.Array, n: jax.Array, width: int) -> jax.Array:
     """The conv state after the first n [B] of the new inputs: window [B, W-1+T, C] -> [B, width=W-1, C]."""
     return jax.vmap(lambda w, a: lax.dynamic_slice_in_dim(w, a, width, axis=0))(window, n)
+
+
+def stacked_conv_windows_at(windows: list, n: jax.Array, width: int) -> jax.Array:
+    """Every GDN layer's conv state after the first n [B] new inputs, in one op: windows, L arrays
+    [B, W-1+T, C] -> [L, B, width, C]. One op, not one per layer: at the 9B shape the 24 per-layer slices were 24
+    launches, about 46 us per commit (kernel_profile_qwen35_9b_random_stacked_profile.md)."""
+    stacked = jnp.stack(windows)  # [L, B, W-1+T, C]
+    n_layers, batch = stacked.shape[:2]
+    rows = conv_window_at(stacked.reshape((n_layers * batch,) + stacked.shape[2:]), jnp.tile(n, n_layers), width)
+    return rows.reshape((n_layers, batch) + rows.shape[1:])
 
 
 def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, rec_states: jax.Array, slot: int,
@@ -364,7 +376,7 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     positions = state.length[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]  # [B, T]
     mask = L.causal_cache_mask(positions, state.max_len) if state.keys else None
     keys, values = list(state.keys), list(state.values)
-    conv, rec = list(state.conv), state.recurrent
+    conv, rec = state.conv, state.recurrent
     gdn_extras, deltas = [], []
     for i, layer_type in enumerate(cfg.layer_types):
         if i in skip:
@@ -379,8 +391,9 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
             h, keys[slot], values[slot] = attention_mixer(p["mixer"], cfg, h, keys[slot], values[slot],
                                                           positions, mask)
         else:
-            h, conv[slot], rec, ex = gdn_mixer(p["mixer"], cfg, h, conv[slot], rec, slot, impl,
-                                               None if collect == "hidden" else collect, n_valid, live_rows)
+            h, new_conv, rec, ex = gdn_mixer(p["mixer"], cfg, h, conv[slot], rec, slot, impl,
+                                             None if collect == "hidden" else collect, n_valid, live_rows)
+            conv = conv.at[slot].set(new_conv)
             gdn_extras.append(ex)
         x = x + h
         x = x + mlp(p["mlp"], cfg, L.rms_norm(x, p["post_norm"], cfg.rms_norm_eps, zero_centered=True))
@@ -391,7 +404,7 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     head = lm_head_weight(params) if head is None else head
     logits = lax.dot_general(head_in, head.astype(dtype), (((2,), (1,)), ((), ())),
                              preferred_element_type=jnp.float32)
-    new_state = Qwen35State(keys=tuple(keys), values=tuple(values), conv=tuple(conv), recurrent=rec,
+    new_state = Qwen35State(keys=tuple(keys), values=tuple(values), conv=conv, recurrent=rec,
                             length=state.length + (T if n_valid is None else n_valid))
     extras = {"gdn": gdn_extras, "hidden": hidden} if collect else {}
     if record:
@@ -437,7 +450,7 @@ def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax
     before: the committed state the verification started from; verified, extras: what
     `forward(..., collect="replay" | "pseudo" | "snapshot")` returned. Attention K/V stay where the verifier
     wrote them (entries past the new length are masked and later overwritten); the conv state is
-    the window at the accepted boundary; the GDN states are replayed from `before` over the kept
+    the window at the accepted boundary (every layer's in one op); the GDN states are replayed from `before` over the kept
     positions by the recurrence's own step (`replay_state`, bit-identical to the recurrence), rebuilt
     from pseudo-values (`commit_state`), both for every layer in one call, or, in snapshot mode, selected from
     the per-position states.
@@ -448,7 +461,8 @@ def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax
     if len(gdn) != before.recurrent.shape[0]:
         raise ValueError(f"commit: the verification collected {len(gdn)} GDN layers; the state has "
                          f"{before.recurrent.shape[0]} (a forward that skipped layers cannot be committed)")
-    conv = tuple(conv_window_at(ex["conv_window"], n_keep, c0.shape[1]) for c0, ex in zip(before.conv, gdn))
+    conv = (stacked_conv_windows_at([ex["conv_window"] for ex in gdn], n_keep, before.conv.shape[2]) if gdn
+            else before.conv)
     if not gdn:
         rec = before.recurrent
     elif "beta" in gdn[0]:
