@@ -8,14 +8,14 @@
 #                                                  replay, current, train-depth, live, live-check, preload, rolled,
 #                                                  rolled-curve, rolled-check, waits, nocb, replay-kept,
 #                                                  loop-forms, loop-forms-tiny, stacked, stacked-check, train-depth-floor,
-#                                                  convstack
+#                                                  convstack, fixedcost
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -327,6 +327,19 @@ convstack)  # issue 12: every GDN conv state in one array too (the commit takes 
         --tag _convstack_g16 --out "$dir"
     step 120 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 20 --prompt-len 64 \
         --modes exact --tag _qwen_convstack --out "$dir"
+    ;;
+fixedcost)  # issue 12: what a decode call costs beyond its steps (bench_fixed_cost.py: AR and the n-gram loop at
+    # gamma 8, p 1, timed at 24..192 new tokens, a line fitted): 9B with the state donated and not, 9B with XLA's
+    # command buffers off, the tiny checkpoint; then the tiny checkpoint end to end at the current code
+    step 170 fixed_9b python scripts/bench_fixed_cost.py --random-9b --gamma 8 --tokens 24,48,96,192 --repeats 3 \
+        --donate on,off --out "$dir"
+    step 120 fixed_9b_nocb env XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" python \
+        scripts/bench_fixed_cost.py --random-9b --gamma 8 --tokens 24,48,96,192 --repeats 3 --tag _nocb --out "$dir"
+    step 80 fixed_tiny python scripts/bench_fixed_cost.py --model checkpoints/tiny-qwen35-code --prompt-len 64 \
+        --gamma 8 --tokens 24,48,96,192 --repeats 5 --out "$dir"
+    step 190 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
+        --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
+        --e2e-methods ngram:4,ngram:8,mtp:3,mtp:4 --tag _convstack --out "$dir"
     ;;
 stacked-check)  # issues 12, 13 after that change: bf16 equality with AR (every Qwen chain method on the shipped
     # checkpoint, the 9B shape damped at gamma 16), the all-layer replay without its inputs preloaded (fewer registers,

@@ -1,0 +1,174 @@
+"""What one decode call costs beyond its steps: AR and speculative loops timed at several generation lengths.
+
+    python scripts/bench_fixed_cost.py --random-9b --gamma 8 --tokens 24,48,96,192 --out DIR          (H200)
+    python scripts/bench_fixed_cost.py --random-9b --tiny --gamma 2 --tokens 8,16 --repeats 1 --out /tmp/x  (CPU smoke)
+
+Every loop call is timed alone (prefill excluded: from the dispatch of the loop to its tokens being ready), at each
+of --tokens new tokens; one cache length for all, so every step has the same shapes. A least-squares line
+seconds = fixed + per_step * steps, per loop (AR and speculative, forced acceptance --p, exact path, replay
+rollback), says what a call costs beyond its steps. Per-step cost figures that divide a call's time by its step
+count carry fixed / steps: a short speculative call (few steps) pays it on few steps.
+--donate off also runs both loops compiled without donating their state (the loop then starts from copies in
+its own buffers), to see whether the fixed cost follows the state's buffers.
+The outputs are those of forced acceptance: meaningless.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_spec  # noqa: E402
+
+from specdec_jax.harness import alternate, compile_timed, result_header, write_results  # noqa: E402
+
+AR_STATIC = ("ops", "cfg", "max_new_tokens", "sampling", "eos_ids")
+SPEC_STATIC = ("cfg", "sampling", "eos_ids", "gamma", "max_new_tokens", "drafter", "rollback", "impl", "decode_rows")
+
+
+def fit_line(steps, seconds):
+    """Least squares seconds = fixed + per_step * steps -> (fixed s, per_step s, max residual s)."""
+    a = np.stack([np.ones(len(steps)), np.asarray(steps, float)], axis=1)
+    coef, *_ = np.linalg.lstsq(a, np.asarray(seconds, float), rcond=None)
+    resid = np.asarray(seconds) - a @ coef
+    return float(coef[0]), float(coef[1]), float(np.abs(resid).max())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--random-9b", action="store_true", help="Qwen3.5-9B shape, random bf16 weights")
+    src.add_argument("--model", help="a Qwen3.5 checkpoint folder")
+    ap.add_argument("--tiny", action="store_true", help="a tiny shape (CPU smoke run)")
+    ap.add_argument("--method", default="ngram", help="the drafter (bench_spec.py's curve methods)")
+    ap.add_argument("--gamma", type=int, default=8)
+    ap.add_argument("--p", type=float, default=1.0, help="forced acceptance probability")
+    ap.add_argument("--tokens", default="24,48,96,192", help="new-token counts, comma-separated")
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--donate", default="on", help="'on', or 'on,off': also the loops compiled without donation")
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    if not 0.0 <= args.p <= 1.0:
+        raise SystemExit(f"bench_fixed_cost.py: --p must lie in [0, 1]; got {args.p}")
+    tokens = sorted({int(t) for t in args.tokens.split(",")})
+    if len(tokens) < 2 or tokens[0] < 2:
+        raise SystemExit(f"bench_fixed_cost.py: --tokens needs at least two counts >= 2; got {args.tokens!r}")
+    donate_modes = [d.strip() == "on" for d in args.donate.split(",")]
+    if not set(args.donate.replace(" ", "").split(",")) <= {"on", "off"}:
+        raise SystemExit(f"bench_fixed_cost.py: --donate takes 'on' and/or 'off'; got {args.donate!r}")
+
+    from specdec_jax.decoding import autoregressive as ar_mod
+    from specdec_jax.decoding import speculative as sp
+    from specdec_jax.decoding.decode_shape import choose_decode_rows
+    from specdec_jax.decoding.sampling import SamplingConfig
+    from specdec_jax.models.family import QWEN35
+
+    if args.random_9b:
+        model = bench_spec.random_9b_model(args.tiny)
+        name = "qwen35_tiny_random" if args.tiny else "qwen35_9b_random"
+    else:
+        import specdec_jax as sj
+        model, name = sj.load(args.model, dtype="bfloat16"), os.path.basename(os.path.normpath(args.model))
+    cfg, params = model.config, model.params
+    prompt = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (1, args.prompt_len)), jnp.int32)
+    key = jax.random.PRNGKey(0)
+    sampling = SamplingConfig()
+    drafter = bench_spec.curve_drafter(model, args.method)
+    g = args.gamma
+    rows, ar_rows = choose_decode_rows(g, None, "qwen3_5"), choose_decode_rows(0, None, "qwen3_5")
+    max_len = args.prompt_len + max(tokens) + max(g + 1, rows, ar_rows)  # one cache length: same step shapes
+    p = jnp.float32(args.p)
+
+    def loop_fn(jitted, static, donate):
+        if donate:
+            return jitted
+        return jax.jit(jitted.__wrapped__, static_argnames=static)  # the same function, nothing donated
+
+    static_ap = dict(ops=ar_mod.ar_ops(QWEN35), cfg=cfg, max_len=max_len, state_dtype=model.dtype)
+    logits_s, state_s = jax.eval_shape(functools.partial(ar_mod._prefill, **static_ap), params, prompt)
+    jobs = {"ar_prefill": lambda: ar_mod._prefill.lower(params, prompt, **static_ap)}
+    for n in tokens:
+        static_ad = dict(ops=ar_mod.ar_ops(QWEN35, ar_rows), cfg=cfg, max_new_tokens=n, sampling=sampling, eos_ids=())
+        static_p = dict(cfg=cfg, max_len=max_len, sampling=sampling, eos_ids=(), state_dtype=model.dtype, gamma=g,
+                        max_new_tokens=n, drafter=drafter, impl="auto")
+        static_l = dict(cfg=cfg, sampling=sampling, eos_ids=(), gamma=g, max_new_tokens=n, drafter=drafter,
+                        rollback="replay", impl="auto", decode_rows=rows)
+        shapes = jax.eval_shape(functools.partial(sp._spec_prefill, **static_p), params, prompt, key)
+        jobs["prefill", n] = functools.partial(sp._spec_prefill.lower, params, prompt, key, **static_p)
+        for d in donate_modes:
+            ar_loop, spec_loop = loop_fn(ar_mod._decode_loop, AR_STATIC, d), loop_fn(sp._spec_loop, SPEC_STATIC, d)
+            jobs["ar", n, d] = functools.partial(ar_loop.lower, params, state_s, logits_s, key, **static_ad)
+            jobs["spec", n, d] = functools.partial(spec_loop.lower, params, shapes[0], shapes[1], key, p, **static_l)
+    t0 = time.perf_counter()
+    exe, compile_s = compile_timed({k: make() for k, make in jobs.items()}, workers=12)
+    print(f"compiled {len(exe)} functions in {time.perf_counter() - t0:.0f} s", flush=True)
+
+    steps_of = {}
+
+    def run(kind, n, d):
+        if kind == "ar":
+            logits, state = exe["ar_prefill"](params, prompt)
+            jax.block_until_ready(state)
+            t0 = time.perf_counter()
+            jax.block_until_ready(exe["ar", n, d](params, state, logits, key)[0])
+            steps_of[kind, n] = n - 1
+        else:
+            state, dstate = exe["prefill", n](params, prompt, key)
+            jax.block_until_ready((state, dstate))
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(exe["spec", n, d](params, state, dstate, key, p))
+            steps_of[kind, n] = int(out[1].steps)
+        return time.perf_counter() - t0
+
+    header = result_header(name, " ".join(["python", *sys.argv]))
+    result = {**header, "model": name, "method": args.method, "gamma": g, "p": args.p, "prompt_len": args.prompt_len,
+              "max_len": max_len, "xla_flags": os.environ.get("XLA_FLAGS", ""),
+              "compile_seconds": compile_s, "calls": [], "fits": []}
+    settings = [(kind, n, d) for d in donate_modes for kind in ("ar", "spec") for n in tokens]
+    for s in settings:
+        run(*s)  # warm-up (autotuning, the step counts)
+    times = alternate({s: functools.partial(run, *s) for s in settings}, args.repeats)
+    for (kind, n, d), secs in times.items():
+        result["calls"].append({"loop": kind, "new_tokens": n, "donate": d, "steps": steps_of[kind, n],
+                                "seconds": float(np.median(secs)), "seconds_all": secs})
+    for d in donate_modes:
+        for kind in ("ar", "spec"):
+            calls = [c for c in result["calls"] if c["loop"] == kind and c["donate"] == d]
+            fixed, per_step, resid = fit_line([c["steps"] for c in calls], [c["seconds"] for c in calls])
+            result["fits"].append({"loop": kind, "donate": d, "fixed_ms": 1e3 * fixed, "per_step_ms": 1e3 * per_step,
+                                   "max_residual_ms": 1e3 * resid})
+    save(result, args)
+
+
+def save(result, args):
+    md = [f"# What a decode call costs beyond its steps ({result['model']})", "",
+          f"{result['device']} · jax {result['jax']} · commit {result['git_commit']} · {result['date']}", "",
+          f"`{result['command']}`", "",
+          f"AR (exact path) and {result['method']} speculation (gamma {result['gamma']}, forced acceptance p = "
+          f"{result['p']:g}: outputs meaningless, exact path, replay rollback), each loop call timed alone from its "
+          f"dispatch to its tokens (prefill excluded), median of the repeats, all calls alternated in one run; one "
+          f"cache length ({result['max_len']}) for every call, so every step has the same shapes. Fit: seconds = "
+          f"fixed + per step × steps (least squares over the generation lengths). "
+          f"XLA_FLAGS={result['xla_flags']!r}.", "",
+          "| loop | donated state | fixed ms per call | ms per step | largest residual ms |", "|---|---|---|---|---|"]
+    md += [f"| {f['loop']} | {'yes' if f['donate'] else 'no'} | {f['fixed_ms']:.3f} | {f['per_step_ms']:.4f} | "
+           f"{f['max_residual_ms']:.3f} |" for f in result["fits"]]
+    md += ["", "| loop | donated state | new tokens | steps | ms per call | ms per step (call ÷ steps) |",
+           "|---|---|---|---|---|---|"]
+    md += [f"| {c['loop']} | {'yes' if c['donate'] else 'no'} | {c['new_tokens']} | {c['steps']} | "
+           f"{1e3 * c['seconds']:.3f} | {1e3 * c['seconds'] / c['steps']:.4f} |" for c in result["calls"]]
+    write_results(args.out, f"fixed_cost_{result['model']}{args.tag}", result, "\n".join(md) + "\n")
+
+
+if __name__ == "__main__":
+    main()
