@@ -9,7 +9,9 @@ seconds = fixed + per_step * steps, per loop (AR and speculative, forced accepta
 rollback), says what a call costs beyond its steps. Per-step cost figures that divide a call's time by its step
 count carry fixed / steps: a short speculative call (few steps) pays it on few steps.
 --donate off also runs both loops compiled without donating their state (the loop then starts from copies in
-its own buffers), to see whether the fixed cost follows the state's buffers.
+its own buffers), to see whether the fixed cost follows the state's buffers. --trace also traces one call of each
+loop at the shortest length (jax.profiler): kernel by kernel, and what the host did from the call to its first
+kernel and from its last kernel to the return (harness.call_edges), where a fixed cost shows.
 The outputs are those of forced acceptance: meaningless.
 """
 
@@ -28,7 +30,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_spec  # noqa: E402
 
-from specdec_jax.harness import alternate, compile_timed, result_header, write_results  # noqa: E402
+from specdec_jax.harness import (alternate, compile_timed, device_kernel_profile, kernel_profile_markdown,  # noqa: E402
+                                 result_header, write_results)
 
 AR_STATIC = ("ops", "cfg", "max_new_tokens", "sampling", "eos_ids")
 SPEC_STATIC = ("cfg", "sampling", "eos_ids", "gamma", "max_new_tokens", "drafter", "rollback", "impl", "decode_rows")
@@ -55,6 +58,7 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--donate", default="on", help="'on', or 'on,off': also the loops compiled without donation")
+    ap.add_argument("--trace", action="store_true", help="also trace one call of each loop at the shortest length")
     ap.add_argument("--tag", default="")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -115,19 +119,18 @@ def main():
 
     steps_of = {}
 
-    def run(kind, n, d):
+    def prepared(kind, n, d):  # a fresh prefill, then the loop call as a thunk
         if kind == "ar":
-            logits, state = exe["ar_prefill"](params, prompt)
-            jax.block_until_ready(state)
-            t0 = time.perf_counter()
-            jax.block_until_ready(exe["ar", n, d](params, state, logits, key)[0])
-            steps_of[kind, n] = n - 1
-        else:
-            state, dstate = exe["prefill", n](params, prompt, key)
-            jax.block_until_ready((state, dstate))
-            t0 = time.perf_counter()
-            out = jax.block_until_ready(exe["spec", n, d](params, state, dstate, key, p))
-            steps_of[kind, n] = int(out[1].steps)
+            logits, state = jax.block_until_ready(exe["ar_prefill"](params, prompt))
+            return lambda: exe["ar", n, d](params, state, logits, key)
+        state, dstate = jax.block_until_ready(exe["prefill", n](params, prompt, key))
+        return lambda: exe["spec", n, d](params, state, dstate, key, p)
+
+    def run(kind, n, d):
+        call = prepared(kind, n, d)
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(call())
+        steps_of[kind, n] = n - 1 if kind == "ar" else int(out[1].steps)
         return time.perf_counter() - t0
 
     header = result_header(name, " ".join(["python", *sys.argv]))
@@ -148,6 +151,13 @@ def main():
             result["fits"].append({"loop": kind, "donate": d, "fixed_ms": 1e3 * fixed, "per_step_ms": 1e3 * per_step,
                                    "max_residual_ms": 1e3 * resid})
     save(result, args)
+    if args.trace:
+        result["traces"] = {}
+        for kind in ("ar", "spec"):
+            n, d = tokens[0], donate_modes[0]
+            label = f"{kind}, {n} new tokens, {steps_of[kind, n]} steps, per step"
+            result["traces"][label] = device_kernel_profile(prepared(kind, n, d), steps_of[kind, n])
+            save(result, args)
 
 
 def save(result, args):
@@ -167,6 +177,8 @@ def save(result, args):
            "|---|---|---|---|---|---|"]
     md += [f"| {c['loop']} | {'yes' if c['donate'] else 'no'} | {c['new_tokens']} | {c['steps']} | "
            f"{1e3 * c['seconds']:.3f} | {1e3 * c['seconds'] / c['steps']:.4f} |" for c in result["calls"]]
+    if result.get("traces"):
+        md += ["", "## Traced (one call each; tracing slows the host)", ""] + kernel_profile_markdown(result["traces"])
     write_results(args.out, f"fixed_cost_{result['model']}{args.tag}", result, "\n".join(md) + "\n")
 
 

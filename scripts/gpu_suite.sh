@@ -8,14 +8,14 @@
 #                                                  replay, current, train-depth, live, live-check, preload, rolled,
 #                                                  rolled-curve, rolled-check, waits, nocb, replay-kept,
 #                                                  loop-forms, loop-forms-tiny, stacked, stacked-check, train-depth-floor,
-#                                                  convstack, fixedcost
+#                                                  convstack, fixedcost, fixedcost-trace
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -340,6 +340,14 @@ fixedcost)  # issue 12: what a decode call costs beyond its steps (bench_fixed_c
     step 190 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
         --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
         --e2e-methods ngram:4,ngram:8,mtp:3,mtp:4 --tag _convstack --out "$dir"
+    ;;
+fixedcost-trace)  # issue 12 (not yet run): where a call's fixed cost goes (AR ~1.4 ms, speculation ~3.0 ms per 9B call,
+    # fixed_cost_qwen35_9b_random.md): one traced call of each loop, what the host did before the first kernel and
+    # after the last (harness.call_edges), 9B and tiny
+    step 150 trace_9b python scripts/bench_fixed_cost.py --random-9b --gamma 8 --tokens 24,96 --repeats 2 --trace \
+        --tag _trace --out "$dir"
+    step 60 trace_tiny python scripts/bench_fixed_cost.py --model checkpoints/tiny-qwen35-code --prompt-len 64 \
+        --gamma 8 --tokens 24,96 --repeats 3 --trace --tag _trace --out "$dir"
     ;;
 stacked-check)  # issues 12, 13 after that change: bf16 equality with AR (every Qwen chain method on the shipped
     # checkpoint, the 9B shape damped at gamma 16), the all-layer replay without its inputs preloaded (fewer registers,

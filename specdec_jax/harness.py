@@ -234,6 +234,23 @@ def host_during(windows, host_events) -> list[tuple[str, int, float]]:
     return sorted(((n, c, t) for n, (c, t) in rows.items()), key=lambda r: -r[2])
 
 
+CALL_ANNOTATION = "specdec_profiled_call"  # the host trace event around the call a kernel profile times
+
+
+def call_edges(kernels, host_events, call_name: str = CALL_ANNOTATION):
+    """A call's edges, where the device cannot be busy with it: kernel events [(start, end, name)] and host events
+    [(start, end, name)], one of them the call's annotation `call_name` -> ((from, to) lead-in: the annotation's
+    start to the first kernel's start, (from, to) tail: the last kernel's end to the annotation's end), or None
+    without the annotation or any kernel. What a call costs beyond its steps shows here, not between kernels."""
+    calls = [(a, b) for a, b, name in host_events if name == call_name]
+    if not calls or not kernels:
+        return None
+    start, end = calls[0]
+    first = min(a for a, _, _ in kernels)
+    last = max(b for _, b, _ in kernels)
+    return (start, max(start, first)), (min(end, last), end)
+
+
 def host_api_time(events) -> dict:
     """{kind: [count, ns]} of host-side CUDA API calls [(name, duration ns)] by HOST_API_KINDS: kernel launches,
     synchronizations, copies."""
@@ -261,6 +278,9 @@ def device_kernel_profile(run: Callable[[], object], per: float, top: int = 30) 
     around each wait, full names: which op the device waited before).
     `host_during_waits`: the 12 host events (the runtime's trace annotations, API calls) that overlap those waits
     most, {"host", "count", "us"} per unit: what the host did while the device waited.
+    `lead_in_us` / `tail_us` (per call, not per unit; where the trace has the call's annotation and kernels): from
+    the call to its first kernel and from its last kernel to the call's return, with `host_during_lead_in` /
+    `host_during_tail`, the host events overlapping them (`call_edges`): a call's fixed cost at its edges.
     `lines` names the trace lines read (for a trace whose layout differs). Empty rows on a machine
     without a device tracer (CPU): the numbers then only say so."""
     import glob
@@ -272,7 +292,8 @@ def device_kernel_profile(run: Callable[[], object], per: float, top: int = 30) 
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir):
             t0 = time.perf_counter()
-            jax.block_until_ready(run())
+            with jax.profiler.TraceAnnotation(CALL_ANNOTATION):
+                jax.block_until_ready(run())
             wall = time.perf_counter() - t0
         files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
         data = ProfileData.from_file(files[0]) if files else None
@@ -300,6 +321,14 @@ def device_kernel_profile(run: Callable[[], object], per: float, top: int = 30) 
     busy, idle = busy_and_idle(intervals)
     waits = [g for g in idle if g >= WAIT_GAP_NS]
     scale = 1e-3 / per  # ns -> us per unit
+    edges = call_edges(named, host_events)
+    edge_fields = {}
+    if edges is not None:  # per call, not per unit: a call's fixed cost
+        for label, (lo, hi) in zip(("lead_in", "tail"), edges):
+            edge_fields[f"{label}_us"] = (hi - lo) * 1e-3
+            edge_fields[f"host_during_{label}"] = [
+                {"host": n, "count": c, "us": t * 1e-3} for n, c, t in host_during([(lo, hi)], host_events)
+                if n != CALL_ANNOTATION][:12]
     ranked = sorted(families.items(), key=lambda kv: -kv[1][1])
     rows = [{"kernel": k, "count": c / per, "us": ns * scale} for k, (c, ns) in ranked[:top]]
     return {"wall_us": wall * 1e6 / per, "busy_us": busy * scale, "gap_us": wall * 1e6 / per - busy * scale,
@@ -312,7 +341,7 @@ def device_kernel_profile(run: Callable[[], object], per: float, top: int = 30) 
                                   for n, c, t in host_during(wait_windows(named), host_events)[:12]],
             "wait_sites": [{"before": x, "after": y, "count": c / per, "us": t * scale}
                            for x, y, c, t in wait_sites(named)[:8]],
-            "other_us": sum(ns for _, (_, ns) in ranked[top:]) * scale, "lines": sorted(set(lines))}
+            "other_us": sum(ns for _, (_, ns) in ranked[top:]) * scale, "lines": sorted(set(lines)), **edge_fields}
 
 
 def kernel_profile_markdown(profiles: Mapping[str, dict], unit: str = "step") -> list[str]:
@@ -339,6 +368,12 @@ def kernel_profile_markdown(profiles: Mapping[str, dict], unit: str = "step") ->
             md += ["", f"What the host did during those waits (trace events overlapping them, nested ones each counted; "
                    f"per {unit}):", "", "| host event | count | µs in waits |", "|---|---|---|"]
             md += [f"| `{h['host'][:90]}` | {h['count']:.2f} | {h['us']:.1f} |" for h in p["host_during_waits"]]
+        if "lead_in_us" in p:
+            md += ["", f"The call's edges (per call, not per {unit}): {p['lead_in_us']:.1f} µs from the call to its first "
+                   f"kernel, {p['tail_us']:.1f} µs from its last kernel to the call's return. What the host did then "
+                   f"(nested events each counted):", "", "| edge | host event | count | µs |", "|---|---|---|---|"]
+            md += [f"| {edge} | `{h['host'][:90]}` | {h['count']} | {h['us']:.1f} |"
+                   for edge in ("lead_in", "tail") for h in p[f"host_during_{edge}"]]
     return md
 
 

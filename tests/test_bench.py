@@ -81,6 +81,16 @@ def test_wait_sites_name_the_kernels_around_each_long_idle_stretch():
         [("a", "c", 1, 15.0)]  # the kernel that ended last, not the one that started last
 
 
+def test_call_edges_span_the_call_annotation_up_to_its_first_and_from_its_last_kernel():
+    kernels = [(30.0, 40.0, "a"), (10.0 + 40.0, 70.0, "b"), (45.0, 60.0, "c")]
+    host = [(5.0, 100.0, harness.CALL_ANNOTATION), (6.0, 25.0, "dispatch"), (72.0, 95.0, "sync")]
+    lead_in, tail = harness.call_edges(kernels, host)
+    assert lead_in == (5.0, 30.0) and tail == (70.0, 100.0)
+    assert harness.host_during([lead_in], host)[1:] == [("dispatch", 1, 19.0)]
+    assert harness.call_edges(kernels, host[1:]) is None  # no annotation
+    assert harness.call_edges([], host) is None  # no kernel (a CPU trace)
+
+
 def test_host_during_waits_sums_each_host_event_over_the_idle_windows():
     kernels = [(0.0, 10.0, "a"), (40.0, 41.0, "c"), (41.5, 42.0, "d"), (80.0, 90.0, "c")]
     assert harness.wait_windows(kernels, min_gap=10.0) == [(10.0, 40.0), (42.0, 80.0)]
