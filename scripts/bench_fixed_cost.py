@@ -11,7 +11,7 @@ count carry fixed / steps: a short speculative call (few steps) pays it on few s
 --donate off also runs both loops compiled without donating their state (the loop then starts from copies in
 its own buffers), to see whether the fixed cost follows the state's buffers. --trace also traces one call of each
 loop at the shortest length (jax.profiler): kernel by kernel, and what the host did from the call to its first
-kernel and from its last kernel to the return (harness.call_edges), where a fixed cost shows.
+kernel and from its last kernel to the return (profiling.call_edges), where a fixed cost shows.
 The outputs are those of forced acceptance: meaningless.
 """
 
@@ -30,8 +30,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_spec  # noqa: E402
 
-from specdec_jax.harness import (alternate, compile_timed, device_kernel_profile, kernel_profile_markdown,  # noqa: E402
-                                 result_header, write_results)
+from specdec_jax.harness import alternate, compile_timed, result_header, write_results  # noqa: E402
+from specdec_jax.profiling import device_kernel_profile, kernel_profile_markdown  # noqa: E402
 
 AR_STATIC = ("ops", "cfg", "max_new_tokens", "sampling", "eos_ids")
 SPEC_STATIC = ("cfg", "sampling", "eos_ids", "gamma", "max_new_tokens", "drafter", "rollback", "impl", "decode_rows")

@@ -29,8 +29,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_spec  # noqa: E402
 
-from specdec_jax.harness import (alternate, compile_timed, device_kernel_profile, kernel_profile_markdown,  # noqa: E402
-                                 result_header, write_results)
+from specdec_jax.harness import alternate, compile_timed, result_header, write_results  # noqa: E402
+from specdec_jax.profiling import device_kernel_profile, kernel_profile_markdown  # noqa: E402
 
 FORMS = ("while", "host-async", "host-sync")
 

@@ -28,9 +28,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from specdec_jax.harness import (alternate, compile_all, compile_timed, cut_prompts,  # noqa: E402
-                                  decode_tokens_per_second, device_kernel_profile, finish_plot,
-                                  kernel_profile_markdown, median_time, own_reference_rows, result_header,
-                                  write_results)
+                                  decode_tokens_per_second, finish_plot, median_time, own_reference_rows,
+                                  result_header, write_results)
+from specdec_jax.profiling import device_kernel_profile, kernel_profile_markdown  # noqa: E402
 
 
 RESIDUAL_WRITES = ("o_proj", "out_proj", "down_proj")  # the projections that write into the residual stream

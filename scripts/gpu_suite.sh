@@ -343,7 +343,7 @@ fixedcost)  # issue 12: what a decode call costs beyond its steps (bench_fixed_c
     ;;
 fixedcost-trace)  # issue 12 (not yet run): where a call's fixed cost goes (AR ~1.4 ms, speculation ~3.0 ms per 9B call,
     # fixed_cost_qwen35_9b_random.md): one traced call of each loop, what the host did before the first kernel and
-    # after the last (harness.call_edges), 9B and tiny
+    # after the last (profiling.call_edges), 9B and tiny
     step 150 trace_9b python scripts/bench_fixed_cost.py --random-9b --gamma 8 --tokens 24,96 --repeats 2 --trace \
         --tag _trace --out "$dir"
     step 60 trace_tiny python scripts/bench_fixed_cost.py --model checkpoints/tiny-qwen35-code --prompt-len 64 \

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_jax import bench, cli, corpus, harness, training
+from specdec_jax import bench, cli, corpus, harness, profiling, training
 
 TEXTS = ["def add(a, b):\n    return a + b\n", "class Point:\n    def __init__(self, x, y):\n        self.x = x\n"] * 4
 
@@ -65,53 +65,53 @@ def test_bootstrap_ci_known_data():
 
 def test_busy_and_idle_stretches_of_kernel_intervals():
     # [0, 10] and [5, 12] overlap (busy 12), then idle 3, [15, 20], idle 20, [40, 41]
-    busy, idle = harness.busy_and_idle([(40.0, 41.0), (0.0, 10.0), (15.0, 20.0), (5.0, 12.0)])
+    busy, idle = profiling.busy_and_idle([(40.0, 41.0), (0.0, 10.0), (15.0, 20.0), (5.0, 12.0)])
     assert busy == 18.0 and idle == [3.0, 20.0]
-    assert harness.busy_and_idle([]) == (0.0, [])
-    assert harness.busy_and_idle([(2.0, 9.0), (3.0, 4.0)]) == (7.0, [])  # nested: no idle
+    assert profiling.busy_and_idle([]) == (0.0, [])
+    assert profiling.busy_and_idle([(2.0, 9.0), (3.0, 4.0)]) == (7.0, [])  # nested: no idle
 
 
 def test_wait_sites_name_the_kernels_around_each_long_idle_stretch():
     events = [(0.0, 10.0, "a"), (5.0, 12.0, "b"), (40.0, 41.0, "c"), (41.5, 42.0, "d"), (80.0, 90.0, "c")]
     # idle: 12 -> 40 after b (b ended last), 41 -> 41.5 (short), 42 -> 80 after d
-    assert harness.wait_sites(events, min_gap=10.0) == [("d", "c", 1, 38.0), ("b", "c", 1, 28.0)]
-    assert harness.wait_sites(events + [(100.0, 101.0, "x"), (130.0, 131.0, "c")], min_gap=10.0)[0] == \
+    assert profiling.wait_sites(events, min_gap=10.0) == [("d", "c", 1, 38.0), ("b", "c", 1, 28.0)]
+    assert profiling.wait_sites(events + [(100.0, 101.0, "x"), (130.0, 131.0, "c")], min_gap=10.0)[0] == \
         ("d", "c", 1, 38.0)
-    assert harness.wait_sites([(0.0, 5.0, "a"), (1.0, 2.0, "b"), (20.0, 21.0, "c")], min_gap=10.0) == \
+    assert profiling.wait_sites([(0.0, 5.0, "a"), (1.0, 2.0, "b"), (20.0, 21.0, "c")], min_gap=10.0) == \
         [("a", "c", 1, 15.0)]  # the kernel that ended last, not the one that started last
 
 
 def test_call_edges_span_the_call_annotation_up_to_its_first_and_from_its_last_kernel():
     kernels = [(30.0, 40.0, "a"), (10.0 + 40.0, 70.0, "b"), (45.0, 60.0, "c")]
-    host = [(5.0, 100.0, harness.CALL_ANNOTATION), (6.0, 25.0, "dispatch"), (72.0, 95.0, "sync")]
-    lead_in, tail = harness.call_edges(kernels, host)
+    host = [(5.0, 100.0, profiling.CALL_ANNOTATION), (6.0, 25.0, "dispatch"), (72.0, 95.0, "sync")]
+    lead_in, tail = profiling.call_edges(kernels, host)
     assert lead_in == (5.0, 30.0) and tail == (70.0, 100.0)
-    assert harness.host_during([lead_in], host)[1:] == [("dispatch", 1, 19.0)]
-    assert harness.call_edges(kernels, host[1:]) is None  # no annotation
-    assert harness.call_edges([], host) is None  # no kernel (a CPU trace)
+    assert profiling.host_during([lead_in], host)[1:] == [("dispatch", 1, 19.0)]
+    assert profiling.call_edges(kernels, host[1:]) is None  # no annotation
+    assert profiling.call_edges([], host) is None  # no kernel (a CPU trace)
 
 
 def test_host_during_waits_sums_each_host_event_over_the_idle_windows():
     kernels = [(0.0, 10.0, "a"), (40.0, 41.0, "c"), (41.5, 42.0, "d"), (80.0, 90.0, "c")]
-    assert harness.wait_windows(kernels, min_gap=10.0) == [(10.0, 40.0), (42.0, 80.0)]
+    assert profiling.wait_windows(kernels, min_gap=10.0) == [(10.0, 40.0), (42.0, 80.0)]
     host = [(5.0, 20.0, "sync"), (30.0, 90.0, "update"), (41.0, 41.4, "launch"), (95.0, 99.0, "late")]
     # sync overlaps 10 -> 20; update 30 -> 40 and 42 -> 80; launch lies in a short gap; late in none
-    assert harness.host_during(harness.wait_windows(kernels, min_gap=10.0), host) == [
+    assert profiling.host_during(profiling.wait_windows(kernels, min_gap=10.0), host) == [
         ("update", 2, 48.0), ("sync", 1, 10.0)]
-    assert harness.host_during([], host) == []
+    assert profiling.host_during([], host) == []
 
 
 def test_host_api_time_by_kind():
     events = [("cuLaunchKernel", 3.0), ("cuLaunchKernelEx", 5.0), ("cuStreamSynchronize", 40.0),
               ("cuMemcpyDtoHAsync_v2", 2.0), ("ThunkExecutor::Execute", 100.0)]
-    assert harness.host_api_time(events) == {"launch": [2, 8.0], "sync": [1, 40.0], "copy": [1, 2.0]}
+    assert profiling.host_api_time(events) == {"launch": [2, 8.0], "sync": [1, 40.0], "copy": [1, 2.0]}
 
 
 def test_kernel_profile_runs_and_reports_on_any_machine():
-    profile = harness.device_kernel_profile(lambda: jax.numpy.ones(4) * 2, per=1.0)
+    profile = profiling.device_kernel_profile(lambda: jax.numpy.ones(4) * 2, per=1.0)
     assert profile["wall_us"] > 0 and profile["busy_us"] >= 0 and profile["idle_us"] >= profile["wait_us"] >= 0
     assert set(profile["host_api"]) == {"launch", "sync", "copy"}
-    md = "\n".join(harness.kernel_profile_markdown({"one call": profile}))
+    md = "\n".join(profiling.kernel_profile_markdown({"one call": profile}))
     assert "| one call |" in md and "host launch API" in md
 
 
