@@ -47,10 +47,7 @@ def fit_line(steps, seconds):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--random-9b", action="store_true", help="Qwen3.5-9B shape, random bf16 weights")
-    src.add_argument("--model", help="a Qwen3.5 checkpoint folder")
-    ap.add_argument("--tiny", action="store_true", help="a tiny shape (CPU smoke run)")
+    bench_spec.add_model_source(ap)
     ap.add_argument("--method", default="ngram", help="the drafter (bench_spec.py's curve methods)")
     ap.add_argument("--gamma", type=int, default=8)
     ap.add_argument("--p", type=float, default=1.0, help="forced acceptance probability")
@@ -77,12 +74,7 @@ def main():
     from specdec_jax.decoding.sampling import SamplingConfig
     from specdec_jax.models.family import QWEN35
 
-    if args.random_9b:
-        model = bench_spec.random_9b_model(args.tiny)
-        name = "qwen35_tiny_random" if args.tiny else "qwen35_9b_random"
-    else:
-        import specdec_jax as sj
-        model, name = sj.load(args.model, dtype="bfloat16"), os.path.basename(os.path.normpath(args.model))
+    model, name = bench_spec.model_from_args(args)
     cfg, params = model.config, model.params
     prompt = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (1, args.prompt_len)), jnp.int32)
     key = jax.random.PRNGKey(0)

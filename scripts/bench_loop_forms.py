@@ -37,11 +37,8 @@ FORMS = ("while", "host-async", "host-sync")
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--random-9b", action="store_true", help="Qwen3.5-9B shape, random bf16 weights")
-    src.add_argument("--model", help="a Qwen3.5 checkpoint folder")
+    bench_spec.add_model_source(ap)
     ap.add_argument("--methods", default="ngram", help="drafters, comma-separated (bench_spec.py's curve methods)")
-    ap.add_argument("--tiny", action="store_true", help="a tiny shape (CPU smoke run)")
     ap.add_argument("--gammas", default="2,8")
     ap.add_argument("--p", type=float, default=1.0, help="forced acceptance probability")
     ap.add_argument("--prompt-len", type=int, default=256)
@@ -61,12 +58,7 @@ def main():
     from specdec_jax.decoding.sampling import SamplingConfig
     from specdec_jax.models.family import QWEN35
 
-    if args.random_9b:
-        model = bench_spec.random_9b_model(args.tiny)
-        name = "qwen35_tiny_random" if args.tiny else "qwen35_9b_random"
-    else:
-        import specdec_jax as sj
-        model, name = sj.load(args.model, dtype="bfloat16"), os.path.basename(os.path.normpath(args.model))
+    model, name = bench_spec.model_from_args(args)
     methods = args.methods.split(",")
     cfg, params = model.config, model.params
     n_new = args.new_tokens

@@ -62,6 +62,22 @@ def qwen35_shape_config(shape: str):
     return qwen35_config_from_dict(raw)
 
 
+def add_model_source(ap) -> None:
+    """The model a step benchmark runs: --random-9b (with --tiny for a CPU smoke shape) or --model FOLDER."""
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--random-9b", action="store_true", help="Qwen3.5-9B shape, random bf16 weights")
+    src.add_argument("--model", help="a Qwen3.5 checkpoint folder")
+    ap.add_argument("--tiny", action="store_true", help="with --random-9b: a tiny shape (CPU smoke run)")
+
+
+def model_from_args(args):
+    """(model, name) for `add_model_source`'s arguments; a checkpoint loads in bfloat16."""
+    if args.random_9b:
+        return random_9b_model(args.tiny), ("qwen35_tiny_random" if args.tiny else "qwen35_9b_random")
+    import specdec_jax as sj
+    return sj.load(args.model, dtype="bfloat16"), os.path.basename(os.path.normpath(args.model))
+
+
 def random_9b_model(tiny: bool, dtype: str = "bfloat16", damp: float = 1.0):
     """Random bf16 weights made on the device in the fused layout (no file, no transformers).
     damp: every residual write (attention / GDN output, MLP down projection) scaled by it; 0.02 keeps the
