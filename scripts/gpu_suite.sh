@@ -444,5 +444,4 @@ retrained)  # issue 15 (and 12, 13, 14): the retrained checkpoints: every chain 
     exit 2
     ;;
 esac
-tar czf "$out/$part.tgz" -C "$out" "$part"
-cat "$dir/suite.log"
+tar czf "$out/$part.tgz" -C "$out" "$part"  # (each step's line is already on stdout: step() tees it)
