@@ -11,7 +11,9 @@ count carry fixed / steps: a short speculative call (few steps) pays it on few s
 --donate off also runs both loops compiled without donating their state (the loop then starts from copies in
 its own buffers), to see whether the fixed cost follows the state's buffers. --trace also traces one call of each
 loop at the shortest length (jax.profiler): kernel by kernel, and what the host did from the call to its first
-kernel and from its last kernel to the return (profiling.call_edges), where a fixed cost shows.
+kernel and from its last kernel to the return (profiling.call_edges), where a fixed cost shows. --hlo also writes
+each loop's optimized module (hlo_ar.txt, hlo_spec.txt) and lists what each while loop's body launches outside
+XLA's command buffers (profiling.loops_outside_command_buffers): a loop listed runs host-driven, step by step.
 The outputs are those of forced acceptance: meaningless.
 """
 
@@ -31,7 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_spec  # noqa: E402
 
 from specdec_jax.harness import alternate, compile_timed, result_header, write_results  # noqa: E402
-from specdec_jax.profiling import device_kernel_profile, kernel_profile_markdown  # noqa: E402
+from specdec_jax.profiling import (device_kernel_profile, kernel_profile_markdown,  # noqa: E402
+                                   loops_outside_command_buffers)
 
 AR_STATIC = ("ops", "cfg", "max_new_tokens", "sampling", "eos_ids")
 SPEC_STATIC = ("cfg", "sampling", "eos_ids", "gamma", "max_new_tokens", "drafter", "rollback", "impl", "decode_rows")
@@ -56,6 +59,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--donate", default="on", help="'on', or 'on,off': also the loops compiled without donation")
     ap.add_argument("--trace", action="store_true", help="also trace one call of each loop at the shortest length")
+    ap.add_argument("--hlo", action="store_true", help="also write the loops' optimized HLO and what their while "
+                    "bodies launch outside command buffers")
+    ap.add_argument("--hlo-only", action="store_true", help="with --hlo: compile and write the HLO, time nothing")
     ap.add_argument("--tag", default="")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -122,13 +128,25 @@ def main():
         call = prepared(kind, n, d)
         t0 = time.perf_counter()
         out = jax.block_until_ready(call())
+        seconds = time.perf_counter() - t0  # before reading the step count back (a transfer of its own)
         steps_of[kind, n] = n - 1 if kind == "ar" else int(out[1].steps)
-        return time.perf_counter() - t0
+        return seconds
 
     header = result_header(name, " ".join(["python", *sys.argv]))
     result = {**header, "model": name, "method": args.method, "gamma": g, "p": args.p, "prompt_len": args.prompt_len,
               "max_len": max_len, "xla_flags": os.environ.get("XLA_FLAGS", ""),
               "compile_seconds": compile_s, "calls": [], "fits": []}
+    if args.hlo:
+        result["hlo"] = {}
+        os.makedirs(args.out, exist_ok=True)
+        for kind in ("ar", "spec"):
+            text = exe[kind, tokens[0], donate_modes[0]].as_text()
+            with open(os.path.join(args.out, f"hlo_{kind}{args.tag}.txt"), "w") as f:
+                f.write(text)
+            result["hlo"][kind] = loops_outside_command_buffers(text)
+        save(result, args)
+        if args.hlo_only:
+            return
     settings = [(kind, n, d) for d in donate_modes for kind in ("ar", "spec") for n in tokens]
     for s in settings:
         run(*s)  # warm-up (autotuning, the step counts)
@@ -169,6 +187,10 @@ def save(result, args):
            "|---|---|---|---|---|---|"]
     md += [f"| {c['loop']} | {'yes' if c['donate'] else 'no'} | {c['new_tokens']} | {c['steps']} | "
            f"{1e3 * c['seconds']:.3f} | {1e3 * c['seconds'] / c['steps']:.4f} |" for c in result["calls"]]
+    for kind, loops in result.get("hlo", {}).items():
+        md += ["", f"**{kind}: what each while body launches outside command buffers** (hlo_{kind}.txt)", ""]
+        md += [f"- {loop}: " + (", ".join(f"{what} × {n}" for what, n in sorted(counts.items())) or "nothing")
+               for loop, counts in loops.items()] or ["- no while loop outside a command buffer"]
     if result.get("traces"):
         md += ["", "## Traced (one call each; tracing slows the host)", ""] + kernel_profile_markdown(result["traces"])
     write_results(args.out, f"fixed_cost_{result['model']}{args.tag}", result, "\n".join(md) + "\n")

@@ -8,14 +8,14 @@
 #                                                  replay, current, train-depth, live, live-check, preload, rolled,
 #                                                  rolled-curve, rolled-check, waits, nocb, replay-kept,
 #                                                  loop-forms, loop-forms-tiny, stacked, stacked-check, train-depth-floor,
-#                                                  convstack, fixedcost, fixedcost-trace
+#                                                  convstack, fixedcost, fixedcost-trace, cmdbuf
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -340,6 +340,20 @@ fixedcost)  # issue 12: what a decode call costs beyond its steps (bench_fixed_c
     step 190 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
         --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
         --e2e-methods ngram:4,ngram:8,mtp:3,mtp:4 --tag _convstack --out "$dir"
+    ;;
+cmdbuf)  # issue 12: the traced spec loop runs host-driven (a predicate read back and the body launched every step,
+    # fixed_cost_qwen35_9b_random_trace.md) while AR's whole loop is one command buffer: what each loop's while body
+    # launches outside command buffers (--hlo), with XLA's default command-buffer types and with dynamic-slice
+    # fusions added, tiny timed, 9B compiled only
+    step 90 hlo_tiny python scripts/bench_fixed_cost.py --model checkpoints/tiny-qwen35-code --prompt-len 64 \
+        --gamma 8 --tokens 24,96 --repeats 3 --hlo --tag _hlo --out "$dir"
+    for extra in DYNAMIC_SLICE_FUSION DYNAMIC_SLICE_COPY_FUSION; do
+        XLA_FLAGS="--xla_gpu_enable_command_buffer=+$extra" step 90 "hlo_tiny_$extra" python scripts/bench_fixed_cost.py \
+            --model checkpoints/tiny-qwen35-code --prompt-len 64 --gamma 8 --tokens 24,96 --repeats 3 --hlo \
+            --tag "_hlo_$extra" --out "$dir"
+    done
+    step 150 hlo_9b python scripts/bench_fixed_cost.py --random-9b --gamma 8 --tokens 24,96 --hlo --hlo-only \
+        --tag _hlo --out "$dir"
     ;;
 fixedcost-trace)  # issue 12 (not yet run): where a call's fixed cost goes (AR ~1.4 ms, speculation ~3.0 ms per 9B call,
     # fixed_cost_qwen35_9b_random.md): one traced call of each loop, what the host did before the first kernel and

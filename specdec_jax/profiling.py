@@ -10,6 +10,7 @@ A tool beside `harness` (layer 5): nothing in the library depends on it.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 
@@ -225,3 +226,52 @@ def kernel_profile_markdown(profiles: Mapping[str, dict], unit: str = "step") ->
             md += [f"| {edge} | `{h['host'][:90]}` | {h['count']} | {h['us']:.1f} |"
                    for edge in ("lead_in", "tail") for h in p[f"host_during_{edge}"]]
     return md
+
+
+# Instructions that only route values (no launch of their own) in an optimized HLO module.
+_ROUTING_OPS = frozenset({"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all"})
+
+
+def hlo_computations(hlo_text: str) -> dict[str, list[tuple[str, str, str]]]:
+    """An HLO module's text -> {computation name: [(instruction, opcode, rest of the line)]}; the entry is 'ENTRY'."""
+    comps: dict[str, list[tuple[str, str, str]]] = {}
+    current = None
+    for line in hlo_text.splitlines():
+        head = re.match(r"^(ENTRY )?%?([\w.\-]+) .*\{\s*$", line)  # unindented: a computation's header
+        if head:
+            current = comps.setdefault("ENTRY" if head.group(1) else head.group(2), [])
+            continue
+        if line.startswith("}"):
+            current = None
+            continue
+        inst = re.match(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$", line)
+        if current is not None and inst:
+            op = re.search(r"(?:^|[\s)}\]])([a-z][a-z0-9\-]*)\(", inst.group(2))
+            current.append((inst.group(1), op.group(1) if op else "?", inst.group(2)))
+    return comps
+
+
+def loops_outside_command_buffers(hlo_text: str) -> dict[str, dict[str, int]]:
+    """For each while loop of an optimized GPU module: {'while NAME (body B)': {what: count}} of the body's
+    instructions that launch something outside XLA's command buffers (calls into a `command_buffer`
+    computation count as 'command_buffer'). A while loop that is itself captured (inside a command buffer
+    computation) runs without the host; one listed here is driven by the host, one launch group per step."""
+    comps = hlo_computations(hlo_text)
+    out = {}
+    for comp_name, insts in comps.items():
+        for name, op, rest in insts:
+            if op != "while":
+                continue
+            body = re.search(r"body=%?([\w.\-]+)", rest)
+            body_name = body.group(1) if body else "?"
+            counts: dict[str, int] = {}
+            for _, bop, brest in comps.get(body_name, []):
+                if bop in _ROUTING_OPS:
+                    continue
+                target = re.search(r"(?:to_apply|calls)=%?([\w.\-]+)", brest)
+                custom = re.search(r'custom_call_target="([^"]+)"', brest)
+                what = ("command_buffer" if target and target.group(1).startswith("command_buffer") else
+                        f"custom-call {custom.group(1)}" if custom else bop)
+                counts[what] = counts.get(what, 0) + 1
+            out[f"while {name} in {comp_name} (body {body_name})"] = counts
+    return out

@@ -221,3 +221,37 @@ def test_tokenize_prompts_left_truncates():
     assert [(it["tokens"], it["truncated"]) for it in items] == [(4, True), (2, False)]
     with pytest.raises(bench.InputError, match="encodes to no tokens"):
         bench.tokenize_prompts(Chars(), ["ok", ""], max_prompt_tokens=4)
+
+
+GPU_LIKE_HLO = """HloModule jit_loop, is_scheduled=true
+
+%command_buffer (p0: f32[4]) -> f32[4] {
+  %p0 = f32[4]{0} parameter(0)
+  ROOT %add_fusion = f32[4]{0} fusion(%p0), kind=kLoop, calls=%fused_add
+}
+
+%body.7 (carry: (s32[], f32[4], /*index=2*/pred[])) -> (s32[], f32[4], /*index=2*/pred[]) {
+  %carry = (s32[], f32[4]{0}, /*index=2*/pred[]) parameter(0)
+  %gte.1 = f32[4]{0} get-tuple-element(%carry), index=1
+  %call.3 = f32[4]{0} call(%gte.1), to_apply=%command_buffer
+  %custom-call.2 = f32[4]{0} custom-call(%call.3), custom_call_target="__cub$DeviceRadixSort"
+  %copy.4 = f32[4]{0} copy(%custom-call.2)
+  ROOT %tuple.5 = (s32[], f32[4]{0}, /*index=2*/pred[]) tuple(%gte.1, %copy.4)
+}
+
+ENTRY %main.9 (x: f32[4]) -> (s32[], f32[4], /*index=2*/pred[]) {
+  %x = f32[4]{0} parameter(0)
+  %tuple.8 = (s32[], f32[4]{0}, /*index=2*/pred[]) tuple(%x)
+  ROOT %while.6 = (s32[], f32[4]{0}, /*index=2*/pred[]) while(%tuple.8), condition=%cond.1, body=%body.7
+}
+"""
+
+
+def test_loops_outside_command_buffers_lists_what_a_host_driven_while_body_launches():
+    comps = profiling.hlo_computations(GPU_LIKE_HLO)
+    assert set(comps) == {"command_buffer", "body.7", "ENTRY"}  # headers with '=' in index comments too
+    assert [op for _, op, _ in comps["ENTRY"]] == ["parameter", "tuple", "while"]
+    loops = profiling.loops_outside_command_buffers(GPU_LIKE_HLO)
+    assert loops == {"while while.6 in ENTRY (body body.7)": {
+        "command_buffer": 1, "custom-call __cub$DeviceRadixSort": 1, "copy": 1}}
+    assert profiling.loops_outside_command_buffers(GPU_LIKE_HLO.replace("while(", "call(")) == {}
