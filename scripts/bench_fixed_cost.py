@@ -12,8 +12,10 @@ count carry fixed / steps: a short speculative call (few steps) pays it on few s
 its own buffers), to see whether the fixed cost follows the state's buffers. --trace also traces one call of each
 loop at the shortest length (jax.profiler): kernel by kernel, and what the host did from the call to its first
 kernel and from its last kernel to the return (profiling.call_edges), where a fixed cost shows. --hlo also writes
-each loop's optimized module (hlo_ar.txt, hlo_spec.txt) and lists what each while loop's body launches outside
-XLA's command buffers (profiling.loops_outside_command_buffers): a loop listed runs host-driven, step by step.
+each loop's optimized module (hlo_ar.txt, hlo_spec.txt) and lists its while loops, their known trip counts and
+what their bodies launch (profiling.while_loops): without a known trip count XLA's GPU runtime drives a loop from
+the host, reading its predicate back before every step. --loop-option KEY=VALUE (repeatable) adds a variant of
+both loops compiled with those XLA options, timed beside the default.
 The outputs are those of forced acceptance: meaningless.
 """
 
@@ -34,10 +36,20 @@ import bench_spec  # noqa: E402
 
 from specdec_jax.harness import alternate, compile_timed, result_header, write_results  # noqa: E402
 from specdec_jax.profiling import (device_kernel_profile, kernel_profile_markdown,  # noqa: E402
-                                   loops_outside_command_buffers)
+                                   while_loops)
 
 AR_STATIC = ("ops", "cfg", "max_new_tokens", "sampling", "eos_ids")
 SPEC_STATIC = ("cfg", "sampling", "eos_ids", "gamma", "max_new_tokens", "drafter", "rollback", "impl", "decode_rows")
+
+
+class WithOptions:
+    """A lowering compiled with XLA compiler options (`compile_timed` calls .compile())."""
+
+    def __init__(self, lower, options: dict):
+        self.lowered, self.options = lower(), options
+
+    def compile(self):
+        return self.lowered.compile(compiler_options=self.options or None)
 
 
 def fit_line(steps, seconds):
@@ -58,9 +70,12 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--donate", default="on", help="'on', or 'on,off': also the loops compiled without donation")
+    ap.add_argument("--loop-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="an XLA compiler option for both loops (repeatable): adds a variant compiled with all of them, "
+                         "timed beside the default (e.g. xla_gpu_enable_command_buffer=FUSION,...,WHILE,CONDITIONAL)")
     ap.add_argument("--trace", action="store_true", help="also trace one call of each loop at the shortest length")
-    ap.add_argument("--hlo", action="store_true", help="also write the loops' optimized HLO and what their while "
-                    "bodies launch outside command buffers")
+    ap.add_argument("--hlo", action="store_true", help="also write the loops' optimized HLO and list their while "
+                    "loops (trip count, what the body launches)")
     ap.add_argument("--hlo-only", action="store_true", help="with --hlo: compile and write the HLO, time nothing")
     ap.add_argument("--tag", default="")
     ap.add_argument("--out", required=True)
@@ -70,9 +85,17 @@ def main():
     tokens = sorted({int(t) for t in args.tokens.split(",")})
     if len(tokens) < 2 or tokens[0] < 2:
         raise SystemExit(f"bench_fixed_cost.py: --tokens needs at least two counts >= 2; got {args.tokens!r}")
-    donate_modes = [d.strip() == "on" for d in args.donate.split(",")]
     if not set(args.donate.replace(" ", "").split(",")) <= {"on", "off"}:
         raise SystemExit(f"bench_fixed_cost.py: --donate takes 'on' and/or 'off'; got {args.donate!r}")
+    bad = [o for o in args.loop_option if "=" not in o]
+    if bad:
+        raise SystemExit(f"bench_fixed_cost.py: --loop-option takes KEY=VALUE; got {bad[0]!r}")
+    # (label, donate the state, compiler options of both loops): what each loop is compiled as
+    variants = [("donated" if d.strip() == "on" else "not donated", d.strip() == "on", {})
+                for d in args.donate.split(",")]
+    if args.loop_option:
+        options = dict(o.split("=", 1) for o in args.loop_option)
+        variants.append(("options: " + "; ".join(args.loop_option), True, options))
 
     from specdec_jax.decoding import autoregressive as ar_mod
     from specdec_jax.decoding import speculative as sp
@@ -107,12 +130,16 @@ def main():
                         rollback="replay", impl="auto", decode_rows=rows)
         shapes = jax.eval_shape(functools.partial(sp._spec_prefill, **static_p), params, prompt, key)
         jobs["prefill", n] = functools.partial(sp._spec_prefill.lower, params, prompt, key, **static_p)
-        for d in donate_modes:
-            ar_loop, spec_loop = loop_fn(ar_mod._decode_loop, AR_STATIC, d), loop_fn(sp._spec_loop, SPEC_STATIC, d)
-            jobs["ar", n, d] = functools.partial(ar_loop.lower, params, state_s, logits_s, key, **static_ad)
-            jobs["spec", n, d] = functools.partial(spec_loop.lower, params, shapes[0], shapes[1], key, p, **static_l)
+        for label, donate, options in variants:
+            ar_loop, spec_loop = (loop_fn(ar_mod._decode_loop, AR_STATIC, donate),
+                                  loop_fn(sp._spec_loop, SPEC_STATIC, donate))
+            jobs["ar", n, label] = (functools.partial(ar_loop.lower, params, state_s, logits_s, key, **static_ad),
+                                    options)
+            jobs["spec", n, label] = (functools.partial(spec_loop.lower, params, shapes[0], shapes[1], key, p,
+                                                        **static_l), options)
     t0 = time.perf_counter()
-    exe, compile_s = compile_timed({k: make() for k, make in jobs.items()}, workers=12)
+    exe, compile_s = compile_timed({k: WithOptions(*job) if isinstance(job, tuple) else job()
+                                    for k, job in jobs.items()}, workers=12)
     print(f"compiled {len(exe)} functions in {time.perf_counter() - t0:.0f} s", flush=True)
 
     steps_of = {}
@@ -140,31 +167,31 @@ def main():
         result["hlo"] = {}
         os.makedirs(args.out, exist_ok=True)
         for kind in ("ar", "spec"):
-            text = exe[kind, tokens[0], donate_modes[0]].as_text()
+            text = exe[kind, tokens[0], variants[0][0]].as_text()
             with open(os.path.join(args.out, f"hlo_{kind}{args.tag}.txt"), "w") as f:
                 f.write(text)
-            result["hlo"][kind] = loops_outside_command_buffers(text)
+            result["hlo"][kind] = while_loops(text)
         save(result, args)
         if args.hlo_only:
             return
-    settings = [(kind, n, d) for d in donate_modes for kind in ("ar", "spec") for n in tokens]
+    settings = [(kind, n, v[0]) for v in variants for kind in ("ar", "spec") for n in tokens]
     for s in settings:
         run(*s)  # warm-up (autotuning, the step counts)
     times = alternate({s: functools.partial(run, *s) for s in settings}, args.repeats)
     for (kind, n, d), secs in times.items():
-        result["calls"].append({"loop": kind, "new_tokens": n, "donate": d, "steps": steps_of[kind, n],
+        result["calls"].append({"loop": kind, "new_tokens": n, "variant": d, "steps": steps_of[kind, n],
                                 "seconds": float(np.median(secs)), "seconds_all": secs})
-    for d in donate_modes:
+    for d, donate, options in variants:
         for kind in ("ar", "spec"):
-            calls = [c for c in result["calls"] if c["loop"] == kind and c["donate"] == d]
+            calls = [c for c in result["calls"] if c["loop"] == kind and c["variant"] == d]
             fixed, per_step, resid = fit_line([c["steps"] for c in calls], [c["seconds"] for c in calls])
-            result["fits"].append({"loop": kind, "donate": d, "fixed_ms": 1e3 * fixed, "per_step_ms": 1e3 * per_step,
+            result["fits"].append({"loop": kind, "variant": d, "donate": donate, "options": options, "fixed_ms": 1e3 * fixed, "per_step_ms": 1e3 * per_step,
                                    "max_residual_ms": 1e3 * resid})
     save(result, args)
     if args.trace:
         result["traces"] = {}
         for kind in ("ar", "spec"):
-            n, d = tokens[0], donate_modes[0]
+            n, d = tokens[0], variants[0][0]
             label = f"{kind}, {n} new tokens, {steps_of[kind, n]} steps, per step"
             result["traces"][label] = device_kernel_profile(prepared(kind, n, d), steps_of[kind, n])
             save(result, args)
@@ -180,17 +207,18 @@ def save(result, args):
           f"cache length ({result['max_len']}) for every call, so every step has the same shapes. Fit: seconds = "
           f"fixed + per step × steps (least squares over the generation lengths). "
           f"XLA_FLAGS={result['xla_flags']!r}.", "",
-          "| loop | donated state | fixed ms per call | ms per step | largest residual ms |", "|---|---|---|---|---|"]
-    md += [f"| {f['loop']} | {'yes' if f['donate'] else 'no'} | {f['fixed_ms']:.3f} | {f['per_step_ms']:.4f} | "
+          "| loop | variant | fixed ms per call | ms per step | largest residual ms |", "|---|---|---|---|---|"]
+    md += [f"| {f['loop']} | {f['variant']} | {f['fixed_ms']:.3f} | {f['per_step_ms']:.4f} | "
            f"{f['max_residual_ms']:.3f} |" for f in result["fits"]]
-    md += ["", "| loop | donated state | new tokens | steps | ms per call | ms per step (call ÷ steps) |",
+    md += ["", "| loop | variant | new tokens | steps | ms per call | ms per step (call ÷ steps) |",
            "|---|---|---|---|---|---|"]
-    md += [f"| {c['loop']} | {'yes' if c['donate'] else 'no'} | {c['new_tokens']} | {c['steps']} | "
+    md += [f"| {c['loop']} | {c['variant']} | {c['new_tokens']} | {c['steps']} | "
            f"{1e3 * c['seconds']:.3f} | {1e3 * c['seconds'] / c['steps']:.4f} |" for c in result["calls"]]
     for kind, loops in result.get("hlo", {}).items():
-        md += ["", f"**{kind}: what each while body launches outside command buffers** (hlo_{kind}.txt)", ""]
-        md += [f"- {loop}: " + (", ".join(f"{what} × {n}" for what, n in sorted(counts.items())) or "nothing")
-               for loop, counts in loops.items()] or ["- no while loop outside a command buffer"]
+        md += ["", f"**{kind}: its while loops** (hlo_{kind}{args.tag}.txt)", ""]
+        md += [f"- {loop}: known trip count {info['known_trip_count']}; the body launches "
+               + (", ".join(f"{what} × {n}" for what, n in sorted(info["body"].items())) or "nothing")
+               for loop, info in loops.items()] or ["- no while loop"]
     if result.get("traces"):
         md += ["", "## Traced (one call each; tracing slows the host)", ""] + kernel_profile_markdown(result["traces"])
     write_results(args.out, f"fixed_cost_{result['model']}{args.tag}", result, "\n".join(md) + "\n")

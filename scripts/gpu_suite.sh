@@ -8,14 +8,15 @@
 #                                                  replay, current, train-depth, live, live-check, preload, rolled,
 #                                                  rolled-curve, rolled-check, waits, nocb, replay-kept,
 #                                                  loop-forms, loop-forms-tiny, stacked, stacked-check, train-depth-floor,
-#                                                  convstack, fixedcost, fixedcost-trace, cmdbuf
+#                                                  convstack, fixedcost, fixedcost-trace, cmdbuf,
+#                                                  cbwhile
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -340,6 +341,16 @@ fixedcost)  # issue 12: what a decode call costs beyond its steps (bench_fixed_c
     step 190 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
         --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
         --e2e-methods ngram:4,ngram:8,mtp:3,mtp:4 --tag _convstack --out "$dir"
+    ;;
+cbwhile)  # issue 12: the spec loop has no known trip count (cmdbuf: fixed_cost_qwen35_9b_random_hlo.md), so XLA drives
+    # it from the host, step by step; AR's has one. Both loops compiled also with XLA's WHILE and CONDITIONAL
+    # command-buffer types added to its defaults (a loop on the device, CUDA conditional nodes), timed beside the
+    # default in one process: tiny and 9B, fixed and per-step cost
+    local_opt=xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL
+    step 120 cb_tiny python scripts/bench_fixed_cost.py --model checkpoints/tiny-qwen35-code --prompt-len 64 \
+        --gamma 8 --tokens 24,48,96,192 --repeats 3 --loop-option "$local_opt" --tag _cbwhile --out "$dir"
+    step 330 cb_9b python scripts/bench_fixed_cost.py --random-9b --gamma 8 --tokens 24,96,192 --repeats 2 \
+        --loop-option "$local_opt" --tag _cbwhile --out "$dir"
     ;;
 cmdbuf)  # issue 12: the traced spec loop runs host-driven (a predicate read back and the body launched every step,
     # fixed_cost_qwen35_9b_random_trace.md) while AR's whole loop is one command buffer: what each loop's while body

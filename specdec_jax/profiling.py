@@ -251,11 +251,11 @@ def hlo_computations(hlo_text: str) -> dict[str, list[tuple[str, str, str]]]:
     return comps
 
 
-def loops_outside_command_buffers(hlo_text: str) -> dict[str, dict[str, int]]:
-    """For each while loop of an optimized GPU module: {'while NAME (body B)': {what: count}} of the body's
-    instructions that launch something outside XLA's command buffers (calls into a `command_buffer`
-    computation count as 'command_buffer'). A while loop that is itself captured (inside a command buffer
-    computation) runs without the host; one listed here is driven by the host, one launch group per step."""
+def while_loops(hlo_text: str) -> dict[str, dict]:
+    """Every while loop of an optimized module: {'while NAME in COMPUTATION (body B)': {'known_trip_count': n or None,
+    'body': {what: count}}}, what the body launches (instructions that only route values left out; a call into a
+    `command_buffer` computation counts as 'command_buffer', a custom call by its target). On the GPU, XLA's runtime
+    drives a loop without a known trip count from the host: it reads the predicate back before every step."""
     comps = hlo_computations(hlo_text)
     out = {}
     for comp_name, insts in comps.items():
@@ -263,6 +263,7 @@ def loops_outside_command_buffers(hlo_text: str) -> dict[str, dict[str, int]]:
             if op != "while":
                 continue
             body = re.search(r"body=%?([\w.\-]+)", rest)
+            trip = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', rest)
             body_name = body.group(1) if body else "?"
             counts: dict[str, int] = {}
             for _, bop, brest in comps.get(body_name, []):
@@ -273,5 +274,6 @@ def loops_outside_command_buffers(hlo_text: str) -> dict[str, dict[str, int]]:
                 what = ("command_buffer" if target and target.group(1).startswith("command_buffer") else
                         f"custom-call {custom.group(1)}" if custom else bop)
                 counts[what] = counts.get(what, 0) + 1
-            out[f"while {name} in {comp_name} (body {body_name})"] = counts
+            out[f"while {name} in {comp_name} (body {body_name})"] = {
+                "known_trip_count": int(trip.group(1)) if trip else None, "body": counts}
     return out

@@ -247,11 +247,13 @@ ENTRY %main.9 (x: f32[4]) -> (s32[], f32[4], /*index=2*/pred[]) {
 """
 
 
-def test_loops_outside_command_buffers_lists_what_a_host_driven_while_body_launches():
+def test_while_loops_lists_each_loops_trip_count_and_what_its_body_launches():
     comps = profiling.hlo_computations(GPU_LIKE_HLO)
     assert set(comps) == {"command_buffer", "body.7", "ENTRY"}  # headers with '=' in index comments too
     assert [op for _, op, _ in comps["ENTRY"]] == ["parameter", "tuple", "while"]
-    loops = profiling.loops_outside_command_buffers(GPU_LIKE_HLO)
-    assert loops == {"while while.6 in ENTRY (body body.7)": {
-        "command_buffer": 1, "custom-call __cub$DeviceRadixSort": 1, "copy": 1}}
-    assert profiling.loops_outside_command_buffers(GPU_LIKE_HLO.replace("while(", "call(")) == {}
+    loops = profiling.while_loops(GPU_LIKE_HLO)
+    assert loops == {"while while.6 in ENTRY (body body.7)": {"known_trip_count": None, "body": {
+        "command_buffer": 1, "custom-call __cub$DeviceRadixSort": 1, "copy": 1}}}
+    counted = GPU_LIKE_HLO.replace("body=%body.7", 'body=%body.7, backend_config={"known_trip_count":{"n":"23"}}')
+    assert profiling.while_loops(counted)["while while.6 in ENTRY (body body.7)"]["known_trip_count"] == 23
+    assert profiling.while_loops(GPU_LIKE_HLO.replace("while(", "call(")) == {}
