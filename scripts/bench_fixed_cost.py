@@ -70,8 +70,8 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--donate", default="on", help="'on', or 'on,off': also the loops compiled without donation")
-    ap.add_argument("--loop-option", action="append", default=[], metavar="KEY=VALUE",
-                    help="an XLA compiler option for both loops (repeatable): adds a variant compiled with all of them, "
+    ap.add_argument("--loop-option", action="append", default=[], metavar="KEY=VALUE[;KEY=VALUE]",
+                    help="XLA compiler options for both loops (repeatable): each adds a variant compiled with them, "
                          "timed beside the default (e.g. xla_gpu_enable_command_buffer=FUSION,...,WHILE,CONDITIONAL)")
     ap.add_argument("--trace", action="store_true", help="also trace one call of each loop at the shortest length")
     ap.add_argument("--hlo", action="store_true", help="also write the loops' optimized HLO and list their while "
@@ -87,15 +87,14 @@ def main():
         raise SystemExit(f"bench_fixed_cost.py: --tokens needs at least two counts >= 2; got {args.tokens!r}")
     if not set(args.donate.replace(" ", "").split(",")) <= {"on", "off"}:
         raise SystemExit(f"bench_fixed_cost.py: --donate takes 'on' and/or 'off'; got {args.donate!r}")
-    bad = [o for o in args.loop_option if "=" not in o]
+    bad = [o for o in args.loop_option if not all("=" in kv for kv in o.split(";"))]
     if bad:
-        raise SystemExit(f"bench_fixed_cost.py: --loop-option takes KEY=VALUE; got {bad[0]!r}")
+        raise SystemExit(f"bench_fixed_cost.py: --loop-option takes KEY=VALUE[;KEY=VALUE]; got {bad[0]!r}")
     # (label, donate the state, compiler options of both loops): what each loop is compiled as
     variants = [("donated" if d.strip() == "on" else "not donated", d.strip() == "on", {})
                 for d in args.donate.split(",")]
-    if args.loop_option:
-        options = dict(o.split("=", 1) for o in args.loop_option)
-        variants.append(("options: " + "; ".join(args.loop_option), True, options))
+    for opt in args.loop_option:
+        variants.append(("options: " + opt, True, dict(kv.split("=", 1) for kv in opt.split(";"))))
 
     from specdec_jax.decoding import autoregressive as ar_mod
     from specdec_jax.decoding import speculative as sp

@@ -9,14 +9,14 @@
 #                                                  rolled-curve, rolled-check, waits, nocb, replay-kept,
 #                                                  loop-forms, loop-forms-tiny, stacked, stacked-check, train-depth-floor,
 #                                                  convstack, fixedcost, fixedcost-trace, cmdbuf,
-#                                                  cbwhile
+#                                                  cbwhile, cbmodes
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -341,6 +341,16 @@ fixedcost)  # issue 12: what a decode call costs beyond its steps (bench_fixed_c
     step 190 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
         --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
         --e2e-methods ngram:4,ngram:8,mtp:3,mtp:4 --tag _convstack --out "$dir"
+    ;;
+cbmodes)  # issue 12: XLA command-buffer settings for both loops, each timed beside the default in one process (fixed
+    # and per-step cost): update mode SKIP_TEMP (this jaxlib's modes: ALWAYS_UPDATE, SKIP_TEMP, SKIP_PROFILED) and
+    # scheduling mode CONCURRENT
+    step 240 modes_9b python scripts/bench_fixed_cost.py --random-9b --gamma 8 --tokens 24,192 --repeats 3 \
+        --loop-option xla_gpu_command_buffer_update_mode=SKIP_TEMP \
+        --loop-option xla_gpu_command_buffer_scheduling_mode=CONCURRENT --tag _cbmodes --out "$dir"
+    step 90 modes_tiny python scripts/bench_fixed_cost.py --model checkpoints/tiny-qwen35-code --prompt-len 64 \
+        --gamma 8 --tokens 24,192 --repeats 3 --loop-option xla_gpu_command_buffer_update_mode=SKIP_TEMP \
+        --loop-option xla_gpu_command_buffer_scheduling_mode=CONCURRENT --tag _cbmodes --out "$dir"
     ;;
 cbwhile)  # issue 12: the spec loop has no known trip count (cmdbuf: fixed_cost_qwen35_9b_random_hlo.md), so XLA drives
     # it from the host, step by step; AR's has one. Both loops compiled also with XLA's WHILE and CONDITIONAL
