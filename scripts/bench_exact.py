@@ -154,7 +154,8 @@ def nine_b_part(args, header) -> dict:
     common = dict(max_len=max_len, sampling=SamplingConfig(), seed=0, eos_ids=(), state_dtype=model.dtype)
 
     def ar(ids, exact):
-        return generate_autoregressive(ar_ops(QWEN35, rows if exact else 0), params, cfg, ids, N, **common)
+        return generate_autoregressive(ar_ops(QWEN35, rows if exact else 0), params, cfg, ids, N, **common,
+                                       compiler_options=compiled.compiler_options("qwen3_5"))
 
     def spec(ids, drafter, exact, ref=None):
         p = params if ref is None else dict(params, forced_reference=jnp.asarray(ref))
@@ -172,7 +173,8 @@ def nine_b_part(args, header) -> dict:
     sweep = [r for r in (int(x) for x in args.ar_rows.split(",") if x) if r != rows]
 
     def ar_rows(ids, r):
-        return generate_autoregressive(ar_ops(QWEN35, r), params, cfg, ids, N, **common)
+        return generate_autoregressive(ar_ops(QWEN35, r), params, cfg, ids, N, **common,
+                                       compiler_options=compiled.compiler_options("qwen3_5"))
 
     with ThreadPoolExecutor(max_workers=max(len(sweep), 1)) as pool:
         list(pool.map(lambda r: ar_rows(prompts[0], r), sweep))

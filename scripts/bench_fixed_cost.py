@@ -48,8 +48,13 @@ class WithOptions:
     def __init__(self, lower, options: dict):
         self.lowered, self.options = lower(), options
 
-    def compile(self):
-        return self.lowered.compile(compiler_options=self.options or None)
+    def compile(self, compiler_options=None):  # compile_timed's options, this lowering's on top
+        return self.lowered.compile(compiler_options={**(compiler_options or {}), **self.options} or None)
+
+
+def qwen_options() -> dict:
+    from specdec_jax.decoding.compiled import compiler_options
+    return compiler_options("qwen3_5")
 
 
 def fit_line(steps, seconds):
@@ -91,10 +96,11 @@ def main():
     if bad:
         raise SystemExit(f"bench_fixed_cost.py: --loop-option takes KEY=VALUE[;KEY=VALUE]; got {bad[0]!r}")
     # (label, donate the state, compiler options of both loops): what each loop is compiled as
-    variants = [("donated" if d.strip() == "on" else "not donated", d.strip() == "on", {})
+    # the library's own options (compiled.compiler_options) under each, a --loop-option's on top
+    variants = [("donated" if d.strip() == "on" else "not donated", d.strip() == "on", qwen_options())
                 for d in args.donate.split(",")]
     for opt in args.loop_option:
-        variants.append(("options: " + opt, True, dict(kv.split("=", 1) for kv in opt.split(";"))))
+        variants.append(("options: " + opt, True, {**qwen_options(), **dict(kv.split("=", 1) for kv in opt.split(";"))}))
 
     from specdec_jax.decoding import autoregressive as ar_mod
     from specdec_jax.decoding import speculative as sp
@@ -120,7 +126,7 @@ def main():
 
     static_ap = dict(ops=ar_mod.ar_ops(QWEN35), cfg=cfg, max_len=max_len, state_dtype=model.dtype)
     logits_s, state_s = jax.eval_shape(functools.partial(ar_mod._prefill, **static_ap), params, prompt)
-    jobs = {"ar_prefill": lambda: ar_mod._prefill.lower(params, prompt, **static_ap)}
+    jobs = {"ar_prefill": (functools.partial(ar_mod._prefill.lower, params, prompt, **static_ap), qwen_options())}
     for n in tokens:
         static_ad = dict(ops=ar_mod.ar_ops(QWEN35, ar_rows), cfg=cfg, max_new_tokens=n, sampling=sampling, eos_ids=())
         static_p = dict(cfg=cfg, max_len=max_len, sampling=sampling, eos_ids=(), state_dtype=model.dtype, gamma=g,
@@ -128,7 +134,7 @@ def main():
         static_l = dict(cfg=cfg, sampling=sampling, eos_ids=(), gamma=g, max_new_tokens=n, drafter=drafter,
                         rollback="replay", impl="auto", decode_rows=rows)
         shapes = jax.eval_shape(functools.partial(sp._spec_prefill, **static_p), params, prompt, key)
-        jobs["prefill", n] = functools.partial(sp._spec_prefill.lower, params, prompt, key, **static_p)
+        jobs["prefill", n] = (functools.partial(sp._spec_prefill.lower, params, prompt, key, **static_p), qwen_options())
         for label, donate, options in variants:
             ar_loop, spec_loop = (loop_fn(ar_mod._decode_loop, AR_STATIC, donate),
                                   loop_fn(sp._spec_loop, SPEC_STATIC, donate))
@@ -137,8 +143,7 @@ def main():
             jobs["spec", n, label] = (functools.partial(spec_loop.lower, params, shapes[0], shapes[1], key, p,
                                                         **static_l), options)
     t0 = time.perf_counter()
-    exe, compile_s = compile_timed({k: WithOptions(*job) if isinstance(job, tuple) else job()
-                                    for k, job in jobs.items()}, workers=12)
+    exe, compile_s = compile_timed({k: WithOptions(*job) for k, job in jobs.items()}, workers=12)
     print(f"compiled {len(exe)} functions in {time.perf_counter() - t0:.0f} s", flush=True)
 
     steps_of = {}

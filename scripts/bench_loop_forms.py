@@ -31,6 +31,7 @@ import bench_spec  # noqa: E402
 
 from specdec_jax.harness import alternate, compile_timed, result_header, write_results  # noqa: E402
 from specdec_jax.profiling import device_kernel_profile, kernel_profile_markdown  # noqa: E402
+from specdec_jax.decoding.compiled import compiler_options  # noqa: E402
 
 FORMS = ("while", "host-async", "host-sync")
 
@@ -91,7 +92,8 @@ def main():
         jobs["step", (m, g)] = functools.partial(sp.spec_step_jit.lower, params, cfg, shapes[0], shapes[1], key,
                                                  accept_p=p, **static_step)
     t0 = time.perf_counter()
-    exe, compile_s = compile_timed({k: make() for k, make in jobs.items()}, workers=12)
+    exe, compile_s = compile_timed({k: make() for k, make in jobs.items()}, workers=12,
+                                   options=compiler_options("qwen3_5"))
     print(f"compiled {len(exe)} functions in {time.perf_counter() - t0:.0f} s", flush=True)
 
     def ar_run():

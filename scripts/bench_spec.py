@@ -31,6 +31,7 @@ from specdec_jax.harness import (alternate, compile_all, compile_timed, cut_prom
                                   decode_tokens_per_second, finish_plot, median_time, own_reference_rows,
                                   result_header, write_results)
 from specdec_jax.profiling import device_kernel_profile, kernel_profile_markdown  # noqa: E402
+from specdec_jax.decoding.compiled import compiler_options  # noqa: E402
 
 
 RESIDUAL_WRITES = ("o_proj", "out_proj", "down_proj")  # the projections that write into the residual stream
@@ -261,7 +262,7 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
     print(f"lowered {len(lowered)} functions in {time.perf_counter() - t_start:.0f} s", flush=True)
 
     t0 = time.perf_counter()
-    exe, compile_s = compile_timed(lowered, workers=12)
+    exe, compile_s = compile_timed(lowered, workers=12, options=compiler_options("qwen3_5"))
     print(f"compiled in {time.perf_counter() - t0:.0f} s (pool of 12)", flush=True)
 
     def ar_run(ex):

@@ -135,14 +135,15 @@ def carried_lowered(fn: Callable, carry, consts: tuple, chain: int):
     return jax.jit(run).lower((carry, tuple(consts)))
 
 
-def compile_timed(lowered: Mapping, workers: int = 12) -> tuple[dict, dict]:
+def compile_timed(lowered: Mapping, workers: int = 12, options: dict | None = None) -> tuple[dict, dict]:
     """({name: compiled}, {str(name): seconds}) from {name: lowered}, compiled on a thread pool (XLA releases
-    the GIL, so the compiles overlap; each one's seconds are its own wall time while the others ran)."""
+    the GIL, so the compiles overlap; each one's seconds are its own wall time while the others ran), with the XLA
+    `options` (a generation program: its family's, `compiled.compiler_options`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     def timed(lo):
         t0 = time.perf_counter()
-        return lo.compile(), time.perf_counter() - t0
+        return lo.compile(compiler_options=options or None), time.perf_counter() - t0
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         done = dict(zip(lowered, pool.map(timed, lowered.values())))

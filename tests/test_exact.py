@@ -149,7 +149,7 @@ def test_every_decode_forward_runs_at_the_decode_shape(monkeypatch):
 
     loops = (autoregressive._decode_loop, speculative._spec_loop, looped_spec._loop)
 
-    def lower_only(jitted, static, *args):  # stands in for compiled(): trace, then stop after the loop
+    def lower_only(jitted, static, *args, options=None):  # stands in for compiled(): trace, stop after the loop
         lowered = jitted.lower(*args, **static)
         if jitted in loops:
             raise _Lowered

@@ -235,3 +235,30 @@ def test_rollback_default_and_limits(model):
     assert sj.generate(model, ids, 3, method="ngram", gamma=64).stats["rollback"] == "pseudo"
     with pytest.raises(sj.SpecdecError, match="replay rollback verifies at most 64 positions"):
         sj.generate(model, ids, 3, method="ngram", gamma=64, rollback="replay")
+
+
+def test_compiler_options_are_the_familys_on_the_gpu_none_elsewhere_and_the_environment_overrides(monkeypatch):
+    from specdec_jax.decoding import compiled
+    monkeypatch.delenv("SPECDEC_XLA_OPTIONS", raising=False)
+    assert compiled.compiler_options("qwen3_5") == {}  # this CPU backend
+    monkeypatch.setattr(compiled.jax, "default_backend", lambda: "gpu")
+    assert compiled.compiler_options("qwen3_5") == compiled.GPU_COMPILER_OPTIONS["qwen3_5"] != {}
+    assert compiled.compiler_options("looped") == {}  # not measured with them: XLA's defaults
+    monkeypatch.setenv("SPECDEC_XLA_OPTIONS", "none")
+    assert compiled.compiler_options("qwen3_5") == {}
+    monkeypatch.setenv("SPECDEC_XLA_OPTIONS", "a=1; b=x=y")
+    assert compiled.compiler_options("looped") == {"a": "1", "b": "x=y"}
+    monkeypatch.setenv("SPECDEC_XLA_OPTIONS", "bogus")
+    with pytest.raises(ValueError, match="SPECDEC_XLA_OPTIONS"):
+        compiled.compiler_options("qwen3_5")
+
+
+def test_compiled_programs_are_cached_per_compiler_options():
+    from specdec_jax.decoding import compiled
+    f, x = jax.jit(lambda x: x + 1), jnp.ones(3)
+    options = {"xla_gpu_graph_min_graph_size": "2"}  # a GPU option: accepted, and inert, on the CPU
+    first, _ = compiled.compiled(f, {}, x, options=options)
+    again, seconds = compiled.compiled(f, {}, x, options=dict(options))
+    plain, _ = compiled.compiled(f, {}, x)
+    assert again is first and seconds == 0.0 and plain is not first
+    assert np.array_equal(first(x), plain(x))

@@ -20,6 +20,7 @@ from jax import lax
 
 from ..model import GenerateResult
 from .compiled import compiled, output_structs
+from .compiled import compiler_options as family_compiler_options
 from .decode_shape import pad_rows
 from .sampling import SamplingConfig, select_token
 
@@ -104,15 +105,18 @@ def generated_counts(tokens: np.ndarray, steps: int, eos_ids: tuple[int, ...]) -
 
 def generate_autoregressive(ops: FamilyOps, params, cfg, prompt: np.ndarray, max_new_tokens: int, *,
                             max_len: int, sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...],
-                            state_dtype, return_state: bool = False) -> GenerateResult:
-    """Compile, then time prefill and decode separately (compile time reported apart)."""
+                            state_dtype, return_state: bool = False,
+                            compiler_options: dict | None = None) -> GenerateResult:
+    """Compile (with the XLA `compiler_options`), then time prefill and decode separately (compile time reported
+    apart)."""
     prompt = jnp.asarray(prompt, jnp.int32)
     key = jax.random.PRNGKey(seed)
     static_p = dict(ops=ops, cfg=cfg, max_len=max_len, state_dtype=state_dtype)
     static_d = dict(ops=ops, cfg=cfg, max_new_tokens=max_new_tokens, sampling=sampling, eos_ids=eos_ids)
-    prefill_c, compile_p = compiled(_prefill, static_p, params, prompt)
+    prefill_c, compile_p = compiled(_prefill, static_p, params, prompt, options=compiler_options)
     logits_shape, state_shape = output_structs(prefill_c)
-    decode_c, compile_d = compiled(_decode_loop, static_d, params, state_shape, logits_shape, key)
+    decode_c, compile_d = compiled(_decode_loop, static_d, params, state_shape, logits_shape, key,
+                                   options=compiler_options)
     compile_s = compile_p + compile_d
 
     t0 = time.perf_counter()
@@ -140,6 +144,7 @@ def generate_ar(family: Family, model, prompt, max_new_tokens: int, *, decode_ro
     stats add the family's settings (`Family.describe`), exact and decode_rows."""
     result = generate_autoregressive(ar_ops(family, decode_rows), model.params, model.config, prompt, max_new_tokens,
                                      max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
-                                     state_dtype=family.state_dtype(model))
+                                     state_dtype=family.state_dtype(model),
+                                     compiler_options=family_compiler_options(family.name))
     result.stats.update(family.describe(), exact=bool(decode_rows), decode_rows=decode_rows or 1)
     return result

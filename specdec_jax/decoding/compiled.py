@@ -3,7 +3,8 @@
 `generate()` compiles its prefill and decode loop ahead of time (so compile time is reported apart from
 run time). Without a cache every call would compile again; with it, a second call with the same static
 settings, argument shapes and shardings (params, prompt, state) reuses the executables. The implementation switches
-read at trace time (SPECDEC_GDN_IMPLEMENTATION, SPECDEC_MATVEC) are part of the key.
+read at trace time (SPECDEC_GDN_IMPLEMENTATION, SPECDEC_MATVEC) are part of the key, and so are the XLA options a
+family's programs compile with on the GPU (`compiler_options`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,30 @@ MAX_ENTRIES = 32
 _ENV_KEYS = ("SPECDEC_GDN_IMPLEMENTATION", "SPECDEC_MATVEC")
 _cache: collections.OrderedDict = collections.OrderedDict()
 
+# XLA options a family's generation programs compile with on the GPU, each chosen by a GPU measurement.
+# qwen3_5: XLA's command buffers scheduled CONCURRENT (independent kernels of a step may overlap) instead of
+# serially. On an H200 (JAX 0.11.2), both loops compiled both ways and timed alternately in one process: at the 9B
+# shape AR 4.763 -> 4.633 ms per token and a gamma-8 speculative step 5.022 -> 4.939 ms; on the tiny checkpoint AR
+# 0.176 -> 0.163 ms and the step 0.210 -> 0.203 ms (benchmarks/results/fixed_cost_qwen35_9b_random_cbmodes.md,
+# fixed_cost_tiny-qwen35-code_cbmodes.md). Scheduling does not change any kernel's arithmetic. The update mode
+# SKIP_TEMP measured the same as the default there, and XLA's WHILE / CONDITIONAL command buffers (the speculative
+# loop on the device) slower (fixed_cost_*_cbwhile.md). The looped family is not measured with it: XLA's defaults.
+GPU_COMPILER_OPTIONS = {"qwen3_5": {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}}
+
+
+def compiler_options(family: str) -> dict:
+    """The XLA options `family`'s generation programs compile with on this backend ({} off the GPU).
+    SPECDEC_XLA_OPTIONS overrides them everywhere: 'KEY=VALUE;KEY=VALUE', or 'none' for XLA's own defaults."""
+    env = os.environ.get("SPECDEC_XLA_OPTIONS")
+    if env is not None:
+        if env.strip().lower() in ("", "none"):
+            return {}
+        pairs = [kv for kv in env.split(";") if kv.strip()]
+        if not all("=" in kv for kv in pairs):
+            raise ValueError(f"SPECDEC_XLA_OPTIONS must be 'KEY=VALUE;KEY=VALUE' or 'none'; got {env!r}")
+        return dict(kv.strip().split("=", 1) for kv in pairs)
+    return dict(GPU_COMPILER_OPTIONS.get(family, {})) if jax.default_backend() == "gpu" else {}
+
 
 def _signature(args) -> tuple:
     """Tree structure, shapes, dtypes and shardings: a program compiled for parameters split over a mesh is not
@@ -26,16 +51,16 @@ def _signature(args) -> tuple:
     return tree, tuple((tuple(x.shape), str(x.dtype), getattr(x, "sharding", None)) for x in leaves)
 
 
-def compiled(jitted, static: dict, *args):
+def compiled(jitted, static: dict, *args, options: dict | None = None):
     """(executable, seconds spent compiling: 0.0 when cached) of `jitted` for static keyword arguments
-    `static` and positional arguments `args` (arrays or ShapeDtypeStructs)."""
-    key = (jitted, tuple(sorted(static.items())), _signature(args),
+    `static` and positional arguments `args` (arrays or ShapeDtypeStructs), compiled with the XLA `options`."""
+    key = (jitted, tuple(sorted(static.items())), _signature(args), tuple(sorted((options or {}).items())),
            tuple(os.environ.get(k, "") for k in _ENV_KEYS), jax.default_backend())
     if key in _cache:
         _cache.move_to_end(key)
         return _cache[key], 0.0
     t0 = time.perf_counter()
-    executable = jitted.lower(*args, **static).compile()
+    executable = jitted.lower(*args, **static).compile(compiler_options=options or None)
     seconds = time.perf_counter() - t0
     _cache[key] = executable
     while len(_cache) > MAX_ENTRIES:

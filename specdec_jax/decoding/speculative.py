@@ -27,7 +27,7 @@ from flax import struct
 from jax import lax
 
 from ..model import GenerateResult
-from .compiled import compiled, output_structs
+from .compiled import compiled, compiler_options, output_structs
 from ..models import qwen35
 from .acceptance import accept
 from .decode_shape import pad_rows
@@ -252,9 +252,10 @@ def run_spec_loop(params, prompt, key_first, key_loop, static_p: dict, loop, sta
                   info: dict, return_state: bool) -> GenerateResult:
     """Compile the prefill and a speculative loop (chain `_spec_loop` or tree `_tree_loop`), run them
     timed (compile reported apart), and collect the shared statistics (`info` first)."""
-    prefill_c, compile_p = compiled(_spec_prefill, static_p, params, prompt, key_first)
+    options = compiler_options("qwen3_5")
+    prefill_c, compile_p = compiled(_spec_prefill, static_p, params, prompt, key_first, options=options)
     shapes = output_structs(prefill_c)
-    loop_c, compile_l = compiled(loop, static_l, params, shapes[0], shapes[1], key_loop)
+    loop_c, compile_l = compiled(loop, static_l, params, shapes[0], shapes[1], key_loop, options=options)
     compile_s = compile_p + compile_l
 
     t0 = time.perf_counter()
