@@ -374,9 +374,10 @@ cbwhile)  # issue 12: the spec loop has no known trip count (cmdbuf: fixed_cost_
         --loop-option "$local_opt" --tag _cbwhile --out "$dir"
     ;;
 cmdbuf)  # issue 12: the traced spec loop runs host-driven (a predicate read back and the body launched every step,
-    # fixed_cost_qwen35_9b_random_trace.md) while AR's whole loop is one command buffer: what each loop's while body
-    # launches outside command buffers (--hlo), with XLA's default command-buffer types and with dynamic-slice
-    # fusions added, tiny timed, 9B compiled only
+    # fixed_cost_qwen35_9b_random_trace.md), AR's not: each loop's while loops, trip counts and what their bodies
+    # launch (--hlo; the optimized HLO shows no command buffers: AR's loop has a known trip count, the spec loop
+    # none), with XLA's default command-buffer types and with dynamic-slice fusions added (DYNAMIC_SLICE_COPY_FUSION
+    # is no type in this XLA: that step fails at once), tiny timed, 9B compiled only
     step 90 hlo_tiny python scripts/bench_fixed_cost.py --model checkpoints/tiny-qwen35-code --prompt-len 64 \
         --gamma 8 --tokens 24,96 --repeats 3 --hlo --tag _hlo --out "$dir"
     for extra in DYNAMIC_SLICE_FUSION DYNAMIC_SLICE_COPY_FUSION; do
