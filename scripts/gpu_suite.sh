@@ -9,14 +9,14 @@
 #                                                  rolled-curve, rolled-check, waits, nocb, replay-kept,
 #                                                  loop-forms, loop-forms-tiny, stacked, stacked-check, train-depth-floor,
 #                                                  convstack, fixedcost, fixedcost-trace, cmdbuf,
-#                                                  cbwhile, cbmodes, concurrent
+#                                                  cbwhile, cbmodes, concurrent, tune-replay
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -341,6 +341,13 @@ fixedcost)  # issue 12: what a decode call costs beyond its steps (bench_fixed_c
     step 190 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
         --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
         --e2e-methods ngram:4,ngram:8,mtp:3,mtp:4 --tag _convstack --out "$dir"
+    ;;
+tune-replay)  # issue 12 (not yet run): the commit's all-layer replay (85 / 99 us per 9B step at gamma 8 / 16) runs
+    # block_v 8 with 1 warp, the decode kernel's setting, for the same bits. Other block / warp settings of the
+    # recurrent kernel and its replay at T = 9 and 17, each checked bit for bit against the decode kernel's states, and
+    # the replay of 24 layers in one launch timed: a replay may move to a faster setting whose states are equal
+    step 330 tune python scripts/tune_recurrent.py --lengths 9,17 --preloads True --block-vs 8,16,32 \
+        --num-warps 1,2,4 --stack 24 --chain 24 --repeats 5 --out "$dir"
     ;;
 concurrent)  # issue 12: Qwen programs now compile with command buffers scheduled CONCURRENT (compiled.compiler_options,
     # chosen by cbmodes): the 9B cost curve (AR compiled the same way, same run), tiny end to end, bf16 equality
