@@ -9,14 +9,14 @@
 #                                                  rolled-curve, rolled-check, waits, nocb, replay-kept,
 #                                                  loop-forms, loop-forms-tiny, stacked, stacked-check, train-depth-floor,
 #                                                  convstack, fixedcost, fixedcost-trace, cmdbuf,
-#                                                  cbwhile, cbmodes, concurrent, tune-replay
+#                                                  cbwhile, cbmodes, concurrent, tune-replay, cbmodes2
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -341,6 +341,18 @@ fixedcost)  # issue 12: what a decode call costs beyond its steps (bench_fixed_c
     step 190 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
         --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
         --e2e-methods ngram:4,ngram:8,mtp:3,mtp:4 --tag _convstack --out "$dir"
+    ;;
+cbmodes2)  # issue 12 (not yet run): launch settings of this jaxlib on top of the concurrent schedule (the default),
+    # each compiled beside the default and timed alternately in one process: programmatic dependent launch (a kernel's
+    # start overlapping its predecessor's tail: a 9B step is ~600 launches, a tiny one ~150), its launch flag alone,
+    # and concurrent regions in the command buffers
+    for model_args in "--random-9b" "--model checkpoints/tiny-qwen35-code --prompt-len 64"; do
+        name=$([ "$model_args" = "--random-9b" ] && echo 9b || echo tiny)
+        step 260 "pdl_$name" python scripts/bench_fixed_cost.py $model_args --gamma 8 --tokens 24,192 --repeats 3 \
+            --loop-option "xla_gpu_enable_pdl=True;xla_gpu_enable_pdl_launch=True" \
+            --loop-option "xla_gpu_enable_pdl_launch=True" \
+            --loop-option "xla_gpu_graph_enable_concurrent_region=True" --tag _cbmodes2 --out "$dir"
+    done
     ;;
 tune-replay)  # issue 12 (not yet run): the commit's all-layer replay (85 / 99 us per 9B step at gamma 8 / 16) runs
     # block_v 8 with 1 warp, the decode kernel's setting, for the same bits. Other block / warp settings of the
