@@ -180,6 +180,21 @@ def parse_curve_method(text: str) -> tuple[str, dict]:
     return name, options
 
 
+def parse_e2e_method(text: str) -> tuple[str, int | None, dict, str | None]:
+    """'method[:gamma][:key=value ...][/rollback]' -> (method, gamma or None, options, rollback or None)."""
+    spec, _, rollback = text.strip().partition("/")
+    name, _, rest = spec.partition(":")
+    gamma = None
+    if rest and "=" not in rest.split(":")[0]:
+        head, _, rest = rest.partition(":")
+        try:
+            gamma = int(head)
+        except ValueError:
+            raise ValueError(f"e2e method {text!r}: gamma must be an integer; got {head!r}") from None
+    _, options = parse_curve_method(name + (":" + rest if rest else ""))
+    return name, gamma, options, rollback or None
+
+
 def curve_drafter(model, method: str):
     """The drafter a cost-curve method runs, built by the method registry (default options unless given)."""
     from specdec_jax import methods
@@ -413,7 +428,8 @@ def main():
     ap.add_argument("--gammas", default="1,2,4,8,16")
     ap.add_argument("--e2e-gamma", type=int, default=8)
     ap.add_argument("--e2e-methods", default="ngram,ngram/snapshot,ngram-table,mtp,mtp-shortlist",
-                    help="comma list of METHOD[:GAMMA][/ROLLBACK] (default gamma --e2e-gamma, default rollback)")
+                    help="comma list of METHOD[:GAMMA][:KEY=VALUE ...][/ROLLBACK] (default gamma --e2e-gamma, default "
+                         "rollback; options as generate() takes them, e.g. mtp:3:unroll_drafts=False)")
     ap.add_argument("--forced-acceptance", default=None, metavar="P,P,...",
                     help="cost curve only: acceptance probabilities in [0, 1] that replace the real acceptance "
                          "outcome (n-gram drafts; outputs meaningless); writes spec_cost_curve_<model>")
@@ -515,18 +531,17 @@ def main():
         available = set(sj.supported_methods(model))
         configs, skipped = [], []
         for item in args.e2e_methods.split(","):
-            spec, _, rollback = item.partition("/")
-            method, _, gamma = spec.partition(":")
+            method, gamma, options, rollback = parse_e2e_method(item)
             (configs if method in available else skipped).append(
-                (method, int(gamma) if gamma else args.e2e_gamma, rollback or DEFAULT_ROLLBACK))
-        result["e2e_skipped_methods"] = [m for m, _, _ in skipped]
-        label = lambda m, g, rb: f"{m}:{g}/{rb}"
+                (method, gamma or args.e2e_gamma, rollback or DEFAULT_ROLLBACK, options))
+        result["e2e_skipped_methods"] = [c[0] for c in skipped]
+        label = lambda m, g, rb, opts: f"{m}:{g}{''.join(f':{k}={v}' for k, v in opts.items())}/{rb}"
 
-        def run(ids, method, gamma=None, rollback=None):
+        def run(ids, method, gamma=None, rollback=None, options=()):
             if method == "ar":
                 return sj.generate(model, ids, args.max_new_tokens, eos_token_id=False)
             return sj.generate(model, ids, args.max_new_tokens, method=method, gamma=gamma, rollback=rollback,
-                               eos_token_id=False)
+                               eos_token_id=False, **dict(options))
 
         result["compile_seconds"] = {}
         if prompts:  # warm-up: compile and GPU autotuning happen here, outside the timed runs

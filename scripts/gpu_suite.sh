@@ -9,14 +9,15 @@
 #                                                  rolled-curve, rolled-check, waits, nocb, replay-kept,
 #                                                  loop-forms, loop-forms-tiny, stacked, stacked-check, train-depth-floor,
 #                                                  convstack, fixedcost, fixedcost-trace, cmdbuf,
-#                                                  cbwhile, cbmodes, concurrent, tune-replay, cbmodes2
+#                                                  cbwhile, cbmodes, concurrent, tune-replay, cbmodes2,
+#                                                  unroll
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -50,6 +51,17 @@ huginn_layouts() {  # END_S LIMIT_END LOG_PREFIX CK_PREFIX [train args...]: buil
     wait
 }
 case "$part" in
+unroll)  # issue 12: the replay's block / warp settings (tune-replay, bit-checked), then the MTP drafter's chain
+    # unrolled (one command buffer per step) against a lax.scan (a host-driven loop nested in the step) on the tiny
+    # checkpoint end to end at gamma 3 and 4 beside AR, then what a call costs per argument array
+    step 300 tune python scripts/tune_recurrent.py --lengths 9,17 --preloads True --block-vs 8,16,32 \
+        --num-warps 1,2,4 --stack 24 --chain 24 --repeats 5 --out "$dir"
+    step 170 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
+        --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
+        --e2e-methods ngram:8,mtp:3,mtp:3:unroll_drafts=False,mtp:4,mtp:4:unroll_drafts=False --tag _unroll \
+        --out "$dir"
+    step 60 call_overhead python scripts/bench_call_overhead.py --out "$dir"
+    ;;
 decode)  # issue 12: every piece of a speculative step, each GPU path (defaults' evidence): 9B shape, tiny, fp32
     step 320 profile_9b python scripts/profile_spec_step.py --random-9b --gammas 4,8,16 --step-gammas 8 \
         --time-budget-s 290 --out "$dir"

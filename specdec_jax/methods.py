@@ -13,7 +13,7 @@ import dataclasses
 from typing import Callable
 
 from .errors import InputError
-from .options import int_option
+from .options import bool_option, int_option
 
 DRAFT_TABLES_FILE = "draft_tables.safetensors"
 AR, CHAIN, TREE, LOOPED_SPEC = "ar", "chain", "tree", "looped-spec"
@@ -63,13 +63,14 @@ def _table(model, options):
 
 def _mtp(model, options):
     from .drafters.mtp import MtpDrafter
-    return MtpDrafter()
+    return MtpDrafter(unroll=bool_option(options, "unroll_drafts", True))
 
 
 def _mtp_shortlist(model, options):
     from .drafters.mtp import MtpDrafter
     available = int(model.params["draft"]["shortlist"].shape[0])
-    return MtpDrafter(shortlist_size=int_option(options, "shortlist_size", available, 1, available,
+    return MtpDrafter(unroll=bool_option(options, "unroll_drafts", True),
+                      shortlist_size=int_option(options, "shortlist_size", available, 1, available,
                                                 " (the stored shortlist)"))
 
 
@@ -126,8 +127,8 @@ REGISTRY: tuple[MethodSpec, ...] = (
     MethodSpec("ngram-table", "qwen3_5", CHAIN, CHAIN_OPTIONS,
                needs=f"a model n-gram table ({DRAFT_TABLES_FILE}, scripts/build_draft_tables.py)",
                available=lambda m: "table_keys" in _tables(m), drafter=_table),
-    MethodSpec("mtp", "qwen3_5", CHAIN, CHAIN_OPTIONS, needs=_MTP_NEED, available=_has_mtp, drafter=_mtp),
-    MethodSpec("mtp-shortlist", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"shortlist_size"},
+    MethodSpec("mtp", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"unroll_drafts"}, needs=_MTP_NEED, available=_has_mtp, drafter=_mtp),
+    MethodSpec("mtp-shortlist", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"shortlist_size", "unroll_drafts"},
                needs=f"the MTP head and a token shortlist ({DRAFT_TABLES_FILE}, scripts/build_draft_tables.py)",
                available=lambda m: _has_mtp(m) and "shortlist" in _tables(m), drafter=_mtp_shortlist),
     MethodSpec("layer-skip", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"skip_layers", "shortlist_size"},

@@ -19,6 +19,14 @@ def int_option(options: dict, name: str, default, lo: int, hi: int | None = None
     return int(value)
 
 
+def bool_option(options: dict, name: str, default: bool) -> bool:
+    """options[name] (or `default`) as a bool; ints, strings and None are refused."""
+    value = options.get(name, default)
+    if not isinstance(value, (bool, np.bool_)):
+        raise InputError(f"{name} must be True or False; got {value!r}")
+    return bool(value)
+
+
 def check_context_length(needed: int, limit: int, what: str) -> None:
     """The positions a generation needs (`what` spells out the sum) must fit the model's context."""
     if needed > limit:

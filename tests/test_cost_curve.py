@@ -91,6 +91,18 @@ def test_curve_methods_take_options_and_a_random_model_gets_a_synthetic_shortlis
         bench_spec.curve_drafter(model, "ngram:mlp_keep=0.5")
 
 
+def test_e2e_methods_take_a_gamma_options_and_a_rollback():
+    sys.path.insert(0, str(ROOT))
+    from scripts import bench_spec
+    parse = bench_spec.parse_e2e_method
+    assert parse("mtp") == ("mtp", None, {}, None)
+    assert parse("ngram:8/snapshot") == ("ngram", 8, {}, "snapshot")
+    assert parse("mtp:3:unroll_drafts=False") == ("mtp", 3, {"unroll_drafts": False}, None)
+    assert parse("mtp-shortlist:shortlist_size=64/replay") == ("mtp-shortlist", None, {"shortlist_size": 64}, "replay")
+    with pytest.raises(ValueError, match="gamma must be an integer"):
+        parse("mtp:three")
+
+
 def test_selfdraft_projection_joins_step_costs_and_acceptance_by_configuration():
     """project_selfdraft: a curve row meets the acceptance row of the same method, gamma, mlp_keep and
     shortlist-or-not; speedup = (1 + accepted) x AR time / step time; unmatched rows are left out."""

@@ -43,6 +43,19 @@ def test_greedy_equals_ar(mtp_model, method, gamma, rollback):
     np.testing.assert_array_equal(res.tokens, ar)
 
 
+def test_mtp_chain_unrolled_or_scanned_drafts_alike(mtp_model):
+    """unroll_drafts only changes how the chain is compiled: the same drafts, so the same accepted counts."""
+    ids = np.random.default_rng(5).integers(0, mtp_model.vocab_size, size=(2, 9))
+    ar = sj.generate(mtp_model, ids, 24, eos_token_id=False).tokens
+    runs = {u: sj.generate(mtp_model, ids, 24, method="mtp", gamma=4, unroll_drafts=u, eos_token_id=False)
+            for u in (True, False)}
+    for res in runs.values():
+        np.testing.assert_array_equal(res.tokens, ar)
+    assert runs[True].stats["mean_accepted"] == runs[False].stats["mean_accepted"]
+    with pytest.raises(InputError, match=r"unroll_drafts must be True or False; got 'yes'"):
+        sj.generate(mtp_model, ids, 4, method="mtp", unroll_drafts="yes")
+
+
 @pytest.mark.parametrize("gamma", [2, 8])
 def test_mtp_on_trained_checkpoint_is_exact_and_accepts(gamma):
     model = sj.load(TINY, dtype="float32")

@@ -33,6 +33,10 @@ from ..models import qwen35
 @dataclasses.dataclass(frozen=True)
 class MtpDrafter:
     shortlist_size: int = 0
+    # Drafts 2..gamma as straight-line code (True) or a lax.scan loop (False). XLA's GPU runtime runs a loop
+    # nested in the decode loop's body from the host, one command buffer per iteration, splitting the step's
+    # own command buffer around it; unrolled, the step stays one. Chosen by MEASUREMENT_PENDING.
+    unroll: bool = True
     deterministic = False
     needs_hidden = True
 
@@ -84,7 +88,8 @@ class MtpDrafter:
             return (nxt, hout, k, v), (nxt, q)
 
         carry = (d1, state["hidden"], state["k"], state["v"])
-        (_, _, k, v), (rest, q_rest) = lax.scan(chain, carry, (jnp.arange(gamma - 1, dtype=jnp.int32), keys[1:]))
+        (_, _, k, v), (rest, q_rest) = lax.scan(chain, carry, (jnp.arange(gamma - 1, dtype=jnp.int32), keys[1:]),
+                                                unroll=self.unroll)
         drafts = jnp.concatenate([d1[:, None], jnp.moveaxis(rest, 0, 1)], axis=1)  # [B, gamma]
         q = None if sampling.greedy else jnp.concatenate([q1[:, None], jnp.moveaxis(q_rest, 0, 1)], axis=1)
         return drafts, q, dict(state, k=k, v=v)
