@@ -10,14 +10,14 @@
 #                                                  loop-forms, loop-forms-tiny, stacked, stacked-check, train-depth-floor,
 #                                                  convstack, fixedcost, fixedcost-trace, cmdbuf,
 #                                                  cbwhile, cbmodes, concurrent, tune-replay, cbmodes2,
-#                                                  unroll
+#                                                  unroll, loops
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -51,6 +51,20 @@ huginn_layouts() {  # END_S LIMIT_END LOG_PREFIX CK_PREFIX [train args...]: buil
     wait
 }
 case "$part" in
+loops)  # issue 12: the other loops nested in a decode step, each host-driven on the GPU: ngram-table's binary search
+    # (jnp.searchsorted's default "scan", 15 steps per lookup) against compare_all / scan_unrolled, and the self-drafts'
+    # chain (gamma 3) unrolled against a lax.scan, tiny checkpoint end to end beside AR; then bf16 equality with AR of
+    # every chain method at this code; layer-skip's chain at the 9B shape (compile seconds and step cost, gamma 4)
+    step 200 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
+        --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
+        --e2e-methods "ngram-table:4,ngram-table:4:search='scan_unrolled',ngram-table:4:search='scan',layer-skip:3,layer-skip:3:unroll_drafts=False,mtp:3" \
+        --tag _loops --out "$dir"
+    step 120 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 8 --prompt-len 64 \
+        --modes exact --tag _qwen_loops --out "$dir"
+    step 190 curve_9b_selfdraft python scripts/bench_spec.py --random-9b --forced-acceptance 1.0 --exact on \
+        --curve-method "ngram,layer-skip,layer-skip:unroll_drafts=False" --rollbacks replay --gammas 4 --repeats 2 \
+        --max-new-tokens 128 --prompt-len 256 --time-budget-s 170 --tag _loops --out "$dir"
+    ;;
 unroll)  # issue 12: the replay's block / warp settings (tune-replay, bit-checked), then the MTP drafter's chain
     # unrolled (one command buffer per step) against a lax.scan (a host-driven loop nested in the step) on the tiny
     # checkpoint end to end at gamma 3 and 4 beside AR, then what a call costs per argument array

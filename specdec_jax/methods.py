@@ -57,8 +57,11 @@ def _ngram(model, options):
 
 
 def _table(model, options):
-    from .drafters.table import TableDrafter
-    return TableDrafter()
+    from .drafters.table import SEARCH_METHODS, TableDrafter
+    search = options.get("search", TableDrafter.search)
+    if search not in SEARCH_METHODS:
+        raise InputError(f"search must be one of {list(SEARCH_METHODS)} (jnp.searchsorted's methods); got {search!r}")
+    return TableDrafter(search=search)
 
 
 def _mtp(model, options):
@@ -88,14 +91,15 @@ def _shortlist_size(model, options) -> int:
 def _self_draft(model, options, method: str):
     from .drafters import self_draft
     shortlist = _shortlist_size(model, options)
+    unroll = bool_option(options, "unroll_drafts", True)
     if method == "partial-mlp":
         return self_draft.SelfDrafter(method, mlp_keep=self_draft.parse_mlp_keep(
-            options.get("mlp_keep", self_draft.DEFAULT_MLP_KEEP)), shortlist_size=shortlist)
+            options.get("mlp_keep", self_draft.DEFAULT_MLP_KEEP)), shortlist_size=shortlist, unroll=unroll)
     layers = model.config.num_hidden_layers
     skip = options.get("skip_layers")
     skip = self_draft.default_skip_layers(layers) if skip is None else skip
     return self_draft.SelfDrafter(method, skip_layers=self_draft.parse_skip_layers(skip, layers),
-                                  shortlist_size=shortlist)
+                                  shortlist_size=shortlist, unroll=unroll)
 
 
 def _tree_mtp(model, options):
@@ -124,20 +128,20 @@ SELF_DRAFT_GAMMA = 2
 REGISTRY: tuple[MethodSpec, ...] = (
     MethodSpec("ar", "qwen3_5", AR, frozenset({"exact", "decode_rows"})),
     MethodSpec("ngram", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"max_n", "min_n"}, drafter=_ngram),
-    MethodSpec("ngram-table", "qwen3_5", CHAIN, CHAIN_OPTIONS,
+    MethodSpec("ngram-table", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"search"},
                needs=f"a model n-gram table ({DRAFT_TABLES_FILE}, scripts/build_draft_tables.py)",
                available=lambda m: "table_keys" in _tables(m), drafter=_table),
     MethodSpec("mtp", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"unroll_drafts"}, needs=_MTP_NEED, available=_has_mtp, drafter=_mtp),
     MethodSpec("mtp-shortlist", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"shortlist_size", "unroll_drafts"},
                needs=f"the MTP head and a token shortlist ({DRAFT_TABLES_FILE}, scripts/build_draft_tables.py)",
                available=lambda m: _has_mtp(m) and "shortlist" in _tables(m), drafter=_mtp_shortlist),
-    MethodSpec("layer-skip", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"skip_layers", "shortlist_size"},
+    MethodSpec("layer-skip", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"skip_layers", "shortlist_size", "unroll_drafts"},
                needs="more than one layer",
                available=_deep, drafter=lambda m, o: _self_draft(m, o, "layer-skip"), default_gamma=SELF_DRAFT_GAMMA),
-    MethodSpec("residual-reuse", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"skip_layers", "shortlist_size"},
+    MethodSpec("residual-reuse", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"skip_layers", "shortlist_size", "unroll_drafts"},
                needs="more than one layer",
                available=_deep, drafter=lambda m, o: _self_draft(m, o, "residual-reuse"), default_gamma=SELF_DRAFT_GAMMA),
-    MethodSpec("partial-mlp", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"mlp_keep", "shortlist_size"},
+    MethodSpec("partial-mlp", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"mlp_keep", "shortlist_size", "unroll_drafts"},
                needs="a model on one device (its MLP cut takes the first columns in the checkpoint's order; "
                      "load without mesh=)",
                available=lambda m: getattr(m.config, "mesh", None) is None,

@@ -81,6 +81,27 @@ def test_mtp_sampling_preserves_distribution(tmp_path):
     assert_first_tokens_match(ar, spec.tokens, V)
 
 
+@pytest.mark.parametrize("search", ["compare_all", "scan_unrolled", "scan", "sort"])
+def test_table_search_methods_find_the_same_continuations(mtp_model, search):
+    """Every search method finds the same entries: the same drafts (accepted counts) and AR's output."""
+    ids = np.random.default_rng(3).integers(0, mtp_model.vocab_size, size=(2, 9))
+    ar = sj.generate(mtp_model, ids, 24, eos_token_id=False).tokens
+    base = sj.generate(mtp_model, ids, 24, method="ngram-table", gamma=5, eos_token_id=False)
+    res = sj.generate(mtp_model, ids, 24, method="ngram-table", gamma=5, search=search, eos_token_id=False)
+    np.testing.assert_array_equal(res.tokens, ar)
+    assert res.stats["mean_accepted"] == base.stats["mean_accepted"]
+    tables = {k: v for k, v in mtp_model.params["draft"].items()}
+    ctx = np.asarray(tables["table_ctx"])
+    for a, b in [tuple(ctx[0]), tuple(ctx[len(ctx) // 2]), tuple(ctx[-1]), (0, 52)]:
+        np.testing.assert_array_equal(table_lookup(tables, jnp.int32(a), jnp.int32(b), search),
+                                      table_lookup(tables, jnp.int32(a), jnp.int32(b), "scan"))
+
+
+def test_table_search_option_is_checked(mtp_model):
+    with pytest.raises(InputError, match=r"search must be one of \['compare_all'.*got 'binary'"):
+        sj.generate(mtp_model, np.ones((1, 3), np.int32), 4, method="ngram-table", search="binary")
+
+
 def test_table_build_and_lookup():
     seqs = [np.asarray([5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9, 10]), np.asarray([1, 2, 3, 4, 5, 6, 7, 8])]
     tables = {k: jnp.asarray(v) for k, v in build_tables(seqs, 12, 4).items()}

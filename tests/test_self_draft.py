@@ -125,6 +125,7 @@ def test_self_draft_sampling_preserves_distribution(small_vocab_model, ar_sample
     ("layer-skip", {"shortlist_size": -1}, r"shortlist_size must be >= 0; got -1"),
     ("partial-mlp", {"shortlist_size": 10 ** 6}, r"shortlist_size must be in \[0, \d+\] \(the stored shortlist\)"),
     ("residual-reuse", {"shortlist_size": 2.5}, "shortlist_size must be an integer"),
+    ("layer-skip", {"unroll_drafts": 1}, r"unroll_drafts must be True or False; got 1"),
 ])
 def test_bad_self_draft_options_are_one_clear_error(method, options, match, monkeypatch):
     from specdec_jax.decoding import speculative
@@ -132,6 +133,16 @@ def test_bad_self_draft_options_are_one_clear_error(method, options, match, monk
     monkeypatch.setattr(speculative, "run_spec_loop", lambda *a, **k: pytest.fail("computed before the error"))
     with pytest.raises(InputError, match=match):
         sj.generate(model, ids, 4, method=method, **options)
+
+
+def test_a_scanned_draft_chain_drafts_as_the_unrolled_one():
+    """unroll_drafts=False compiles the chain as a loop: the same drafts (accepted counts), AR's output."""
+    model, ids = _shipped()
+    runs = [sj.generate(model, ids, 16, method="layer-skip", gamma=3, unroll_drafts=u, eos_token_id=False)
+            for u in (True, False)]
+    for res in runs:
+        np.testing.assert_array_equal(res.tokens, _ar(16))
+    assert runs[0].stats["mean_accepted"] == runs[1].stats["mean_accepted"]
 
 
 def test_shortlist_drafts_come_from_the_shortlist_and_the_output_is_ar():

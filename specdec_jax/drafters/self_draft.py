@@ -133,6 +133,7 @@ class SelfDrafter:
     skip_layers: tuple[int, ...] = ()
     mlp_keep: float = 1.0
     shortlist_size: int = 0  # 0: the full vocabulary
+    unroll: bool = True  # drafts 2..gamma as straight-line code, not a loop nested in the step (MtpDrafter.unroll)
     deterministic = False
 
     @property
@@ -199,7 +200,7 @@ class SelfDrafter:
             nxt, q = self._choose(params, state, logits[:, 0], step_key, sampling)
             return (nxt, model), (nxt, q)
 
-        (_, scratch), (rest, q_rest) = lax.scan(chain, (d1, state["model"]), keys[1:])
+        (_, scratch), (rest, q_rest) = lax.scan(chain, (d1, state["model"]), keys[1:], unroll=self.unroll)
         drafts = jnp.concatenate([d1[:, None], jnp.moveaxis(rest, 0, 1)], axis=1)  # [B, gamma]
         q = None if sampling.greedy else jnp.concatenate([q1[:, None], jnp.moveaxis(q_rest, 0, 1)], axis=1)
         # Keep the provisional K/V writes (masked past the committed length) so the caches update in place;

@@ -27,6 +27,7 @@ from ..errors import CheckpointError
 from .stateless import StatelessDrafter
 
 PHRASE = 4  # tokens per stored continuation
+SEARCH_METHODS = ("compare_all", "scan_unrolled", "scan", "sort")  # jnp.searchsorted's
 _HASH_MULT = 1_000_003
 
 
@@ -95,11 +96,12 @@ def load_draft_tables(path: str, vocab_size: int) -> dict[str, jax.Array]:
     return {k: jnp.asarray(v, jnp.int32) for k, v in raw.items() if k in need}
 
 
-def table_lookup(tables: dict, a: jax.Array, b: jax.Array) -> jax.Array:
-    """Continuation [PHRASE] after context (a, b): the bigram entry if present, else the unigram one."""
+def table_lookup(tables: dict, a: jax.Array, b: jax.Array, search: str = "compare_all") -> jax.Array:
+    """Continuation [PHRASE] after context (a, b): the bigram entry if present, else the unigram one.
+    search: jnp.searchsorted's method (every method finds the same index)."""
     keys = tables["table_keys"]
     key = context_hash(a, b)
-    idx = jnp.clip(jnp.searchsorted(keys, key), 0, keys.shape[0] - 1)
+    idx = jnp.clip(jnp.searchsorted(keys, key, method=search), 0, keys.shape[0] - 1)
     # Equal hashes sit next to each other; check a few for the exact context.
     hit_idx, hit = idx, jnp.bool_(False)
     for off in range(3):
@@ -112,6 +114,9 @@ def table_lookup(tables: dict, a: jax.Array, b: jax.Array) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class TableDrafter(StatelessDrafter):
+    # How the sorted context hashes are searched. jnp.searchsorted's default ("scan") compiles to a while loop of
+    # log2(M) steps, which XLA's GPU runtime drives from the host inside every decode step. Chosen by MEASUREMENT_PENDING.
+    search: str = "compare_all"
     name = "ngram-table"
 
     def propose(self, params, cfg, drafter_state, history, hist_len, gamma: int, key, **_):
@@ -121,7 +126,7 @@ class TableDrafter(StatelessDrafter):
             a, b = h[jnp.maximum(n - 2, 0)], h[n - 1]
             out = []
             while len(out) < gamma:
-                phrase = table_lookup(tables, a, b)
+                phrase = table_lookup(tables, a, b, self.search)
                 out.extend(phrase[i] for i in range(PHRASE))
                 a, b = phrase[PHRASE - 2], phrase[PHRASE - 1]
             return jnp.stack(out[:gamma]).astype(jnp.int32)
