@@ -133,7 +133,10 @@ class SelfDrafter:
     skip_layers: tuple[int, ...] = ()
     mlp_keep: float = 1.0
     shortlist_size: int = 0  # 0: the full vocabulary
-    unroll: bool = True  # drafts 2..gamma as straight-line code, not a loop nested in the step (MtpDrafter.unroll)
+    # Drafts 2..gamma as straight-line code, not a loop nested in the step (MtpDrafter.unroll). H200: tiny layer-skip at
+    # gamma 3 0.86x -> 0.91x of AR; 9B shape gamma 4 the same step (20.03 / 20.05 ms), compile 37 -> 58 s
+    # (spec_tiny-qwen35-code_loops.md, spec_cost_curve_qwen35_9b_random_loops.md).
+    unroll: bool = True
     deterministic = False
 
     @property
