@@ -14,6 +14,7 @@ from specdec_jax.decoding.speculative import generate_speculative
 from specdec_jax.drafters.mtp import MtpDrafter
 from specdec_jax.drafters.table import build_tables, save_draft_tables, table_lookup
 from specdec_jax.errors import InputError
+from specdec_jax.profiling import while_loops
 from tests import qwen_helpers as H
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,16 +45,28 @@ def test_greedy_equals_ar(mtp_model, method, gamma, rollback):
 
 
 def test_mtp_chain_unrolled_or_scanned_drafts_alike(mtp_model):
-    """unroll_drafts only changes how the chain is compiled: the same drafts, so the same accepted counts."""
-    ids = np.random.default_rng(5).integers(0, mtp_model.vocab_size, size=(2, 9))
-    ar = sj.generate(mtp_model, ids, 24, eos_token_id=False).tokens
-    runs = {u: sj.generate(mtp_model, ids, 24, method="mtp", gamma=4, unroll_drafts=u, eos_token_id=False)
-            for u in (True, False)}
-    for res in runs.values():
-        np.testing.assert_array_equal(res.tokens, ar)
-    assert runs[True].stats["mean_accepted"] == runs[False].stats["mean_accepted"]
+    """unroll only changes how the chain is compiled: the same drafts and the same provisional head cache."""
+    import dataclasses
+    import functools
+
+    import jax
+    cfg, params = mtp_model.config, mtp_model.params
+    prompt = jnp.asarray(np.random.default_rng(5).integers(0, mtp_model.vocab_size, (2, 7)), jnp.int32)
+    hidden = jnp.asarray(np.random.default_rng(6).standard_normal((2, 7, cfg.hidden_size)), jnp.float32)
+    state = MtpDrafter().init(params, cfg, prompt, 16, hidden=hidden, first_token=prompt[:, 0])
+    history = jnp.concatenate([prompt, jnp.zeros((2, 9), jnp.int32)], axis=1)
+    out = {}
+    for unroll in (True, False):
+        drafter = dataclasses.replace(MtpDrafter(), unroll=unroll)
+        propose = jax.jit(functools.partial(drafter.propose, cfg=cfg, gamma=4))
+        out[unroll] = propose(params, state=state, history=history, hist_len=jnp.full((2,), 7), key=jax.random.PRNGKey(0))
+        loops = while_loops(propose.lower(params, state=state, history=history, hist_len=jnp.full((2,), 7), key=jax.random.PRNGKey(0)).compile().as_text())
+        assert bool(loops) != unroll, loops  # the chain is a loop only when rolled
+    np.testing.assert_array_equal(out[True][0], out[False][0])
+    for name in ("k", "v"):
+        np.testing.assert_allclose(out[True][2][name], out[False][2][name], atol=1e-5)
     with pytest.raises(InputError, match=r"unroll_drafts must be True or False; got 'yes'"):
-        sj.generate(mtp_model, ids, 4, method="mtp", unroll_drafts="yes")
+        sj.generate(mtp_model, np.ones((1, 3), np.int32), 4, method="mtp", unroll_drafts="yes")
 
 
 @pytest.mark.parametrize("gamma", [2, 8])
