@@ -125,16 +125,23 @@ _TREE_OPTIONS = frozenset({"tree", "rollback", "exact"})
 # (benchmarks/results/selfdraft_projection_qwen35_9b.md, from acceptance_tiny-qwen35-code_selfdraft.md and
 # spec_cost_curve_qwen35_9b_random_selfdraft.md).
 SELF_DRAFT_GAMMA = 2
+# MTP drafts 3 tokens per step by default. Each draft is a head forward that also reads the output head (at the 9B
+# shape 2 GB), so shorter chains win; on the shipped checkpoint, 20 held-out prompts end to end on the H200, gamma
+# 2 / 3 / 4 gave 1.58x / 1.62x / 1.52x over AR (MTP-shortlist 1.51x / 1.53x / 1.42x), and gamma 3 beat gamma 4 in
+# each of four runs (benchmarks/results/spec_tiny-qwen35-code_gammas.md, _loops20, _unroll, _convstack).
+MTP_GAMMA = 3
 REGISTRY: tuple[MethodSpec, ...] = (
     MethodSpec("ar", "qwen3_5", AR, frozenset({"exact", "decode_rows"})),
     MethodSpec("ngram", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"max_n", "min_n"}, drafter=_ngram),
     MethodSpec("ngram-table", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"search"},
                needs=f"a model n-gram table ({DRAFT_TABLES_FILE}, scripts/build_draft_tables.py)",
                available=lambda m: "table_keys" in _tables(m), drafter=_table),
-    MethodSpec("mtp", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"unroll_drafts"}, needs=_MTP_NEED, available=_has_mtp, drafter=_mtp),
+    MethodSpec("mtp", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"unroll_drafts"}, needs=_MTP_NEED, available=_has_mtp,
+               drafter=_mtp, default_gamma=MTP_GAMMA),
     MethodSpec("mtp-shortlist", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"shortlist_size", "unroll_drafts"},
                needs=f"the MTP head and a token shortlist ({DRAFT_TABLES_FILE}, scripts/build_draft_tables.py)",
-               available=lambda m: _has_mtp(m) and "shortlist" in _tables(m), drafter=_mtp_shortlist),
+               available=lambda m: _has_mtp(m) and "shortlist" in _tables(m), drafter=_mtp_shortlist,
+               default_gamma=MTP_GAMMA),
     MethodSpec("layer-skip", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"skip_layers", "shortlist_size", "unroll_drafts"},
                needs="more than one layer",
                available=_deep, drafter=lambda m, o: _self_draft(m, o, "layer-skip"), default_gamma=SELF_DRAFT_GAMMA),

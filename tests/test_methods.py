@@ -39,6 +39,18 @@ class RepeatDrafter(StatelessDrafter):
         return jnp.repeat(last, gamma, axis=1), None, drafter_state
 
 
+def test_chain_default_gammas_keep_the_default_decode_rows():
+    """The measured default draft lengths, each short enough that a default speculative run verifies at AR's
+    default decode row count (so its exact output is default AR's)."""
+    from specdec_jax.decoding.decode_shape import choose_decode_rows
+    chain = {s.name: s.default_gamma for s in methods.REGISTRY if s.kind == methods.CHAIN}
+    assert chain["mtp"] == chain["mtp-shortlist"] == methods.MTP_GAMMA == 3
+    assert chain["layer-skip"] == chain["partial-mlp"] == methods.SELF_DRAFT_GAMMA == 2
+    assert chain["ngram"] == chain["ngram-table"] == 4
+    for name, gamma in chain.items():
+        assert choose_decode_rows(gamma, None, "qwen3_5") == choose_decode_rows(0, None, "qwen3_5"), name
+
+
 def test_a_registered_drafter_runs_through_generate(monkeypatch):
     """One MethodSpec entry makes a new drafter a method: generate() runs it (greedy output equal to AR), its
     options are checked, and supported_methods lists it."""
