@@ -10,14 +10,14 @@
 #                                                  loop-forms, loop-forms-tiny, stacked, stacked-check, train-depth-floor,
 #                                                  convstack, fixedcost, fixedcost-trace, cmdbuf,
 #                                                  cbwhile, cbmodes, concurrent, tune-replay, cbmodes2,
-#                                                  unroll, loops
+#                                                  unroll, loops, fp32
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -51,6 +51,15 @@ huginn_layouts() {  # END_S LIMIT_END LOG_PREFIX CK_PREFIX [train args...]: buil
     wait
 }
 case "$part" in
+fp32)  # issue 12: float32 at precision "highest": the forms of a few-row product at the 9B shapes (XLA's IEEE GEMM,
+    # a float32 row reduction output- or row-major, the multi-pass tensor-core algorithms), then the 9B verification
+    # and the exact path's 8-row AR step with the library's auto rule (multi-row float32 products as the reduction)
+    # against the GEMM
+    step 240 matmul_forms python scripts/bench_matmul_forms.py --out "$dir"
+    step 330 profile_9b_fp32 python scripts/profile_spec_step.py --random-9b --dtype float32 --precision highest \
+        --pieces ar,verify --gammas 8 --matvec-modes auto,dot --ar-rows 8 --variants pallas --time-budget-s 270 \
+        --tag _reduce --out "$dir"
+    ;;
 loops)  # issue 12: the other loops nested in a decode step, each host-driven on the GPU: ngram-table's binary search
     # (jnp.searchsorted's default "scan", 15 steps per lookup) against compare_all / scan_unrolled, and the self-drafts'
     # chain (gamma 3) unrolled against a lax.scan, tiny checkpoint end to end beside AR; then bf16 equality with AR of

@@ -18,17 +18,22 @@ from ..sharding import split_groups
 
 
 MATVEC_MODES = ("auto", "dot", "reduce")
+MAX_REDUCE_ROWS = 16  # the most rows a product runs as a row reduction (each weight row read once for all of them)
 
 
 def matvec_mode() -> str:
-    """How a single-row product (batch 1 decode) is computed; SPECDEC_MATVEC overrides.
+    """How a product of at most MAX_REDUCE_ROWS rows (decode, verification) is computed; SPECDEC_MATVEC overrides.
 
     "dot": the matrix product (XLA picks a GEMM kernel, tiled for at least 8 rows);
     "reduce": broadcast-multiply and a float32 row reduction, which XLA emits as one
-    bandwidth-bound reduction kernel reading the weight once; "auto": on GPU, reduce when the
-    contraction length is not a multiple of 128 (where XLA's GEMM tiling measured 14-69% of the
-    bandwidth roofline against 55-89% for the reduction), else dot (which measured faster for
-    aligned lengths such as 17920); dot elsewhere. Measurements: benchmarks/results/profile_looped_core*.md.
+    bandwidth-bound reduction kernel reading the weight once (for several rows, output-major: the
+    rows of one weight row are reduced side by side); "auto", on the GPU:
+      - one row whose contraction length is not a multiple of 128: reduce (XLA's GEMM tiling measured
+        14-69% of the bandwidth roofline against 55-89% for the reduction, profile_looped_core*.md),
+        dot for aligned lengths such as 17920 (measured faster there);
+      - 2..MAX_REDUCE_ROWS rows of float32 at matmul precision "highest": reduce (XLA's IEEE float32
+        GEMM at 9 rows read its weight at 1.74 TB/s against 3.42 for one row; matmul_forms.md);
+      - else dot. dot elsewhere.
     """
     mode = os.environ.get("SPECDEC_MATVEC", "auto")
     if mode not in MATVEC_MODES:
@@ -36,19 +41,34 @@ def matvec_mode() -> str:
     return mode
 
 
-def _use_reduce(rows: int, in_dim: int) -> bool:
-    if rows != 1:
+def highest_matmul_precision() -> bool:
+    """True under jax_default_matmul_precision "highest" / "float32" (IEEE float32 products)."""
+    precision = jax.config.jax_default_matmul_precision
+    return precision is not None and str(precision).lower() in ("highest", "float32", "f32_f32_f32")
+
+
+def _use_reduce(rows: int, in_dim: int, dtype) -> bool:
+    if rows > MAX_REDUCE_ROWS:
         return False
     mode = matvec_mode()
-    if mode == "auto":
-        return jax.default_backend() == "gpu" and in_dim % 128 != 0
-    return mode == "reduce"
+    if mode != "auto":
+        return mode == "reduce"
+    if jax.default_backend() != "gpu":
+        return False
+    if rows == 1:
+        return in_dim % 128 != 0
+    return jnp.dtype(dtype) == jnp.float32 and highest_matmul_precision()
 
 
 def linear(x: jax.Array, w: jax.Array) -> jax.Array:
     """x [..., in] @ w[out, in]^T -> [..., out] in x.dtype, float32 accumulation."""
-    if _use_reduce(math.prod(x.shape[:-1]), x.shape[-1]):
-        y = jnp.sum(x.reshape(1, -1).astype(jnp.float32) * w.astype(jnp.float32), axis=-1)  # [out]
+    rows = math.prod(x.shape[:-1])
+    if _use_reduce(rows, x.shape[-1], x.dtype):
+        w32 = w.astype(jnp.float32)
+        if rows == 1:
+            y = jnp.sum(x.reshape(1, -1).astype(jnp.float32) * w32, axis=-1)  # [out]
+        else:  # output-major, so the `rows` products of one weight row are reduced side by side
+            y = jnp.sum(x.reshape(1, rows, -1).astype(jnp.float32) * w32[:, None, :], axis=-1).T  # [rows, out]
         return y.reshape(*x.shape[:-1], w.shape[0]).astype(x.dtype)
     y = lax.dot_general(x, w.astype(x.dtype), (((x.ndim - 1,), (1,)), ((), ())),
                         preferred_element_type=jnp.float32)
