@@ -144,7 +144,7 @@ def nine_b_part(args, header) -> dict:
     from specdec_jax.decoding.speculative import generate_speculative
     from specdec_jax.drafters.ngram import NgramDrafter
     from specdec_jax.models.family import QWEN35
-    model = random_9b_model(args.tiny_shape, damp=args.damp)
+    model = random_9b_model(args.tiny_shape, dtype=args.dtype, damp=args.damp)
     cfg, params = model.config, model.params
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, cfg.vocab_size, (1, args.prompt_len)) for _ in range(args.num_prompts)]
@@ -167,6 +167,7 @@ def nine_b_part(args, header) -> dict:
         first = dict(zip((True, False), pool.map(lambda e: ar(prompts[0], e), (True, False))))
     print(f"AR compiled in {time.perf_counter() - t0:.0f} s", flush=True)
     out = {**header, "model": "qwen35_9b_random" + ("_tiny_shape" if args.tiny_shape else ""), "damp": args.damp,
+           "dtype": args.dtype, "precision": args.precision,
            "gamma": gamma, "decode_rows": rows, "max_new_tokens": N, "prompt_len": args.prompt_len,
            "miss": args.miss, "compile_seconds": {f"ar/{'exact' if e else 'fast'}": r.stats["compile_seconds"]
                                                   for e, r in first.items()}}
@@ -213,7 +214,9 @@ def nine_b_part(args, header) -> dict:
 
 
 def markdown(result, args) -> str:
-    md = [f"# Exactness in bfloat16: speculative output against AR ({args.part})", "",
+    dtype = result.get("dtype", "bfloat16") + (f" at matmul precision {result['precision']!r}"
+                                               if result.get("precision") else "")
+    md = [f"# Exactness in {dtype}: speculative output against AR ({args.part})", "",
           f"{result['device']} · jax {result['jax']} · commit {result['git_commit']}", "", f"`{result['command']}`", ""]
     if args.part == "tiny":
         md += [f"Greedy, bfloat16, held-out prompts ({args.prompts}: the first {args.num_prompts} of at least "
@@ -235,7 +238,7 @@ def markdown(result, args) -> str:
             md.append("")
     else:
         a = result["ar_tok_s"]
-        md += [f"Random weights, every residual write scaled by {result['damp']}; gamma {result['gamma']}, "
+        md += [f"Random weights ({dtype}), every residual write scaled by {result['damp']}; gamma {result['gamma']}, "
                f"decode rows {result['decode_rows']}, {result['max_new_tokens']} new tokens, prompts of "
                f"{result['prompt_len']} random tokens.", "",
                f"AR decode: exact (at {result['decode_rows']} rows) {a['exact']:.1f} tok/s, fast (1 row) "
@@ -273,6 +276,9 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tiny-shape", action="store_true", help="9b: a tiny shape (CPU smoke run)")
     ap.add_argument("--damp", type=float, default=0.02)
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="9b: the weights' dtype")
+    ap.add_argument("--precision", default=None, choices=(None, "highest"),
+                    help="9b: jax_default_matmul_precision for the whole run")
     ap.add_argument("--gamma", type=int, default=8)
     ap.add_argument("--miss", type=float, default=0.2)
     ap.add_argument("--repeats", type=int, default=5)
@@ -281,6 +287,10 @@ def main():
     args = ap.parse_args()
     if not 0.0 <= args.miss <= 1.0:
         ap.error(f"--miss must lie in [0, 1]; got {args.miss}")
+    if args.part == "tiny" and (args.dtype != "bfloat16" or args.precision):
+        ap.error("--dtype and --precision apply to --part 9b (the tiny part runs the shipped checkpoints in bfloat16)")
+    if args.precision:
+        jax.config.update("jax_default_matmul_precision", args.precision)
     header = result_header("bench_exact")
     if args.part == "tiny":
         stem = "exact_tiny"
@@ -288,7 +298,8 @@ def main():
                                                                  echo=False))
     else:
         result = nine_b_part(args, header)
-        stem = "exact_qwen35_9b_random" + ("_tiny_shape" if args.tiny_shape else "")
+        stem = "exact_qwen35_9b_random" + ("_tiny_shape" if args.tiny_shape else "") \
+            + ("" if args.dtype == "bfloat16" else f"_{args.dtype}") + (f"_{args.precision}" if args.precision else "")
     write_results(args.out, stem + args.tag, result, markdown(result, args))
 
 
