@@ -18,22 +18,21 @@ from ..sharding import split_groups
 
 
 MATVEC_MODES = ("auto", "dot", "reduce")
-MAX_REDUCE_ROWS = 16  # the most rows a product runs as a row reduction (each weight row read once for all of them)
+# Float32 products of this many rows or fewer at precision "highest" run as TF32x3 on the GPU (see product_form).
+MAX_FEW_ROWS = 16
 
 
 def matvec_mode() -> str:
-    """How a product of at most MAX_REDUCE_ROWS rows (decode, verification) is computed; SPECDEC_MATVEC overrides.
+    """How a single-row product (batch 1 decode) is computed; SPECDEC_MATVEC overrides.
 
     "dot": the matrix product (XLA picks a GEMM kernel, tiled for at least 8 rows);
     "reduce": broadcast-multiply and a float32 row reduction, which XLA emits as one
-    bandwidth-bound reduction kernel reading the weight once (for several rows, output-major: the
-    rows of one weight row are reduced side by side); "auto", on the GPU:
-      - one row whose contraction length is not a multiple of 128: reduce (XLA's GEMM tiling measured
-        14-69% of the bandwidth roofline against 55-89% for the reduction, profile_looped_core*.md),
-        dot for aligned lengths such as 17920 (measured faster there);
-      - 2..MAX_REDUCE_ROWS rows of float32 at matmul precision "highest": reduce (XLA's IEEE float32
-        GEMM at 9 rows read its weight at 1.74 TB/s against 3.42 for one row; matmul_forms.md);
-      - else dot. dot elsewhere.
+    bandwidth-bound reduction kernel reading the weight once; "auto": on GPU, reduce when the
+    contraction length is not a multiple of 128 (where XLA's GEMM tiling measured 14-69% of the
+    bandwidth roofline against 55-89% for the reduction), else dot (which measured faster for
+    aligned lengths such as 17920); dot elsewhere. Measurements: benchmarks/results/profile_looped_core*.md.
+    "auto" also runs float32 products of 2..MAX_FEW_ROWS rows at precision "highest" as TF32x3 on
+    the GPU (product_form); "dot" and "reduce" keep XLA's IEEE float32 GEMM there.
     """
     mode = os.environ.get("SPECDEC_MATVEC", "auto")
     if mode not in MATVEC_MODES:
@@ -42,37 +41,46 @@ def matvec_mode() -> str:
 
 
 def highest_matmul_precision() -> bool:
-    """True under jax_default_matmul_precision "highest" / "float32" (IEEE float32 products)."""
+    """True under jax_default_matmul_precision "highest" / "float32" (float32 products asked for)."""
     precision = jax.config.jax_default_matmul_precision
     return precision is not None and str(precision).lower() in ("highest", "float32", "f32_f32_f32")
 
 
-def _use_reduce(rows: int, in_dim: int, dtype) -> bool:
-    if rows > MAX_REDUCE_ROWS:
-        return False
+def product_form(rows: int, in_dim: int, dtype) -> str:
+    """How `linear` multiplies `rows` rows of `dtype`: "reduce", "tf32x3" or "dot".
+
+    tf32x3 (DotAlgorithmPreset.TF32_TF32_F32_X3: each float32 operand split into a TF32 head and tail,
+    three tensor-core products, float32 accumulation): float32 at precision "highest", 2..MAX_FEW_ROWS rows,
+    on the GPU under "auto". XLA's IEEE float32 GEMM there reads its weight at 1.5-2.2 TB/s against
+    3.1-3.5 at one row, which made a 9-token verification 2.3x a 1-row AR step; TF32x3 reads it at
+    2.2-2.8 TB/s, and its error against a float64 product was 2e-7 of the largest output, against
+    8.8e-7 for the IEEE GEMM at 9 rows (and 1.1-1.4e-7 at one row, where the GEMM stays):
+    benchmarks/results/matmul_forms.md. Every decode forward of an exact generation runs at one row
+    count, so AR and verification meet the same algorithm.
+    """
     mode = matvec_mode()
-    if mode != "auto":
-        return mode == "reduce"
-    if jax.default_backend() != "gpu":
-        return False
+    on_gpu = jax.default_backend() == "gpu"
     if rows == 1:
-        return in_dim % 128 != 0
-    return jnp.dtype(dtype) == jnp.float32 and highest_matmul_precision()
+        if mode == "reduce" or (mode == "auto" and on_gpu and in_dim % 128 != 0):
+            return "reduce"
+        return "dot"
+    if (mode == "auto" and on_gpu and rows <= MAX_FEW_ROWS and jnp.dtype(dtype) == jnp.float32
+            and highest_matmul_precision()):
+        return "tf32x3"
+    return "dot"
 
 
-def linear(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [..., in] @ w[out, in]^T -> [..., out] in x.dtype, float32 accumulation."""
-    rows = math.prod(x.shape[:-1])
-    if _use_reduce(rows, x.shape[-1], x.dtype):
-        w32 = w.astype(jnp.float32)
-        if rows == 1:
-            y = jnp.sum(x.reshape(1, -1).astype(jnp.float32) * w32, axis=-1)  # [out]
-        else:  # output-major, so the `rows` products of one weight row are reduced side by side
-            y = jnp.sum(x.reshape(1, rows, -1).astype(jnp.float32) * w32[:, None, :], axis=-1).T  # [rows, out]
-        return y.reshape(*x.shape[:-1], w.shape[0]).astype(x.dtype)
-    y = lax.dot_general(x, w.astype(x.dtype), (((x.ndim - 1,), (1,)), ((), ())),
+def linear(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
+    """x [..., in] @ w[out, in]^T -> [..., out] in out_dtype (default x.dtype), float32 accumulation."""
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    form = product_form(math.prod(x.shape[:-1]), x.shape[-1], x.dtype)
+    if form == "reduce":
+        y = jnp.sum(x.reshape(1, -1).astype(jnp.float32) * w.astype(jnp.float32), axis=-1)  # [out]
+        return y.reshape(*x.shape[:-1], w.shape[0]).astype(out_dtype)
+    precision = lax.DotAlgorithmPreset.TF32_TF32_F32_X3 if form == "tf32x3" else None
+    y = lax.dot_general(x, w.astype(x.dtype), (((x.ndim - 1,), (1,)), ((), ())), precision=precision,
                         preferred_element_type=jnp.float32)
-    return y.astype(x.dtype)
+    return y.astype(out_dtype)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float, *, zero_centered: bool = False) -> jax.Array:

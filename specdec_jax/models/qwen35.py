@@ -402,8 +402,7 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     hidden = L.rms_norm(x, params["final_norm"], cfg.rms_norm_eps, zero_centered=True)
     head_in = hidden[:, -1:] if logits_for == "last" else hidden
     head = lm_head_weight(params) if head is None else head
-    logits = lax.dot_general(head_in, head.astype(dtype), (((2,), (1,)), ((), ())),
-                             preferred_element_type=jnp.float32)
+    logits = L.linear(head_in, head.astype(dtype), out_dtype=jnp.float32)  # [B, T | 1, vocab]
     new_state = Qwen35State(keys=tuple(keys), values=tuple(values), conv=conv, recurrent=rec,
                             length=state.length + (T if n_valid is None else n_valid))
     extras = {"gdn": gdn_extras, "hidden": hidden} if collect else {}
