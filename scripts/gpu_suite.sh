@@ -10,14 +10,14 @@
 #                                                  loop-forms, loop-forms-tiny, stacked, stacked-check, train-depth-floor,
 #                                                  convstack, fixedcost, fixedcost-trace, cmdbuf,
 #                                                  cbwhile, cbmodes, concurrent, tune-replay, cbmodes2,
-#                                                  unroll, loops, fp32, fp32-check
+#                                                  unroll, loops, fp32, fp32-check, looped-unroll
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -59,6 +59,14 @@ fp32)  # issue 12: float32 at precision "highest": the forms of a few-row produc
     step 330 profile_9b_fp32 python scripts/profile_spec_step.py --random-9b --dtype float32 --precision highest \
         --pieces ar,verify --gammas 8 --matvec-modes auto,dot --ar-rows 8 --variants pallas --time-budget-s 270 \
         --tag _reduce --out "$dir"
+    ;;
+looped-unroll)  # the looped family's depth loop (a lax.scan nested in every decode step: host-driven on the GPU, one
+    # round trip per recurrence step) rolled, unrolled by 4 and 8, and unrolled in full: tiny Huginn at r = 16 (its
+    # default), exact path, AR and every lossless looped method, speed, compile seconds and equality with AR
+    for u in 1 full 4 8; do
+        SPECDEC_RECURRENCE_UNROLL=$u step 130 "exact_huginn_unroll_$u" python scripts/bench_exact.py --part tiny \
+            --models huginn --modes exact --num-prompts 8 --prompt-len 64 --tag "_huginn_unroll_$u" --out "$dir"
+    done
     ;;
 fp32-check)  # issue 12: float32 at "highest" with few-row products as TF32x3 (the auto rule) against XLA's IEEE GEMM:
     # the 9B verification and AR steps, then greedy speculative output against AR at the 9B shape in float32 (n-gram

@@ -122,6 +122,31 @@ def test_exit_depths_equal_separate_forwards(models, refs):
         assert rel(extras["exit_logits"][d], looped.forward_logits(model, ids, d)) < 1e-5
 
 
+@pytest.mark.parametrize("unroll", ["3", "full"])
+def test_unrolled_recurrence_computes_the_rolled_one(models, refs, monkeypatch, unroll):
+    """SPECDEC_RECURRENCE_UNROLL changes how the depth loop is compiled, not what it computes: forward (with an
+    early exit, two scans) and the exact path's decode_forward, traced anew (not jitted) under each setting."""
+    model, ids = models["huginn_tiny"], jnp.asarray(refs["huginn_tiny"]["input_ids"])
+    cfg, params, r = model.config, model.params, 8
+
+    def run():
+        logits, _, extras = looped.forward(params, cfg, None, ids, num_steps=r, exit_depths=(3,))
+        cache = looped.init_cache(cfg, 2, 24, r, "full", jnp.float32)
+        _, cache, _ = looped.forward(params, cfg, cache, ids[:, :12], num_steps=r)
+        decoded, _ = looped.decode_forward(params, cfg, cache, ids[:, 12:16], jnp.asarray([4, 2], jnp.int32),
+                                           num_steps=r)
+        return [np.asarray(x) for x in (logits, extras["exit_logits"][3], decoded)]
+
+    monkeypatch.setenv("SPECDEC_RECURRENCE_UNROLL", "1")
+    rolled = run()
+    monkeypatch.setenv("SPECDEC_RECURRENCE_UNROLL", unroll)
+    for got, want in zip(run(), rolled):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("SPECDEC_RECURRENCE_UNROLL", "0")
+    with pytest.raises(ValueError, match="SPECDEC_RECURRENCE_UNROLL"):
+        run()
+
+
 @pytest.fixture(scope="module")
 def prefix_cache(models, refs):
     """Huginn cache after a 10-token prefix at depth R = 4, and the next 3 tokens."""

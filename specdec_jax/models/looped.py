@@ -35,6 +35,7 @@ in `looped_layers`.
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +56,23 @@ from .looped_params import (detect_variant, expected_shapes, init_random_params,
 
 
 # ---------------------------------------------------------------------------------- stages
+
+# How many recurrence steps one iteration of the depth loop (a lax.scan) runs. On the GPU, XLA runs a loop nested
+# in a decode loop from the host, one command buffer per iteration, so the rolled recurrence pays a host round trip
+# per step; unrolled, a step has none, but every program holds num_steps copies of the core block.
+RECURRENCE_UNROLL = 1
+
+
+def recurrence_unroll(num_steps: int) -> int:
+    """The depth loop's unroll for a recurrence of num_steps: RECURRENCE_UNROLL, or SPECDEC_RECURRENCE_UNROLL
+    ("full", or an integer >= 1), read when a forward is traced; at most num_steps."""
+    value = os.environ.get("SPECDEC_RECURRENCE_UNROLL", str(RECURRENCE_UNROLL))
+    if value == "full":
+        return max(num_steps, 1)
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"SPECDEC_RECURRENCE_UNROLL must be 'full' or an integer >= 1; got {value!r}")
+    return max(min(int(value), num_steps), 1)
+
 
 def prelude(params: dict, cfg: LoopedConfig, cache: LoopedCache | None, input_ids: jax.Array, cos: jax.Array,
             sin: jax.Array):
@@ -112,7 +130,7 @@ def _read_schedule(spec, num_steps: int, slots: int | None, name: str) -> jax.Ar
 def _recur(params, cfg, cache, x, embedded, cos, sin, read_k, read_v, num_steps: int, depths: tuple[int, ...]):
     """x after each depth in `depths` (sorted, last = num_steps) and K/V of every step [R, L, B, T, NKV, hd].
 
-    One lax.scan per segment between requested depths: the recurrence is never unrolled, and
+    One lax.scan per segment between requested depths (unrolled by `recurrence_unroll`), and
     intermediate states come out of the same pass that continues to num_steps.
     """
     states, ks, vs = {}, [], []
@@ -124,7 +142,7 @@ def _recur(params, cfg, cache, x, embedded, cos, sin, read_k, read_v, num_steps:
             return x, (k, v)
 
         xs = (jnp.arange(start, stop, dtype=jnp.int32), read_k[start:stop], read_v[start:stop])
-        x, (k, v) = lax.scan(body, x, xs)
+        x, (k, v) = lax.scan(body, x, xs, unroll=recurrence_unroll(stop - start))
         states[stop] = x
         ks.append(k)
         vs.append(v)
@@ -250,7 +268,7 @@ def decode_forward(params: dict, cfg: LoopedConfig, cache: LoopedCache, input_id
         return run(params["core_block"], h, ck, cv, (step,)), None
 
     (x, ck, cv), _ = lax.scan(core, (initial_state(cfg, e), cache.core_k, cache.core_v),
-                              jnp.arange(num_steps, dtype=jnp.int32))
+                              jnp.arange(num_steps, dtype=jnp.int32), unroll=recurrence_unroll(num_steps))
     latent = block_norm(cfg, x, params["ln_f"]) if cfg.variant == "huginn" else x
     h, dk, dv = run(params.get("coda", []), latent, cache.coda_k, cache.coda_v, ())
     h = block_norm(cfg, h, params["ln_f"])
