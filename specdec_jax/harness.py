@@ -67,6 +67,7 @@ def result_header(name: str, command: str | None = None) -> dict:
         "python": sys.version.split()[0],
         "git_commit": os.environ.get("BENCH_GIT_COMMIT") or git_commit(),
         "command": command or ("python " + " ".join(shlex.quote(a) for a in sys.argv)),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("SPECDEC_")},  # the library's switches
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
 
