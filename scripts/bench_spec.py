@@ -80,7 +80,7 @@ def model_from_args(args):
 
 
 def random_9b_model(tiny: bool, dtype: str = "bfloat16", damp: float = 1.0):
-    """Random bf16 weights made on the device in the fused layout (no file, no transformers).
+    """Random weights (bfloat16 unless `dtype`) made on the device in the fused layout (no file, no transformers).
     damp: every residual write (attention / GDN output, MLP down projection) scaled by it; 0.02 keeps the
     embedding dominant, so top-1 margins are wide and greedy outputs are stable text-like sequences."""
     from specdec_jax.loading import build_tree
@@ -446,11 +446,17 @@ def main():
                          "kernel_profile_<model><tag>.json / .md (device time kernel by kernel, per token or step)")
     ap.add_argument("--skip-e2e", action="store_true")
     ap.add_argument("--skip-steps", action="store_true", help="no step-cost table (end to end only)")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                    help="the weights' dtype (a checkpoint is loaded in it; --random-9b is made in it)")
+    ap.add_argument("--precision", default=None, choices=(None, "highest"),
+                    help="jax_default_matmul_precision for the whole run (float32 as the exactness tests run it)")
     ap.add_argument("--tag", default="", help="suffix of the result files")
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
     import specdec_jax as sj
+    if args.precision:
+        jax.config.update("jax_default_matmul_precision", args.precision)
 
     gammas = [int(g) for g in args.gammas.split(",")]
     ps = None
@@ -476,9 +482,11 @@ def main():
             ap.error(f"--rollbacks: unknown {bad}; expected some of {ROLLBACK_MODES}")
     header = result_header("bench_spec")
     if args.random_9b:
-        model, name = random_9b_model(args.tiny), ("qwen35_tiny_random" if args.tiny else "qwen35_9b_random")
+        model, name = (random_9b_model(args.tiny, args.dtype),
+                       ("qwen35_tiny_random" if args.tiny else "qwen35_9b_random"))
     else:
-        model, name = sj.load(args.model, dtype="bfloat16"), os.path.basename(os.path.normpath(args.model))
+        model, name = sj.load(args.model, dtype=args.dtype), os.path.basename(os.path.normpath(args.model))
+    name += "" if args.dtype == "bfloat16" else f"_{args.dtype}" + (f"_{args.precision}" if args.precision else "")
     if ps is not None:
         if args.random_9b:
             model = with_synthetic_shortlist(model, curve_methods)

@@ -10,14 +10,14 @@
 #                                                  loop-forms, loop-forms-tiny, stacked, stacked-check, train-depth-floor,
 #                                                  convstack, fixedcost, fixedcost-trace, cmdbuf,
 #                                                  cbwhile, cbmodes, concurrent, tune-replay, cbmodes2,
-#                                                  unroll, loops, fp32, fp32-check, looped-unroll
+#                                                  unroll, loops, fp32, fp32-check, looped-unroll, fp32-curve
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -59,6 +59,14 @@ fp32)  # issue 12: float32 at precision "highest": the forms of a few-row produc
     step 330 profile_9b_fp32 python scripts/profile_spec_step.py --random-9b --dtype float32 --precision highest \
         --pieces ar,verify --gammas 8 --matvec-modes auto,dot --ar-rows 8 --variants pallas --time-budget-s 270 \
         --tag _reduce --out "$dir"
+    ;;
+fp32-curve)  # issue 12: the 9B forced-acceptance curve in float32 at precision "highest" (exact path, replay), each
+    # setting paired with exact AR in the same run; then the few-row product forms past 16 rows (17, 32)
+    step 320 curve_9b_fp32 python scripts/bench_spec.py --random-9b --dtype float32 --precision highest \
+        --forced-acceptance 0.6,0.8,1.0 --gammas 4,8 --rollbacks replay --exact on --repeats 2 --max-new-tokens 128 \
+        --prompt-len 256 --time-budget-s 280 --out "$dir"
+    step 100 matmul_forms python scripts/bench_matmul_forms.py --rows 17,32 --forms dot,tf32x3 --tag _rows17_32 \
+        --out "$dir"
     ;;
 looped-unroll)  # the looped family's depth loop (a lax.scan nested in every decode step: host-driven on the GPU, one
     # round trip per recurrence step) rolled, unrolled by 4 and 8, and unrolled in full: tiny Huginn at r = 16 (its
