@@ -18,8 +18,10 @@ from ..sharding import split_groups
 
 
 MATVEC_MODES = ("auto", "dot", "reduce")
-# Float32 products of this many rows or fewer at precision "highest" run as TF32x3 on the GPU (see product_form).
-MAX_FEW_ROWS = 16
+# Float32 products of this many rows or fewer at precision "highest" run as TF32x3 on the GPU (see product_form);
+# measured at 2-32 rows (matmul_forms.md, matmul_forms_rows17_32.md), so the exact path's 17- and 33-row decode
+# shapes (gamma 16, 32) are covered up to 32.
+MAX_FEW_ROWS = 32
 
 
 def matvec_mode() -> str:
@@ -53,9 +55,9 @@ def product_form(rows: int, in_dim: int, dtype) -> str:
     three tensor-core products, float32 accumulation): float32 at precision "highest", 2..MAX_FEW_ROWS rows,
     on the GPU under "auto". XLA's IEEE float32 GEMM there reads its weight at 1.5-2.2 TB/s against
     3.1-3.5 at one row, which made a 9-token verification 2.3x a 1-row AR step; TF32x3 reads it at
-    2.2-2.8 TB/s, and its error against a float64 product was 2e-7 of the largest output, against
-    8.8e-7 for the IEEE GEMM at 9 rows (and 1.1-1.4e-7 at one row, where the GEMM stays):
-    benchmarks/results/matmul_forms.md. Every decode forward of an exact generation runs at one row
+    2.0-2.8 TB/s, and its error against a float64 product was 2-5e-7 of the largest output, against
+    8.8e-7-2.9e-6 for the IEEE GEMM at 8-32 rows (and 1.1-1.4e-7 at one row, where the GEMM stays):
+    benchmarks/results/matmul_forms.md, matmul_forms_rows17_32.md. Every decode forward of an exact generation runs at one row
     count, so AR and verification meet the same algorithm.
     """
     mode = matvec_mode()
