@@ -122,29 +122,36 @@ def test_exit_depths_equal_separate_forwards(models, refs):
         assert rel(extras["exit_logits"][d], looped.forward_logits(model, ids, d)) < 1e-5
 
 
-@pytest.mark.parametrize("unroll", ["3", "full"])
-def test_unrolled_recurrence_computes_the_rolled_one(models, refs, monkeypatch, unroll):
+def test_unrolled_recurrence_computes_the_rolled_one(models, refs, monkeypatch):
     """SPECDEC_RECURRENCE_UNROLL changes how the depth loop is compiled, not what it computes: forward (with an
-    early exit, two scans) and the exact path's decode_forward, traced anew (not jitted) under each setting."""
+    early exit, two scans) and the exact path's decode_forward, traced anew under each setting."""
     model, ids = models["huginn_tiny"], jnp.asarray(refs["huginn_tiny"]["input_ids"])
-    cfg, params, r = model.config, model.params, 8
+    cfg, r = model.config, 5
 
-    def run():
-        logits, _, extras = looped.forward(params, cfg, None, ids, num_steps=r, exit_depths=(3,))
-        cache = looped.init_cache(cfg, 2, 24, r, "full", jnp.float32)
-        _, cache, _ = looped.forward(params, cfg, cache, ids[:, :12], num_steps=r)
-        decoded, _ = looped.decode_forward(params, cfg, cache, ids[:, 12:16], jnp.asarray([4, 2], jnp.int32),
-                                           num_steps=r)
-        return [np.asarray(x) for x in (logits, extras["exit_logits"][3], decoded)]
+    def traced_under(unroll):  # a new function each time (jit caches traces by function): the setting is read
+        monkeypatch.setenv("SPECDEC_RECURRENCE_UNROLL", unroll)  # while tracing
 
-    monkeypatch.setenv("SPECDEC_RECURRENCE_UNROLL", "1")
-    rolled = run()
-    monkeypatch.setenv("SPECDEC_RECURRENCE_UNROLL", unroll)
-    for got, want in zip(run(), rolled):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    monkeypatch.setenv("SPECDEC_RECURRENCE_UNROLL", "0")
+        def run(params, ids):
+            logits, _, extras = looped.forward(params, cfg, None, ids, num_steps=r, exit_depths=(2,))
+            cache = looped.init_cache(cfg, 2, 24, r, "full", jnp.float32)
+            _, cache, _ = looped.forward(params, cfg, cache, ids[:, :12], num_steps=r)
+            decoded, _ = looped.decode_forward(params, cfg, cache, ids[:, 12:16], jnp.asarray([4, 2], jnp.int32),
+                                               num_steps=r)
+            return logits, extras["exit_logits"][2], decoded
+
+        lowered = jax.jit(run).lower(model.params, ids)
+        loops = lowered.as_text().count("stablehlo.while")
+        return loops, [np.asarray(x) for x in lowered.compile()(model.params, ids)]
+
+    loops, rolled = traced_under("1")
+    assert loops == 4  # forward's two scans (to the exit, then on), the prefill's one, decode_forward's one
+    for unroll in ("2", "full"):  # 2 does not divide the scans' lengths (2 and 3 after the exit, 5)
+        loops, outputs = traced_under(unroll)
+        assert (loops == 0) == (unroll == "full")
+        for got, want in zip(outputs, rolled):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="SPECDEC_RECURRENCE_UNROLL"):
-        run()
+        traced_under("0")
 
 
 @pytest.fixture(scope="module")
