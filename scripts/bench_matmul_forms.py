@@ -126,7 +126,8 @@ def report(args, header, rows_out, t_start):
           f"{header['device']} · jax {header['jax']} · commit {header['git_commit']} · {header['date']}", "",
           f"`{header['command']}`", "",
           f"x [rows, in] float32 times w [out, in] float32; each form in one jitted loop of {args.chain} dependent "
-          f"calls (each reading the product's sum), median of {args.repeats}; error: max |y - y64| / max |y64| against a float64 product; `= dot`: "
+          f"calls (each reading the product's sum), median of {args.repeats}; error: max |y - y64| / max |y64| "
+          f"against a float64 product; `= dot`: "
           f"the bits of precision HIGHEST's dot; `row-indep.`: row 0 has the bits of the same form's 1-row product.",
           "", "| in x out | rows | form | µs | weight GB/s | rel. error | = dot | row-indep. |",
           "|---|---|---|---|---|---|---|---|"]

@@ -57,8 +57,8 @@ def product_form(rows: int, in_dim: int, dtype) -> str:
     3.1-3.5 at one row, which made a 9-token verification 2.3x a 1-row AR step; TF32x3 reads it at
     2.0-2.8 TB/s, and its error against a float64 product was 2-5e-7 of the largest output, against
     8.8e-7-2.9e-6 for the IEEE GEMM at 8-32 rows (and 1.1-1.4e-7 at one row, where the GEMM stays):
-    benchmarks/results/matmul_forms.md, matmul_forms_rows17_32.md. Every decode forward of an exact generation runs at one row
-    count, so AR and verification meet the same algorithm.
+    benchmarks/results/matmul_forms.md, matmul_forms_rows17_32.md. Every decode forward of an exact
+    generation runs at one row count, so AR and verification meet the same algorithm.
     """
     mode = matvec_mode()
     on_gpu = jax.default_backend() == "gpu"
