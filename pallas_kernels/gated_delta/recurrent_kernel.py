@@ -92,12 +92,9 @@ def gated_delta_step(state, k, v, g, beta):
 
 
 def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2norm, unroll, replay, n_heads,
-                      preload, counted=False, want_state=True, stacked=False, stash_group=0):
+                      preload, counted=False, want_state=True, stacked=False):
     """want_state: False when no final state is written (outputs only). stacked: the state refs hold every layer's
-    block [L, K, BV]; a layer index ref (after the counts) says which one this call reads and writes.
-    stash_group > 0 (with stacked): four more refs after the state's, the replay inputs of every layer (k [L, T, Kp],
-    v [L, T, BV], g and beta [L, T]); this call copies its own inputs into layer `layer`'s rows (stash_group: value
-    heads per key head, so one program of each key head writes the keys)."""
+    block [L, K, BV]; a layer index ref (after the counts) says which one this call reads and writes."""
     n_valid = None
     if replay or counted:
         n_ref, refs = refs[0], refs[1:]
@@ -117,14 +114,10 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         q_ref, k_ref, v_ref, g_ref, beta_ref = refs[:5]
         rest = list(refs[5:])
         s0_ref = rest.pop(0) if has_s0 else None
-        if stash_group:
-            del rest[:4]  # the stash's input buffers: aliased to its outputs below, never read
         o_ref = rest.pop(0)
         st_ref = rest.pop(0) if want_state else None
         vnew_ref = rest.pop(0) if want_vnew else None
         states_ref = rest.pop(0) if want_states else None
-        if stash_group:
-            _stash_inputs(rest, (k_ref, v_ref, g_ref, beta_ref), layer, n_steps, n_heads, stash_group)
     kdim, bv = k_ref.shape[-1], v_ref.shape[-1]
     if s0_ref is None:
         state = jnp.zeros((kdim, bv), F32)
@@ -186,30 +179,6 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
             st_ref[...] = state
 
 
-def _stash_inputs(stash_refs, input_refs, layer, n_steps: int, n_heads: int, group: int) -> None:
-    """Copy this program's inputs, as given, into layer `layer` of the replay's input stacks: values [T, BV] by every
-    program (its own block), gates by the first value block of each head, keys by the first value head of each key
-    head (the programs sharing a block write the same values; one writes). Copies only: the arithmetic is untouched,
-    and a commit replays every layer from these stacks in one launch without stacking 24 layers' inputs first
-    (16-21 us per 9B step: kernel_profile_qwen35_9b_random_convstack_profile.md)."""
-    ks_ref, vs_ref, gs_ref, bs_ref = stash_refs
-    k_ref, v_ref, g_ref, beta_ref = input_refs
-    first_block = pl.program_id(1) == 0
-    for t in range(n_steps):
-        vs_ref[layer, t, :] = v_ref[t, :]
-
-    @pl.when(first_block)
-    def _gates():
-        for t in range(n_steps):
-            gs_ref[layer, t] = g_ref[t]
-            bs_ref[layer, t] = beta_ref[t]
-
-    @pl.when(first_block & ((pl.program_id(0) % n_heads) % group == 0))
-    def _keys():
-        for t in range(n_steps):
-            ks_ref[layer, t, :] = k_ref[t, :]
-
-
 def _block_specs(t: int, hv: int, group: int, kp: int, bv: int):
     """Blocks of program (batch * value head i, value block j), shared by the recurrent and replay kernels
     (same blocks, same reduction order): keys [T, Kp] of key head (i % HV) // group, values [T, BV], gates
@@ -222,7 +191,7 @@ def _block_specs(t: int, hv: int, group: int, kp: int, bv: int):
 
 
 def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states, block_v, interpret,
-                  num_warps=1, num_stages=2, preload=None, counts=None, want_state=True, layer=None, stash=None):
+                  num_warps=1, num_stages=2, preload=None, counts=None, want_state=True, layer=None):
     """q, k [B, T, H, Kp]; v [B, T, HV, Vp]; g, beta [B, T, HV]; s0 [B, HV, Kp, Vp] fp32 or None;
     counts [Bp] int32 (Bp >= B a power of two) or None: the final state is the state after counts[b]
     positions (None: after all T). want_state: False writes no final state (a verification whose commit
@@ -230,9 +199,6 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     layer: None, or int32 [1]: s0 is then the stack of every layer's state [L, B, HV, Kp, Vp], the run starts from
     layer[0]'s, and the final state returned is the whole stack with that layer's state written in place (the other
     layers' blocks are neither read nor written: no copy of the stack, one kernel for every layer).
-    stash: None, or (with layer) the replay's input stacks (k [L, B, T, H, Kp], v [L, B, T, HV, Vp], g and beta
-    [L, B, T, HV], the inputs' dtypes): returned last, with layer layer[0]'s rows replaced by this call's k, v, g,
-    beta (written in place: the other layers' rows are untouched).
 
     Returns o [B, T, HV, Vp] (v.dtype), final state [B, HV, Kp, Vp] fp32 (written over s0's buffer: each
     program reads its block before writing it; XLA copies s0 first where the caller still needs it) or
@@ -261,20 +227,6 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     if has_s0:
         in_specs.append(state_spec)
         args.append(s0)
-    state_arg = len(args) - 1
-    stash_specs = []
-    if stash is not None:
-        if not stacked:
-            raise ValueError("recurrent_fwd: the replay's input stash needs the layer index (stacked states)")
-        n_layers = stash[0].shape[0]
-        stash_specs = [
-            pl.BlockSpec((n_layers, None, t, None, kp), lambda i, j: (0, i // hv, 0, (i % hv) // group, 0)),
-            pl.BlockSpec((n_layers, None, t, None, bv), lambda i, j: (0, i // hv, 0, i % hv, j)),
-            pl.BlockSpec((n_layers, None, t, None), lambda i, j: (0, i // hv, 0, i % hv)),
-            pl.BlockSpec((n_layers, None, t, None), lambda i, j: (0, i // hv, 0, i % hv))]
-        first_stash = len(args)
-        in_specs += stash_specs
-        args += list(stash)
     out_specs = [val_spec] + ([state_spec] if want_state else [])
     out_shape = [jax.ShapeDtypeStruct((b, t, hv, vp), v.dtype)]
     if want_state:
@@ -282,23 +234,18 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     # The final state over s0's buffer: in the decode loop the state is carried in place, where a separate
     # output cost a 2 MiB copy per GDN layer and token at the 9B shape (24 `memcpy128`, 55 us per token:
     # benchmarks/results/kernel_profile_qwen35_9b_random_profile.md).
-    aliases = {state_arg: 1} if has_s0 and want_state else {}
+    aliases = {len(args) - 1: 1} if has_s0 and want_state else {}
     if want_vnew:
         out_specs.append(val_spec)
         out_shape.append(jax.ShapeDtypeStruct((b, t, hv, vp), F32))
     if want_states:
         out_specs.append(pl.BlockSpec((None, t, None, kp, bv), lambda i, j: (i // hv, 0, i % hv, 0, j)))
         out_shape.append(jax.ShapeDtypeStruct((b, t, hv, kp, vp), F32))
-    if stash is not None:
-        aliases.update({first_stash + i: len(out_shape) + i for i in range(4)})
-        out_specs += stash_specs
-        out_shape += [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in stash]
     outs = pl.pallas_call(
         functools.partial(_recurrent_kernel, n_steps=t, scale=scale, has_s0=has_s0, want_vnew=want_vnew,
                           want_states=want_states, l2norm=l2norm, replay=False, n_heads=hv,
                           preload=_preload(preload, t), counted=counts is not None,
-                          unroll=_unroll(t, interpret), want_state=want_state, stacked=stacked,
-                          stash_group=group if stash is not None else 0),
+                          unroll=_unroll(t, interpret), want_state=want_state, stacked=stacked),
         grid=(b * hv, nv),
         in_specs=in_specs,
         out_specs=out_specs,
@@ -313,7 +260,7 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     final = outs.pop(0) if want_state else None
     u = outs.pop(0) if want_vnew else None
     states = outs.pop(0) if want_states else None
-    return o, final, u, states, (tuple(outs) if stash is not None else None)
+    return o, final, u, states
 
 
 def replay_fwd(k, v, g, beta, s0, counts, *, l2norm, block_v, interpret, num_warps=1, num_stages=2, preload=None):
