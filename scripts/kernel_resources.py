@@ -2,7 +2,7 @@
 Triton IR here (a cross-platform lowering for "cuda" with a stand-in sm_90 device), compiled by the local Triton
 and `ptxas -v`. What a device profile cannot show: whether a kernel spills, and how large its unrolled code is.
 
-    python scripts/kernel_resources.py --rows 1,9,17 [--kernels verify,stacked,replay] [--unroll-max 64]
+    python scripts/kernel_resources.py --rows 1,9,17 [--kernels verify,verify-stash,stacked,replay] [--unroll-max 64]
 
 Needs `triton` importable and `ptxas` on PATH (both are on the development machine; the GPU machine's bundled
 Triton may differ). Shapes: Qwen3.5-9B's GDN layer (H 16, HV 32, K = V = 128), bf16, block_v 8, 1 warp.
@@ -24,8 +24,9 @@ import jax.numpy as jnp  # noqa: E402
 
 
 def lower_to_ttir(kernel: str, t: int) -> str:
-    """Triton IR of the recurrent ("verify": outputs only, as under replay rollback; "stacked": a counted step that
-    reads and writes its layer of the stack of 24 layers' states) or replay kernel at T = t."""
+    """Triton IR of the recurrent ("verify": outputs only, as under replay rollback; "verify-stash": the same, also
+    copying its inputs into the replay's stacks of 24 layers; "stacked": a counted step that reads and writes its layer
+    of the stack of 24 layers' states) or replay kernel at T = t."""
     import jax._src.pallas.triton.pallas_call_registration as registration
     from pallas_kernels.gated_delta import recurrent_kernel as rk
 
@@ -54,6 +55,15 @@ def lower_to_ttir(kernel: str, t: int) -> str:
                 q, k, v, g, be, s0, scale=k_dim ** -0.5, l2norm=True, want_vnew=False, want_states=False, block_v=8,
                 interpret=False, counts=n, layer=layer)
             args = (keys, keys, values, gates, betas, stack, counts, sds((1,), jnp.int32))
+        elif kernel == "verify-stash":  # a verification under replay rollback: outputs only, its inputs copied
+            # into the replay's stacks of 24 layers
+            stack = sds((24, b, hv, k_dim, v_dim), jnp.float32)
+            stash = (sds((24,) + keys.shape, bf), sds((24,) + values.shape, bf), sds((24,) + gates.shape, jnp.float32),
+                     sds((24,) + betas.shape, bf))
+            fn = lambda q, k, v, g, be, s0, layer, stash: rk.recurrent_fwd(
+                q, k, v, g, be, s0, scale=k_dim ** -0.5, l2norm=True, want_vnew=False, want_states=False, block_v=8,
+                interpret=False, want_state=False, layer=layer, stash=stash)
+            args = (keys, keys, values, gates, betas, stack, sds((1,), jnp.int32), stash)
         elif kernel == "replay":
             fn = lambda k, v, g, be, s0, n: rk.replay_fwd(k, v, g, be, s0, n, l2norm=True, block_v=8, interpret=False)
             args = (keys, values, gates, betas, state, counts)

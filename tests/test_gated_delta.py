@@ -253,6 +253,49 @@ def test_stacked_states_run_one_layer_in_place(impl):
         gd.fused_recurrent_gated_delta_rule(*args, initial_state=x["s0"], state_layer=0, **_kw(impl))
 
 
+@pytest.mark.parametrize("impl", ["reference", "pallas"])
+def test_replay_inputs_are_copied_into_their_layers_rows(impl):
+    """With `replay_inputs` (the replay rollback's stacks of every layer's k, v, g, beta) a stacked-state call returns
+    the stacks with its own inputs, as given, in layer `state_layer`'s rows and every other row untouched; its
+    outputs and state are those of the call without them; one compilation serves every layer; the replay of those
+    stacks as L * B batch rows gives each layer its own replay's bits. Bad stacks are one clear error."""
+    from specdec_jax.models import qwen35
+    b, t, h, hv, k_dim, v_dim, n_layers = 2, 3, 1, 2, 16, 16, 3
+    x = make_inputs(b, t, h, hv, k_dim, v_dim, jnp.bfloat16, seed=43, normalize_k=False)
+    args = (x["q"], x["k"], x["v"], x["g"].astype(jnp.float32), x["beta"])
+    stack = jnp.stack([x["s0"] * (1 + 0.5 * i) for i in range(n_layers)])
+    filler = tuple(jnp.full((n_layers,) + a.shape, 7, a.dtype) for a in args[1:])
+    for options in (dict(output_final_state=False), dict(state_steps=jnp.asarray([1, 3], jnp.int32))):
+        op = functools.partial(gd.fused_recurrent_gated_delta_rule, *args, use_qk_l2norm=True, **_kw(impl), **options)
+        with_stash = jax.jit(lambda s, st, layer: op(initial_state=s, state_layer=layer, replay_inputs=st))
+        without = jax.jit(lambda s, layer: op(initial_state=s, state_layer=layer))
+        compiled = []
+        for layer in (0, 2, 1):
+            got, want = with_stash(stack, filler, jnp.int32(layer)), without(stack, jnp.int32(layer))
+            np.testing.assert_array_equal(np.asarray(got.o, np.float32), np.asarray(want.o, np.float32))
+            if want.final_state is not None:
+                np.testing.assert_array_equal(np.asarray(got.final_state), np.asarray(want.final_state))
+            for name, st, a, fill in zip("kvgb", got.replay_inputs, args[1:], filler):
+                assert st.dtype == a.dtype, name
+                np.testing.assert_array_equal(np.asarray(st, np.float32),
+                                              np.asarray(fill.at[layer].set(a), np.float32), err_msg=name)
+            compiled.append(with_stash._cache_size())
+        # (interpret mode's first call of pl.when changes JAX's tracing context once: one retrace, then none)
+        assert compiled[2] == compiled[1], "the layer index must be traced: one compilation for every layer"
+    stacks = tuple(jnp.stack([a * (1 + 0.25 * i) for i in range(n_layers)]).astype(a.dtype) for a in args[1:])
+    n = jnp.asarray([1, 3], jnp.int32)
+    replay = functools.partial(gd.replay_state, use_qk_l2norm=True, **_kw(impl))
+    got = jax.jit(lambda s, st: qwen35.stacked_state_rule(None, replay, s, st, n))(stack, stacks)
+    for i in range(n_layers):
+        want = jax.jit(replay)(stack[i], *(st[i] for st in stacks), n)
+        np.testing.assert_array_equal(np.asarray(got[i]), np.asarray(want), err_msg=f"layer {i}")
+    with pytest.raises(ValueError, match=r"replay_inputs v must be \[L, \*v.shape\]"):
+        gd.fused_recurrent_gated_delta_rule(*args, initial_state=stack, state_layer=0, **_kw(impl),
+                                            replay_inputs=(filler[0], filler[1][:, :, :2]) + filler[2:])
+    with pytest.raises(ValueError, match="replay_inputs needs state_layer"):
+        gd.fused_recurrent_gated_delta_rule(*args, initial_state=x["s0"], **_kw(impl), replay_inputs=filler)
+
+
 @pytest.mark.parametrize("rule", ["replay", "pseudo"])
 def test_commit_of_every_layer_in_one_call_equals_one_call_per_layer(rule):
     """qwen35.stacked_state_rule: the commit of L layers as L * B batch rows of one call (one kernel launch on the

@@ -126,7 +126,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, 
 def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None,
                                      output_final_state=True, return_pseudo_values=False,
                                      return_all_states=False, use_qk_l2norm=False, implementation="auto",
-                                     interpret=False, state_steps=None, state_layer=None) -> GatedDeltaOutput:
+                                     interpret=False, state_steps=None, state_layer=None,
+                                     replay_inputs=None) -> GatedDeltaOutput:
     """Step recurrence for small T (decode, chain verification) from an initial state.
 
     Rollback modes: `return_all_states` (one state snapshot per position, the baseline) or
@@ -137,6 +138,10 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
     [L, B, HV, K, V], the run starts from that layer's, and `final_state` is the stack with that layer's state
     replaced (the Pallas kernel reads and writes that layer's blocks in place: a model keeps its GDN states in
     one array, so that a commit can replay every layer in one launch).
+    `replay_inputs` (with `state_layer`) or None: stacks (k, v, g, beta) of every layer's inputs [L, B, T, ...]
+    (reference.check_replay_inputs_stack); the output's `replay_inputs` are those stacks with this call's inputs in
+    layer `state_layer`'s rows (the Pallas kernel copies them in place as it reads them), so that a commit replays
+    every layer from them in one launch with nothing stacked first.
     """
     impl = _resolve(implementation, "recurrent")
     kwargs = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
@@ -144,12 +149,17 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
                   use_qk_l2norm=use_qk_l2norm, state_steps=state_steps)
     if impl in ("reference", "naive"):
         if state_layer is None:
+            if replay_inputs is not None:
+                raise ValueError("gated_delta: replay_inputs needs state_layer (a stack of layers' states)")
             return reference.naive_recurrent_gated_delta_rule(q, k, v, g, beta, **kwargs)
         reference.check_stacked_state(initial_state, state_layer, check_gated_delta_inputs(q, k, v, g, beta))
+        if replay_inputs is not None:
+            reference.check_replay_inputs_stack(replay_inputs, (q, k, v, g, beta), initial_state.shape[0])
         return reference.stacked_rule(reference.naive_recurrent_gated_delta_rule, q, k, v, g, beta,
-                                      state_layer=state_layer, **kwargs)
+                                      state_layer=state_layer, replay_inputs=replay_inputs, **kwargs)
     return _pallas_module().fused_recurrent_gated_delta_rule(q, k, v, g, beta, interpret=_interpret(interpret),
-                                                             state_layer=state_layer, **kwargs)
+                                                             state_layer=state_layer, replay_inputs=replay_inputs,
+                                                             **kwargs)
 
 
 def commit_state(initial_state, k, g, v_new, n_accepted, *, use_qk_l2norm=False, implementation="auto",

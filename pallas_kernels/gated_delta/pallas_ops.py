@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from . import chunk_kernel, commit_kernel, recurrent_kernel
 from ._kernel_utils import F32, check_block_v, dot_precisions, is_low_precision, next_pow2, pad_axis
 from .reference import (GatedDeltaOutput, check_accepted_counts, check_commit_inputs, check_gated_delta_inputs,
+                        check_replay_inputs_stack,
                         check_replay_inputs, check_stacked_state, compensated_cumsum)
 
 CHUNK = chunk_kernel.CHUNK
@@ -112,7 +113,7 @@ def _use_mosaic(backend, k_dim, v_dim, hv, block_v, return_all_states) -> bool:
 @functools.partial(jax.jit, static_argnames=("scale", "output_final_state", "return_pseudo_values",
                                              "return_all_states", "use_qk_l2norm", "interpret", "block_v",
                                              "num_warps", "backend", "preload"))
-def _recurrent(q, k, v, g, beta, initial_state, state_steps, state_layer, *, scale, output_final_state,
+def _recurrent(q, k, v, g, beta, initial_state, state_steps, state_layer, stash, *, scale, output_final_state,
                return_pseudo_values, return_all_states, use_qk_l2norm, interpret, block_v, num_warps, backend, preload):
     stacked = state_layer is not None
     b, _, _, hv, k_dim, v_dim = check_gated_delta_inputs(q, k, v, g, beta, None if stacked else initial_state)
@@ -125,7 +126,7 @@ def _recurrent(q, k, v, g, beta, initial_state, state_steps, state_layer, *, sca
         counts = jnp.broadcast_to(jnp.asarray(state_steps, jnp.int32).reshape(-1), (b,))
         counts = pad_axis(counts, 0, next_pow2(b, 1))  # Triton blocks are powers of two
         backend = "triton"
-    if _use_mosaic(backend, k_dim, v_dim, hv, block_v, return_all_states):
+    if _use_mosaic(backend, k_dim, v_dim, hv, block_v, return_all_states) and stash is None:
         from . import recurrent_mgpu
         s0 = (jnp.zeros((b, hv, k_dim, v_dim), F32) if initial_state is None else initial_state.astype(F32))
         o, final, u = recurrent_mgpu.recurrent_fwd_mgpu(q, k, v, g, beta, s0, scale=scale, l2norm=use_qk_l2norm,
@@ -136,23 +137,29 @@ def _recurrent(q, k, v, g, beta, initial_state, state_steps, state_layer, *, sca
             g_cumsum=jnp.cumsum(g.astype(F32), axis=1) if return_pseudo_values else None)
     kp, vp = next_pow2(k_dim), next_pow2(v_dim)
     q, k, v, s0 = _pad_kv(q, k, v, initial_state, kp, vp)
-    o, final, u, states = recurrent_kernel.recurrent_fwd(
+    if stash is not None:  # keys and values padded as the kernel reads them (a copy only where K, V are not 2^n)
+        stash = (pad_axis(stash[0], 4, kp), pad_axis(stash[1], 4, vp)) + tuple(stash[2:])
+    o, final, u, states, stash = recurrent_kernel.recurrent_fwd(
         q, k, v, g, beta, s0, scale=scale, l2norm=use_qk_l2norm, want_vnew=return_pseudo_values,
         want_states=return_all_states, block_v=block_v, interpret=interpret, num_warps=num_warps, preload=preload,
-        counts=counts, want_state=output_final_state, layer=layer)
+        counts=counts, want_state=output_final_state, layer=layer, stash=stash)
+    if stash is not None:
+        stash = (stash[0][..., :k_dim], stash[1][..., :v_dim]) + tuple(stash[2:])
     return GatedDeltaOutput(
         o=o[..., :v_dim],
         final_state=final[..., :k_dim, :v_dim] if output_final_state else None,
         v_new=u[..., :v_dim] if return_pseudo_values else None,
         g_cumsum=jnp.cumsum(g.astype(F32), axis=1) if return_pseudo_values else None,
         all_states=states[..., :k_dim, :v_dim] if return_all_states else None,
+        replay_inputs=stash,
     )
 
 
 def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=True,
                                      return_pseudo_values=False, return_all_states=False, use_qk_l2norm=False,
                                      interpret=False, block_v=8, num_warps=1, backend="triton",
-                                     preload=None, state_steps=None, state_layer=None) -> GatedDeltaOutput:
+                                     preload=None, state_steps=None, state_layer=None,
+                                     replay_inputs=None) -> GatedDeltaOutput:
     """Step recurrence for small T (decode, chain verification) from an initial state, Pallas kernel.
 
     Shapes as `chunk_gated_delta_rule`. Rollback modes: `return_pseudo_values` (v_new = u_t and
@@ -166,14 +173,22 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
     `state_layer` (int, or a traced int32 scalar) or None: `initial_state` is a stack of layers' states
     [L, B, HV, K, V]; the run starts from layer `state_layer`'s and `final_state` is the stack with that layer's
     state replaced, written in place (reference.check_stacked_state).
+    `replay_inputs` (with `state_layer`) or None: the stacks reference.check_replay_inputs_stack describes; the kernel
+    copies this call's k, v, g, beta into layer `state_layer`'s rows, in place (output field `replay_inputs`).
     """
     if state_layer is None:
         check_gated_delta_inputs(q, k, v, g, beta, initial_state)
+        if replay_inputs is not None:
+            raise ValueError("gated_delta: replay_inputs needs state_layer (a stack of layers' states)")
     else:
-        check_stacked_state(initial_state, state_layer, check_gated_delta_inputs(q, k, v, g, beta))
+        shapes = check_gated_delta_inputs(q, k, v, g, beta)
+        check_stacked_state(initial_state, state_layer, shapes)
+        if replay_inputs is not None:
+            check_replay_inputs_stack(replay_inputs, (q, k, v, g, beta), initial_state.shape[0])
     if state_steps is not None:
         check_accepted_counts(state_steps, q.shape[0], q.shape[1], name="state_steps")
-    return _recurrent(q, k, v, g, beta, initial_state, state_steps, state_layer, scale=_scale(scale, q.shape[-1]),
+    return _recurrent(q, k, v, g, beta, initial_state, state_steps, state_layer,
+                      None if replay_inputs is None else tuple(replay_inputs), scale=_scale(scale, q.shape[-1]),
                       output_final_state=output_final_state, return_pseudo_values=return_pseudo_values,
                       return_all_states=return_all_states, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
                       block_v=check_block_v(block_v), num_warps=num_warps, backend=backend, preload=preload)

@@ -92,9 +92,12 @@ def gated_delta_step(state, k, v, g, beta):
 
 
 def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2norm, unroll, replay, n_heads,
-                      preload, counted=False, want_state=True, stacked=False):
+                      preload, counted=False, want_state=True, stacked=False, stash_group=0):
     """want_state: False when no final state is written (outputs only). stacked: the state refs hold every layer's
-    block [L, K, BV]; a layer index ref (after the counts) says which one this call reads and writes."""
+    block [L, K, BV]; a layer index ref (after the counts) says which one this call reads and writes.
+    stash_group > 0 (with stacked): four more refs after the state's, the replay inputs of every layer (k [L, T, Kp],
+    v [L, T, BV], g and beta [L, T]); this call copies its own inputs into layer `layer`'s rows (stash_group: value
+    heads per key head, so one program of each key head writes the keys)."""
     n_valid = None
     if replay or counted:
         n_ref, refs = refs[0], refs[1:]
@@ -114,28 +117,38 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         q_ref, k_ref, v_ref, g_ref, beta_ref = refs[:5]
         rest = list(refs[5:])
         s0_ref = rest.pop(0) if has_s0 else None
+        if stash_group:
+            del rest[:4]  # the stash's input buffers: aliased to its outputs below, never read
         o_ref = rest.pop(0)
         st_ref = rest.pop(0) if want_state else None
         vnew_ref = rest.pop(0) if want_vnew else None
         states_ref = rest.pop(0) if want_states else None
+    stash_row = None
+    if stash_group:
+        # Which stacks this program writes, decided here: program ids are not read inside a loop body (interpret
+        # mode cannot lower them there).
+        first_block = pl.program_id(1) == 0
+        key_writer = first_block & ((pl.program_id(0) % n_heads) % stash_group == 0)
+        stash_row = functools.partial(_stash_row, rest, layer, first_block, key_writer)
     kdim, bv = k_ref.shape[-1], v_ref.shape[-1]
     if s0_ref is None:
         state = jnp.zeros((kdim, bv), F32)
     else:
         state = (s0_ref[layer] if stacked else s0_ref[...]).astype(F32)
 
-    def load(t):  # position t's inputs; none depends on the state
-        k = k_ref[t, :].astype(F32)  # [K]
+    def load(t):  # position t's inputs (none depends on the state), and as read when they are to be stashed
+        raw = (k_ref[t, :], v_ref[t, :], g_ref[t], beta_ref[t])
+        k = raw[0].astype(F32)  # [K]
         q = None if replay else q_ref[t, :].astype(F32)  # [K]
         if l2norm:
             k = l2norm_vec(k)
             q = None if replay else l2norm_vec(q)
-        return q, k, v_ref[t, :].astype(F32), g_ref[t].astype(F32), beta_ref[t].astype(F32)
+        return q, k, raw[1].astype(F32), raw[2].astype(F32), raw[3].astype(F32), raw if stash_row else None
 
     skip = replay and _skip_unkept()
 
     def step(t, state, x):  # state [K, BV] fp32
-        q, k, v, g, beta = x
+        q, k, v, g, beta = x[:5]
         new, u = gated_delta_step(state, k, v, g, beta)
         if not replay:
             o_ref[t, :] = jnp.sum(new * (q * scale)[:, None], axis=0).astype(o_ref.dtype)
@@ -160,23 +173,50 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         for t in range(n_steps):
             state = kept(t, state, xs[t])
     elif unroll:
+        xs = []
         for t in range(n_steps):
-            state = kept(t, state, load(t))
+            xs.append(load(t))
+            state = kept(t, state, xs[-1])
     else:
         # One step's code in a loop; the next position's inputs are loaded before this step's update, so their
         # latency overlaps it (the arithmetic is the unrolled form's). The replay's loop ends at n_valid.
         def body(t, carry):
             state, x = carry
             x_next = load(jnp.minimum(t + 1, n_steps - 1))
-            return step(t, state, x), x_next
+            state = step(t, state, x)
+            if stash_row:  # after the step: stores issued behind it, from values already held
+                stash_row(t, x[5])
+            return state, x_next
 
         upper = jnp.clip(n_valid, 0, n_steps) if skip else n_steps
         state, _ = lax.fori_loop(0, upper, body, (state, load(0)))
+        xs = []
     if st_ref is not None:
         if stacked:
             st_ref[layer] = state
         else:
             st_ref[...] = state
+    if stash_row:
+        # After the chain, from the values the loads above brought in: stores only. (Loading them again before the
+        # chain, as a first form did, put a load's latency and three branches ahead of it: +5-10 us per 9B layer,
+        # kernel_profile_qwen35_9b_random_stash_profile.md.)
+        for t, x in enumerate(xs):
+            stash_row(t, x[5])
+
+
+def _stash_row(stash_refs, layer, first_block, key_writer, t, raw) -> None:
+    """Store position t's inputs `raw` = (k [Kp], v [BV], g, beta), as read, into layer `layer` of the replay's input
+    stacks: values by every program (its own block), gates by the first value block of each head, keys by the first
+    value head of each key head (the programs sharing a block hold the same values; one writes). Stores only: the
+    arithmetic is untouched, and a commit replays every layer from these stacks in one launch without stacking 24
+    layers' inputs first (16-21 us per 9B step: kernel_profile_qwen35_9b_random_convstack_profile.md)."""
+    ks_ref, vs_ref, gs_ref, bs_ref = stash_refs[-4:]
+    k, v, g, beta = raw
+    vs_ref[layer, t, :] = v
+    # Masked stores, not branches: straight-line code after the chain.
+    plt.store(gs_ref.at[layer, t], g, mask=first_block)
+    plt.store(bs_ref.at[layer, t], beta, mask=first_block)
+    plt.store(ks_ref.at[layer, t, :], k, mask=jnp.broadcast_to(key_writer, k.shape))
 
 
 def _block_specs(t: int, hv: int, group: int, kp: int, bv: int):
@@ -191,7 +231,7 @@ def _block_specs(t: int, hv: int, group: int, kp: int, bv: int):
 
 
 def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states, block_v, interpret,
-                  num_warps=1, num_stages=2, preload=None, counts=None, want_state=True, layer=None):
+                  num_warps=1, num_stages=2, preload=None, counts=None, want_state=True, layer=None, stash=None):
     """q, k [B, T, H, Kp]; v [B, T, HV, Vp]; g, beta [B, T, HV]; s0 [B, HV, Kp, Vp] fp32 or None;
     counts [Bp] int32 (Bp >= B a power of two) or None: the final state is the state after counts[b]
     positions (None: after all T). want_state: False writes no final state (a verification whose commit
@@ -199,6 +239,9 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     layer: None, or int32 [1]: s0 is then the stack of every layer's state [L, B, HV, Kp, Vp], the run starts from
     layer[0]'s, and the final state returned is the whole stack with that layer's state written in place (the other
     layers' blocks are neither read nor written: no copy of the stack, one kernel for every layer).
+    stash: None, or (with layer) the replay's input stacks (k [L, B, T, H, Kp], v [L, B, T, HV, Vp], g and beta
+    [L, B, T, HV], the inputs' dtypes): returned last, with layer layer[0]'s rows replaced by this call's k, v, g,
+    beta (written in place: the other layers' rows are untouched).
 
     Returns o [B, T, HV, Vp] (v.dtype), final state [B, HV, Kp, Vp] fp32 (written over s0's buffer: each
     program reads its block before writing it; XLA copies s0 first where the caller still needs it) or
@@ -227,6 +270,20 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     if has_s0:
         in_specs.append(state_spec)
         args.append(s0)
+    state_arg = len(args) - 1
+    stash_specs = []
+    if stash is not None:
+        if not stacked:
+            raise ValueError("recurrent_fwd: the replay's input stash needs the layer index (stacked states)")
+        n_layers = stash[0].shape[0]
+        stash_specs = [
+            pl.BlockSpec((n_layers, None, t, None, kp), lambda i, j: (0, i // hv, 0, (i % hv) // group, 0)),
+            pl.BlockSpec((n_layers, None, t, None, bv), lambda i, j: (0, i // hv, 0, i % hv, j)),
+            pl.BlockSpec((n_layers, None, t, None), lambda i, j: (0, i // hv, 0, i % hv)),
+            pl.BlockSpec((n_layers, None, t, None), lambda i, j: (0, i // hv, 0, i % hv))]
+        first_stash = len(args)
+        in_specs += stash_specs
+        args += list(stash)
     out_specs = [val_spec] + ([state_spec] if want_state else [])
     out_shape = [jax.ShapeDtypeStruct((b, t, hv, vp), v.dtype)]
     if want_state:
@@ -234,18 +291,23 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     # The final state over s0's buffer: in the decode loop the state is carried in place, where a separate
     # output cost a 2 MiB copy per GDN layer and token at the 9B shape (24 `memcpy128`, 55 us per token:
     # benchmarks/results/kernel_profile_qwen35_9b_random_profile.md).
-    aliases = {len(args) - 1: 1} if has_s0 and want_state else {}
+    aliases = {state_arg: 1} if has_s0 and want_state else {}
     if want_vnew:
         out_specs.append(val_spec)
         out_shape.append(jax.ShapeDtypeStruct((b, t, hv, vp), F32))
     if want_states:
         out_specs.append(pl.BlockSpec((None, t, None, kp, bv), lambda i, j: (i // hv, 0, i % hv, 0, j)))
         out_shape.append(jax.ShapeDtypeStruct((b, t, hv, kp, vp), F32))
+    if stash is not None:
+        aliases.update({first_stash + i: len(out_shape) + i for i in range(4)})
+        out_specs += stash_specs
+        out_shape += [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in stash]
     outs = pl.pallas_call(
         functools.partial(_recurrent_kernel, n_steps=t, scale=scale, has_s0=has_s0, want_vnew=want_vnew,
                           want_states=want_states, l2norm=l2norm, replay=False, n_heads=hv,
                           preload=_preload(preload, t), counted=counts is not None,
-                          unroll=_unroll(t, interpret), want_state=want_state, stacked=stacked),
+                          unroll=_unroll(t, interpret), want_state=want_state, stacked=stacked,
+                          stash_group=group if stash is not None else 0),
         grid=(b * hv, nv),
         in_specs=in_specs,
         out_specs=out_specs,
@@ -260,7 +322,7 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     final = outs.pop(0) if want_state else None
     u = outs.pop(0) if want_vnew else None
     states = outs.pop(0) if want_states else None
-    return o, final, u, states
+    return o, final, u, states, (tuple(outs) if stash is not None else None)
 
 
 def replay_fwd(k, v, g, beta, s0, counts, *, l2norm, block_v, interpret, num_warps=1, num_stages=2, preload=None):

@@ -41,6 +41,8 @@ class GatedDeltaOutput(NamedTuple):
     v_new: jax.Array | None = None  # [B, T, HV, V] float32 pseudo-values u_t
     g_cumsum: jax.Array | None = None  # [B, T, HV] float32 cumulative gates from the start
     all_states: jax.Array | None = None  # [B, T, HV, K, V] float32 per-position snapshots
+    # (k, v, g, beta) stacks [L, B, T, ...] with this call's inputs in its layer's rows (see check_replay_inputs_stack)
+    replay_inputs: tuple | None = None
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
@@ -147,12 +149,32 @@ def check_stacked_state(states, layer, shapes: tuple[int, int, int, int, int, in
                          f"dtype {jnp.result_type(layer)}")
 
 
-def stacked_rule(rule, q, k, v, g, beta, *, initial_state, state_layer, **kwargs) -> GatedDeltaOutput:
+def check_replay_inputs_stack(stacks, inputs: tuple, n_layers: int) -> None:
+    """The replay's input stacks (k [L, B, T, H, K], v [L, B, T, HV, V], g [L, B, T, HV], beta [L, B, T, HV], each in
+    the dtype of the input it holds) for a recurrent call on inputs (q, k, v, g, beta) with a stack of L states.
+    Raises ValueError naming the bad stack."""
+    if not isinstance(stacks, (tuple, list)) or len(stacks) != 4:
+        raise ValueError("gated_delta: replay_inputs must be a tuple (k, v, g, beta) of stacks [L, B, T, ...]; got "
+                         f"{type(stacks).__name__}")
+    for name, stack, x in zip(("k", "v", "g", "beta"), stacks, inputs[1:]):
+        want = (n_layers,) + tuple(x.shape)
+        if tuple(stack.shape) != want or stack.dtype != x.dtype:
+            raise ValueError(f"gated_delta: replay_inputs {name} must be [L, *{name}.shape] = {list(want)} in "
+                             f"{jnp.dtype(x.dtype).name}; got {list(stack.shape)} {jnp.dtype(stack.dtype).name}")
+
+
+def stacked_rule(rule, q, k, v, g, beta, *, initial_state, state_layer, replay_inputs=None,
+                 **kwargs) -> GatedDeltaOutput:
     """`rule` (a recurrent op of one state) run from layer `state_layer` of the stack `initial_state`
-    [L, B, HV, K, V]; final_state is the stack with that layer's state replaced (None if not asked for)."""
+    [L, B, HV, K, V]; final_state is the stack with that layer's state replaced (None if not asked for), and
+    replay_inputs (None, or the stacks of check_replay_inputs_stack) those stacks with this call's k, v, g, beta in
+    that layer's rows."""
     layer = jnp.asarray(state_layer, jnp.int32).reshape(())
     s0 = lax.dynamic_index_in_dim(initial_state, layer, axis=0, keepdims=False)
     out = rule(q, k, v, g, beta, initial_state=s0, **kwargs)
+    if replay_inputs is not None:
+        out = out._replace(replay_inputs=tuple(lax.dynamic_update_index_in_dim(stack, x, layer, axis=0)
+                                               for stack, x in zip(replay_inputs, (k, v, g, beta))))
     if out.final_state is None:
         return out
     return out._replace(final_state=lax.dynamic_update_index_in_dim(

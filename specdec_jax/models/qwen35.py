@@ -182,7 +182,7 @@ def stacked_conv_windows_at(windows: list, n: jax.Array, width: int) -> jax.Arra
 
 
 def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, rec_states: jax.Array, slot: int,
-              impl: str, collect, n_valid=None, live_rows=None):
+              impl: str, collect, n_valid=None, live_rows=None, replay_inputs=None):
     """Gated DeltaNet token mixer. x [B, T, D] -> out [B, T, D], new conv state, new recurrent states, extras.
 
     rec_states: every GDN layer's state [n_gdn, B, HV, K, V]; this layer's is rec_states[slot]. The step kernel
@@ -190,7 +190,9 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
 
     n_valid [B] or None: rows past it are padding (decode shape); the new states are those after n_valid.
     live_rows (static, with n_valid) or None: no valid row lies past the first live_rows, so the recurrence
-    runs on those only and the rest get a zero GDN output (see `forward`)."""
+    runs on those only and the rest get a zero GDN output (see `forward`).
+    replay_inputs: under replay rollback on one device, the (k, v, g, beta) stacks [n_gdn, B, T, ...] of the layers
+    before (None: created here), returned in extras with this layer's rows copied in by the step kernel."""
     B, T, _ = x.shape
     HV, V, W = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
     qkv, z, b, a = gdn_projections(p, cfg, x)
@@ -228,9 +230,13 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         raise ValueError(f"{collect or 'a decode-shape forward'} runs at most {MAX_RECURRENT_VERIFY} positions "
                          f"through the step recurrence; got T={T}")
     recurrent = gated_delta.fused_recurrent_gated_delta_rule
+    if skip_state and replay_inputs is None:  # the first GDN layer: the stacks every layer's inputs are copied into
+        replay_inputs = tuple(jnp.zeros((rec_states.shape[0],) + t.shape, t.dtype) for t in (k, v, g, beta))
 
     def run(rule, state_steps=None, **options):  # -> (result, the states after it)
         if rule is recurrent and cfg.mesh is None:
+            if skip_state:
+                options["replay_inputs"] = replay_inputs
             res = gdn_rule(cfg, rule, q, k, v, g, beta, rec_states, state_steps, state_layer=slot, **options)
             return res, rec_states if res.final_state is None else res.final_state
         res = gdn_rule(cfg, rule, q, k, v, g, beta, rec_states[slot], state_steps, **options)
@@ -259,8 +265,10 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
     o = L.gated_rms_norm(o.astype(x.dtype), z, p["norm"], cfg.rms_norm_eps)  # [B, T, HV, V]
     out = L.linear(o.reshape(B, T, HV * V), p["out_proj"])
     extras = {}
-    if replay:  # what the step needs to run again: keys (normalised in the kernel), values, gates
-        extras = {"k": k, "v": v, "g": g, "beta": beta, "conv_window": window}
+    if replay:  # what the step needs to run again: keys (normalised in the kernel), values, gates; on one device
+        # every layer's so far, stacked by the step kernel
+        extras = ({"replay_inputs": res.replay_inputs} if res.replay_inputs is not None
+                  else {"k": k, "v": v, "g": g, "beta": beta}) | {"conv_window": window}
     elif collect:
         extras = {"k": k, "g": g, "v_new": res.v_new, "conv_window": window}
         if snapshots:
@@ -377,7 +385,7 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     mask = L.causal_cache_mask(positions, state.max_len) if state.keys else None
     keys, values = list(state.keys), list(state.values)
     conv, rec = state.conv, state.recurrent
-    gdn_extras, deltas = [], []
+    gdn_extras, deltas, replay_inputs = [], [], None
     for i, layer_type in enumerate(cfg.layer_types):
         if i in skip:
             if skip_deltas is not None:
@@ -392,8 +400,10 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
                                                           positions, mask)
         else:
             h, new_conv, rec, ex = gdn_mixer(p["mixer"], cfg, h, conv[slot], rec, slot, impl,
-                                             None if collect == "hidden" else collect, n_valid, live_rows)
+                                             None if collect == "hidden" else collect, n_valid, live_rows,
+                                             replay_inputs)
             conv = conv.at[slot].set(new_conv)
+            replay_inputs = ex.pop("replay_inputs", replay_inputs)
             gdn_extras.append(ex)
         x = x + h
         x = x + mlp(p["mlp"], cfg, L.rms_norm(x, p["post_norm"], cfg.rms_norm_eps, zero_centered=True))
@@ -406,6 +416,8 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     new_state = Qwen35State(keys=tuple(keys), values=tuple(values), conv=conv, recurrent=rec,
                             length=state.length + (T if n_valid is None else n_valid))
     extras = {"gdn": gdn_extras, "hidden": hidden} if collect else {}
+    if replay_inputs is not None:  # (k, v, g, beta) [n_gdn, B, T, ...]: every GDN layer's, for the replay commit
+        extras["replay_inputs"] = replay_inputs
     if record:
         extras["deltas"] = jnp.stack(deltas, axis=2)  # [B, T, len(record), D]
     return logits, new_state, extras
@@ -432,11 +444,13 @@ def decode_step(params, cfg, state, token_ids, impl="auto"):
 
 def stacked_state_rule(mesh, rule, states, per_layer: tuple, n: jax.Array, **options) -> jax.Array:
     """A commit rule (gated_delta.replay_state or commit_state) applied to every GDN layer in ONE call: states
-    [L, B, HV, K, V], per_layer a tuple of per-token inputs, each a list of L arrays [B, T, ...], counts n [B].
-    The layers become batch rows (L * B: the kernels' programs are per batch row and head, so each row runs
-    the arithmetic it runs alone, and the bits are those of one call per layer). Returns [L, B, HV, K, V]."""
+    [L, B, HV, K, V], per_layer a tuple of per-token inputs, each a list of L arrays [B, T, ...] or one stack
+    [L, B, T, ...], counts n [B]. The layers become batch rows (L * B: the kernels' programs are per batch row and
+    head, so each row runs the arithmetic it runs alone, and the bits are those of one call per layer). Returns
+    [L, B, HV, K, V]."""
     n_layers, batch = states.shape[:2]
-    merged = tuple(jnp.stack(xs).reshape((n_layers * batch,) + xs[0].shape[1:]) for xs in per_layer)
+    merged = tuple((xs if isinstance(xs, jax.Array) else jnp.stack(xs)).reshape((n_layers * batch,) + xs[0].shape[1:])
+                   for xs in per_layer)
     out = gdn_state_rule(mesh, rule, states.reshape((n_layers * batch,) + states.shape[2:]), *merged,
                          n=jnp.tile(n, n_layers), **options)
     return out.reshape(states.shape)
@@ -464,6 +478,9 @@ def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax
             else before.conv)
     if not gdn:
         rec = before.recurrent
+    elif "replay_inputs" in extras:  # every layer's k, v, g, beta, already stacked by the verification's kernels
+        rec = stacked_state_rule(mesh, gated_delta.replay_state, before.recurrent, extras["replay_inputs"], n_keep,
+                                 use_qk_l2norm=True, implementation=impl)
     elif "beta" in gdn[0]:
         rec = stacked_state_rule(mesh, gated_delta.replay_state, before.recurrent,
                                  tuple([ex[name] for ex in gdn] for name in ("k", "v", "g", "beta")), n_keep,
