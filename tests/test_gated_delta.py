@@ -256,7 +256,8 @@ def test_stacked_states_run_one_layer_in_place(impl):
 @pytest.mark.parametrize("impl", ["reference", "pallas"])
 def test_replay_inputs_are_copied_into_their_layers_rows(impl):
     """With `replay_inputs` (the replay rollback's stacks of every layer's k, v, g, beta) a stacked-state call returns
-    the stacks with its own inputs, as given, in layer `state_layer`'s rows and every other row untouched; its
+    the stacks with its own inputs, as given, in layer `state_layer`'s rows and every other row untouched (with "new",
+    new stacks holding its rows); its
     outputs and state are those of the call without them; one compilation serves every layer; the replay of those
     stacks as L * B batch rows gives each layer its own replay's bits. Bad stacks are one clear error."""
     from specdec_jax.models import qwen35
@@ -280,8 +281,13 @@ def test_replay_inputs_are_copied_into_their_layers_rows(impl):
                 np.testing.assert_array_equal(np.asarray(st, np.float32),
                                               np.asarray(fill.at[layer].set(a), np.float32), err_msg=name)
             compiled.append(with_stash._cache_size())
-        # (interpret mode's first call of pl.when changes JAX's tracing context once: one retrace, then none)
+        # (interpret mode's first call of some Pallas ops changes JAX's tracing context once: one retrace, then none)
         assert compiled[2] == compiled[1], "the layer index must be traced: one compilation for every layer"
+        fresh = jax.jit(lambda s, layer: op(initial_state=s, state_layer=layer, replay_inputs="new"))(stack, jnp.int32(1))
+        np.testing.assert_array_equal(np.asarray(fresh.o, np.float32), np.asarray(want.o, np.float32))
+        for name, st, a in zip("kvgb", fresh.replay_inputs, args[1:]):  # "new": only the call's own rows are defined
+            assert st.shape == (n_layers,) + a.shape and st.dtype == a.dtype, name
+            np.testing.assert_array_equal(np.asarray(st[1], np.float32), np.asarray(a, np.float32), err_msg=name)
     stacks = tuple(jnp.stack([a * (1 + 0.25 * i) for i in range(n_layers)]).astype(a.dtype) for a in args[1:])
     n = jnp.asarray([1, 3], jnp.int32)
     replay = functools.partial(gd.replay_state, use_qk_l2norm=True, **_kw(impl))

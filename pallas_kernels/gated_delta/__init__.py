@@ -139,7 +139,8 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
     replaced (the Pallas kernel reads and writes that layer's blocks in place: a model keeps its GDN states in
     one array, so that a commit can replay every layer in one launch).
     `replay_inputs` (with `state_layer`) or None: stacks (k, v, g, beta) of every layer's inputs [L, B, T, ...]
-    (reference.check_replay_inputs_stack); the output's `replay_inputs` are those stacks with this call's inputs in
+    (reference.check_replay_inputs_stack), or "new" (new stacks, other layers' rows unspecified: no zero-fill on the
+    GPU, for the first layer of a forward); the output's `replay_inputs` are those stacks with this call's inputs in
     layer `state_layer`'s rows (the Pallas kernel copies them in place as it reads them), so that a commit replays
     every layer from them in one launch with nothing stacked first.
     """

@@ -112,9 +112,10 @@ def _use_mosaic(backend, k_dim, v_dim, hv, block_v, return_all_states) -> bool:
 
 @functools.partial(jax.jit, static_argnames=("scale", "output_final_state", "return_pseudo_values",
                                              "return_all_states", "use_qk_l2norm", "interpret", "block_v",
-                                             "num_warps", "backend", "preload"))
+                                             "num_warps", "backend", "preload", "new_stash"))
 def _recurrent(q, k, v, g, beta, initial_state, state_steps, state_layer, stash, *, scale, output_final_state,
-               return_pseudo_values, return_all_states, use_qk_l2norm, interpret, block_v, num_warps, backend, preload):
+               return_pseudo_values, return_all_states, use_qk_l2norm, interpret, block_v, num_warps, backend, preload,
+               new_stash=False):
     stacked = state_layer is not None
     b, _, _, hv, k_dim, v_dim = check_gated_delta_inputs(q, k, v, g, beta, None if stacked else initial_state)
     layer = None
@@ -126,7 +127,7 @@ def _recurrent(q, k, v, g, beta, initial_state, state_steps, state_layer, stash,
         counts = jnp.broadcast_to(jnp.asarray(state_steps, jnp.int32).reshape(-1), (b,))
         counts = pad_axis(counts, 0, next_pow2(b, 1))  # Triton blocks are powers of two
         backend = "triton"
-    if _use_mosaic(backend, k_dim, v_dim, hv, block_v, return_all_states) and stash is None:
+    if _use_mosaic(backend, k_dim, v_dim, hv, block_v, return_all_states) and stash is None and not new_stash:
         from . import recurrent_mgpu
         s0 = (jnp.zeros((b, hv, k_dim, v_dim), F32) if initial_state is None else initial_state.astype(F32))
         o, final, u = recurrent_mgpu.recurrent_fwd_mgpu(q, k, v, g, beta, s0, scale=scale, l2norm=use_qk_l2norm,
@@ -137,7 +138,9 @@ def _recurrent(q, k, v, g, beta, initial_state, state_steps, state_layer, stash,
             g_cumsum=jnp.cumsum(g.astype(F32), axis=1) if return_pseudo_values else None)
     kp, vp = next_pow2(k_dim), next_pow2(v_dim)
     q, k, v, s0 = _pad_kv(q, k, v, initial_state, kp, vp)
-    if stash is not None:  # keys and values padded as the kernel reads them (a copy only where K, V are not 2^n)
+    if new_stash:  # new stacks of every layer's inputs, this call's rows written (no zero-fill)
+        stash = tuple(jax.ShapeDtypeStruct((initial_state.shape[0],) + x.shape, x.dtype) for x in (k, v, g, beta))
+    elif stash is not None:  # keys and values padded as the kernel reads them (a copy only where K, V are not 2^n)
         stash = (pad_axis(stash[0], 4, kp), pad_axis(stash[1], 4, vp)) + tuple(stash[2:])
     o, final, u, states, stash = recurrent_kernel.recurrent_fwd(
         q, k, v, g, beta, s0, scale=scale, l2norm=use_qk_l2norm, want_vnew=return_pseudo_values,
@@ -173,8 +176,9 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
     `state_layer` (int, or a traced int32 scalar) or None: `initial_state` is a stack of layers' states
     [L, B, HV, K, V]; the run starts from layer `state_layer`'s and `final_state` is the stack with that layer's
     state replaced, written in place (reference.check_stacked_state).
-    `replay_inputs` (with `state_layer`) or None: the stacks reference.check_replay_inputs_stack describes; the kernel
-    copies this call's k, v, g, beta into layer `state_layer`'s rows, in place (output field `replay_inputs`).
+    `replay_inputs` (with `state_layer`) or None: the stacks reference.check_replay_inputs_stack describes, or "new";
+    the kernel stores this call's k, v, g, beta into layer `state_layer`'s rows, in place (output field
+    `replay_inputs`; with "new", new stacks whose other layers' rows are unwritten).
     """
     if state_layer is None:
         check_gated_delta_inputs(q, k, v, g, beta, initial_state)
@@ -187,8 +191,10 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
             check_replay_inputs_stack(replay_inputs, (q, k, v, g, beta), initial_state.shape[0])
     if state_steps is not None:
         check_accepted_counts(state_steps, q.shape[0], q.shape[1], name="state_steps")
+    new_stash = isinstance(replay_inputs, str)
     return _recurrent(q, k, v, g, beta, initial_state, state_steps, state_layer,
-                      None if replay_inputs is None else tuple(replay_inputs), scale=_scale(scale, q.shape[-1]),
+                      None if replay_inputs is None or new_stash else tuple(replay_inputs), new_stash=new_stash,
+                      scale=_scale(scale, q.shape[-1]),
                       output_final_state=output_final_state, return_pseudo_values=return_pseudo_values,
                       return_all_states=return_all_states, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
                       block_v=check_block_v(block_v), num_warps=num_warps, backend=backend, preload=preload)

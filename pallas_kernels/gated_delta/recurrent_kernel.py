@@ -92,7 +92,7 @@ def gated_delta_step(state, k, v, g, beta):
 
 
 def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2norm, unroll, replay, n_heads,
-                      preload, counted=False, want_state=True, stacked=False, stash_group=0):
+                      preload, counted=False, want_state=True, stacked=False, stash_group=0, stash_aliased=True):
     """want_state: False when no final state is written (outputs only). stacked: the state refs hold every layer's
     block [L, K, BV]; a layer index ref (after the counts) says which one this call reads and writes.
     stash_group > 0 (with stacked): four more refs after the state's, the replay inputs of every layer (k [L, T, Kp],
@@ -117,7 +117,7 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         q_ref, k_ref, v_ref, g_ref, beta_ref = refs[:5]
         rest = list(refs[5:])
         s0_ref = rest.pop(0) if has_s0 else None
-        if stash_group:
+        if stash_group and stash_aliased:
             del rest[:4]  # the stash's input buffers: aliased to its outputs below, never read
         o_ref = rest.pop(0)
         st_ref = rest.pop(0) if want_state else None
@@ -241,7 +241,8 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     layers' blocks are neither read nor written: no copy of the stack, one kernel for every layer).
     stash: None, or (with layer) the replay's input stacks (k [L, B, T, H, Kp], v [L, B, T, HV, Vp], g and beta
     [L, B, T, HV], the inputs' dtypes): returned last, with layer layer[0]'s rows replaced by this call's k, v, g,
-    beta (written in place: the other layers' rows are untouched).
+    beta (written in place: the other layers' rows are untouched); as ShapeDtypeStructs, new stacks are returned
+    whose other layers' rows are unwritten (what the first layer of a forward asks for: no zero-fill).
 
     Returns o [B, T, HV, Vp] (v.dtype), final state [B, HV, Kp, Vp] fp32 (written over s0's buffer: each
     program reads its block before writing it; XLA copies s0 first where the caller still needs it) or
@@ -281,9 +282,11 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
             pl.BlockSpec((n_layers, None, t, None, bv), lambda i, j: (0, i // hv, 0, i % hv, j)),
             pl.BlockSpec((n_layers, None, t, None), lambda i, j: (0, i // hv, 0, i % hv)),
             pl.BlockSpec((n_layers, None, t, None), lambda i, j: (0, i // hv, 0, i % hv))]
+        stash_aliased = not all(isinstance(x, jax.ShapeDtypeStruct) for x in stash)
         first_stash = len(args)
-        in_specs += stash_specs
-        args += list(stash)
+        if stash_aliased:
+            in_specs += stash_specs
+            args += list(stash)
     out_specs = [val_spec] + ([state_spec] if want_state else [])
     out_shape = [jax.ShapeDtypeStruct((b, t, hv, vp), v.dtype)]
     if want_state:
@@ -299,7 +302,8 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
         out_specs.append(pl.BlockSpec((None, t, None, kp, bv), lambda i, j: (i // hv, 0, i % hv, 0, j)))
         out_shape.append(jax.ShapeDtypeStruct((b, t, hv, kp, vp), F32))
     if stash is not None:
-        aliases.update({first_stash + i: len(out_shape) + i for i in range(4)})
+        if stash_aliased:
+            aliases.update({first_stash + i: len(out_shape) + i for i in range(4)})
         out_specs += stash_specs
         out_shape += [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in stash]
     outs = pl.pallas_call(
@@ -307,7 +311,8 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
                           want_states=want_states, l2norm=l2norm, replay=False, n_heads=hv,
                           preload=_preload(preload, t), counted=counts is not None,
                           unroll=_unroll(t, interpret), want_state=want_state, stacked=stacked,
-                          stash_group=group if stash is not None else 0),
+                          stash_group=group if stash is not None else 0,
+                          stash_aliased=stash is not None and stash_aliased),
         grid=(b * hv, nv),
         in_specs=in_specs,
         out_specs=out_specs,

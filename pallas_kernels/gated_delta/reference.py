@@ -152,7 +152,10 @@ def check_stacked_state(states, layer, shapes: tuple[int, int, int, int, int, in
 def check_replay_inputs_stack(stacks, inputs: tuple, n_layers: int) -> None:
     """The replay's input stacks (k [L, B, T, H, K], v [L, B, T, HV, V], g [L, B, T, HV], beta [L, B, T, HV], each in
     the dtype of the input it holds) for a recurrent call on inputs (q, k, v, g, beta) with a stack of L states.
-    Raises ValueError naming the bad stack."""
+    Or "new": new stacks, whose rows of other layers than the call's are unspecified (zeros here; unwritten by the
+    Pallas kernel), for the first layer of a forward. Raises ValueError naming the bad stack."""
+    if isinstance(stacks, str) and stacks == "new":
+        return
     if not isinstance(stacks, (tuple, list)) or len(stacks) != 4:
         raise ValueError("gated_delta: replay_inputs must be a tuple (k, v, g, beta) of stacks [L, B, T, ...]; got "
                          f"{type(stacks).__name__}")
@@ -172,6 +175,8 @@ def stacked_rule(rule, q, k, v, g, beta, *, initial_state, state_layer, replay_i
     layer = jnp.asarray(state_layer, jnp.int32).reshape(())
     s0 = lax.dynamic_index_in_dim(initial_state, layer, axis=0, keepdims=False)
     out = rule(q, k, v, g, beta, initial_state=s0, **kwargs)
+    if isinstance(replay_inputs, str):  # "new"
+        replay_inputs = tuple(jnp.zeros((initial_state.shape[0],) + x.shape, x.dtype) for x in (k, v, g, beta))
     if replay_inputs is not None:
         out = out._replace(replay_inputs=tuple(lax.dynamic_update_index_in_dim(stack, x, layer, axis=0)
                                                for stack, x in zip(replay_inputs, (k, v, g, beta))))

@@ -230,8 +230,8 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         raise ValueError(f"{collect or 'a decode-shape forward'} runs at most {MAX_RECURRENT_VERIFY} positions "
                          f"through the step recurrence; got T={T}")
     recurrent = gated_delta.fused_recurrent_gated_delta_rule
-    if skip_state and replay_inputs is None:  # the first GDN layer: the stacks every layer's inputs are copied into
-        replay_inputs = tuple(jnp.zeros((rec_states.shape[0],) + t.shape, t.dtype) for t in (k, v, g, beta))
+    if skip_state and replay_inputs is None:  # the first GDN layer: new stacks, each later layer fills its rows
+        replay_inputs = "new"
 
     def run(rule, state_steps=None, **options):  # -> (result, the states after it)
         if rule is recurrent and cfg.mesh is None:
