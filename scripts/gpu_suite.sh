@@ -11,14 +11,14 @@
 #                                                  convstack, fixedcost, fixedcost-trace, cmdbuf,
 #                                                  cbwhile, cbmodes, concurrent, tune-replay, cbmodes2,
 #                                                  unroll, loops, fp32, fp32-check, looped-unroll, fp32-curve,
-#                                                  fp32-g16, stash2, stash3
+#                                                  fp32-g16, stash, stash-check
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash2 | stash3}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -69,33 +69,23 @@ fp32-curve)  # issue 12: the 9B forced-acceptance curve in float32 at precision 
     step 100 matmul_forms python scripts/bench_matmul_forms.py --rows 17,32 --forms dot,tf32x3 --tag _rows17_32 \
         --out "$dir"
     ;;
-stash2)  # issue 12: under replay rollback the verification's GDN kernels copy their inputs into the replay's stacks
-    # (no input stacking in the commit), storing the values they already hold after the chain of steps (the first form,
-    # 1975b76, loaded them again before the chain: +5-10 us per layer): the 9B steps kernel by kernel (gamma 2, 8, 16),
-    # the 9B cost curve, bf16 equality on the shipped Qwen (every chain method) and at the 9B shape at gamma 16
-    step 150 profile_9b python scripts/bench_spec.py --random-9b --forced-acceptance 1.0 --exact on \
-        --curve-method ngram --rollbacks replay --gammas 2,8,16 --repeats 1 --max-new-tokens 64 --prompt-len 256 \
-        --kernel-profile --tag _stash2_profile --out "$dir"
-    step 190 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.8,1.0 --exact on \
-        --rollbacks replay --gammas 2,4,8,16 --repeats 2 --max-new-tokens 128 --prompt-len 256 --time-budget-s 150 \
-        --tag _stash2 --out "$dir"
-    step 90 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 8 --prompt-len 64 \
-        --modes exact --tag _qwen_stash2 --out "$dir"
-    step 100 exact_9b_g16 python scripts/bench_exact.py --part 9b --num-prompts 1 --gamma 16 --ar-rows 17 --repeats 1 \
-        --tag _stash2_g16 --out "$dir"
+stash)  # issue 12: SPECDEC_GDN_REPLAY_STASH=1 (the verification's GDN kernels store their inputs into the replay's
+    # stacks: no input stacking in the commit; measured at dcdbbaa as part stash3): the 9B steps kernel by kernel, the
+    # 9B cost curve, then bf16 equality on the shipped Qwen (every chain method); stash-check: at the 9B shape
+    SPECDEC_GDN_REPLAY_STASH=1 step 150 profile_9b python scripts/bench_spec.py --random-9b --forced-acceptance 1.0 \
+        --exact on --curve-method ngram --rollbacks replay --gammas 2,8,16 --repeats 1 --max-new-tokens 64 \
+        --prompt-len 256 --kernel-profile --tag _stash_on_profile --out "$dir"
+    SPECDEC_GDN_REPLAY_STASH=1 step 190 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.8,1.0 \
+        --exact on --rollbacks replay --gammas 2,4,8,16 --repeats 2 --max-new-tokens 128 --prompt-len 256 \
+        --time-budget-s 150 --tag _stash_on --out "$dir"
+    SPECDEC_GDN_REPLAY_STASH=1 step 120 exact_qwen python scripts/bench_exact.py --part tiny --models qwen \
+        --num-prompts 8 --prompt-len 64 --modes exact --tag _qwen_stash_on --out "$dir"
     ;;
-stash3)  # issue 12: stash2 with the first GDN layer's kernel creating the stacks (no zero-fill: 4 fills cost 22-29 us
-    # per 9B step in stash2): the same measurements, the 9B equality last
-    step 150 profile_9b python scripts/bench_spec.py --random-9b --forced-acceptance 1.0 --exact on \
-        --curve-method ngram --rollbacks replay --gammas 2,8,16 --repeats 1 --max-new-tokens 64 --prompt-len 256 \
-        --kernel-profile --tag _stash3_profile --out "$dir"
-    step 190 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.8,1.0 --exact on \
-        --rollbacks replay --gammas 2,4,8,16 --repeats 2 --max-new-tokens 128 --prompt-len 256 --time-budget-s 150 \
-        --tag _stash3 --out "$dir"
-    step 90 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 8 --prompt-len 64 \
-        --modes exact --tag _qwen_stash3 --out "$dir"
-    step 140 exact_9b_g16 python scripts/bench_exact.py --part 9b --num-prompts 1 --gamma 16 --ar-rows 17 --repeats 1 \
-        --tag _stash3_g16 --out "$dir"
+stash-check)  # issue 12: bf16 equality with AR at the 9B shape at gamma 16, SPECDEC_GDN_REPLAY_STASH on and off
+    for flag in 1 0; do
+        SPECDEC_GDN_REPLAY_STASH=$flag step 250 "exact_9b_g16_$flag" python scripts/bench_exact.py --part 9b \
+            --num-prompts 2 --gamma 16 --ar-rows 17 --repeats 1 --tag "_stash_${flag}_g16" --out "$dir"
+    done
     ;;
 fp32-g16)  # issue 12: the 9B float32 curve at gamma 16 (17-row products as TF32x3), paired with exact AR; then the
     # shipped Qwen end to end (n-gram, MTP) at this code

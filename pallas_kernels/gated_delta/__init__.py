@@ -51,6 +51,20 @@ def pallas_available() -> bool:
 _PALLAS_BY_DEFAULT = frozenset({"chunk", "recurrent"})
 
 
+REPLAY_STASH_ENV = "SPECDEC_GDN_REPLAY_STASH"
+
+
+def replay_stash_enabled() -> bool:
+    """Whether a model's verification under replay rollback passes `replay_inputs` to its step kernels (the stacks
+    its commit replays from, with no input stacking), read when a function is traced: SPECDEC_GDN_REPLAY_STASH=1.
+    Off by default. On the H200 (commit dcdbbaa) it made a 9B step 15-20 us shorter at gamma 8 (the commit's
+    concatenations gone, its verification kernels about 8 us longer) and its greedy bf16 output stayed equal to AR
+    with forced drafts at gamma 16 but not with n-gram drafts (first difference at token 24), where the zero-filled
+    form (157edd6) had been equal; that is not explained yet (benchmarks/results/exact_qwen35_9b_random_stash3_g16.md,
+    kernel README), so the verified path stays the default."""
+    return os.environ.get(REPLAY_STASH_ENV, "0") == "1"
+
+
 def env_override(op: str) -> str | None:
     """The implementation SPECDEC_GDN_IMPLEMENTATION asks for `op`, or None (unset / op not listed)."""
     raw = os.environ.get(ENV_VAR, "").strip()
@@ -187,6 +201,6 @@ def replay_state(initial_state, k, v, g, beta, n_steps, *, use_qk_l2norm=False, 
 
 
 __all__ = ["GatedDeltaOutput", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "commit_state",
-           "replay_state",
+           "replay_state", "replay_stash_enabled",
            "check_gated_delta_inputs", "l2_normalize", "default_implementation", "env_override", "resolve",
            "pallas_available"]

@@ -137,13 +137,18 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         state = (s0_ref[layer] if stacked else s0_ref[...]).astype(F32)
 
     def load(t):  # position t's inputs (none depends on the state), and as read when they are to be stashed
-        raw = (k_ref[t, :], v_ref[t, :], g_ref[t], beta_ref[t])
-        k = raw[0].astype(F32)  # [K]
+        k_raw = k_ref[t, :]
+        k = k_raw.astype(F32)  # [K]
         q = None if replay else q_ref[t, :].astype(F32)  # [K]
         if l2norm:
             k = l2norm_vec(k)
             q = None if replay else l2norm_vec(q)
-        return q, k, raw[1].astype(F32), raw[2].astype(F32), raw[3].astype(F32), raw if stash_row else None
+        v_raw = v_ref[t, :]
+        v = v_raw.astype(F32)
+        g_raw = g_ref[t]
+        g = g_raw.astype(F32)
+        beta_raw = beta_ref[t]
+        return q, k, v, g, beta_raw.astype(F32), (k_raw, v_raw, g_raw, beta_raw) if stash_row else None
 
     skip = replay and _skip_unkept()
 

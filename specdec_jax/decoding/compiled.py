@@ -16,7 +16,7 @@ import time
 import jax
 
 MAX_ENTRIES = 32
-_ENV_KEYS = ("SPECDEC_GDN_IMPLEMENTATION", "SPECDEC_MATVEC")
+_ENV_KEYS = ("SPECDEC_GDN_IMPLEMENTATION", "SPECDEC_MATVEC", "SPECDEC_GDN_REPLAY_STASH")
 _cache: collections.OrderedDict = collections.OrderedDict()
 
 # XLA options a family's generation programs compile with on the GPU, each chosen by a GPU measurement.

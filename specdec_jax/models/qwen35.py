@@ -230,12 +230,12 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         raise ValueError(f"{collect or 'a decode-shape forward'} runs at most {MAX_RECURRENT_VERIFY} positions "
                          f"through the step recurrence; got T={T}")
     recurrent = gated_delta.fused_recurrent_gated_delta_rule
-    if skip_state and replay_inputs is None:  # the first GDN layer: new stacks, each later layer fills its rows
-        replay_inputs = "new"
+    if skip_state and replay_inputs is None and gated_delta.replay_stash_enabled():
+        replay_inputs = "new"  # the first GDN layer: new stacks, each later layer fills its rows
 
     def run(rule, state_steps=None, **options):  # -> (result, the states after it)
         if rule is recurrent and cfg.mesh is None:
-            if skip_state:
+            if skip_state and replay_inputs is not None:
                 options["replay_inputs"] = replay_inputs
             res = gdn_rule(cfg, rule, q, k, v, g, beta, rec_states, state_steps, state_layer=slot, **options)
             return res, rec_states if res.final_state is None else res.final_state
