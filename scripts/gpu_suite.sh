@@ -11,14 +11,14 @@
 #                                                  convstack, fixedcost, fixedcost-trace, cmdbuf,
 #                                                  cbwhile, cbmodes, concurrent, tune-replay, cbmodes2,
 #                                                  unroll, loops, fp32, fp32-check, looped-unroll, fp32-curve,
-#                                                  fp32-g16, stash, stash-check
+#                                                  fp32-g16, stash, stash-check, stash-bits
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -86,6 +86,12 @@ stash-check)  # issue 12: bf16 equality with AR at the 9B shape at gamma 16, SPE
         SPECDEC_GDN_REPLAY_STASH=$flag step 250 "exact_9b_g16_$flag" python scripts/bench_exact.py --part 9b \
             --num-prompts 2 --gamma 16 --ar-rows 17 --repeats 1 --tag "_stash_${flag}_g16" --out "$dir"
     done
+    ;;
+stash-bits)  # issue 12: the stash bit by bit at the 9B shape (check_stash_bits.py: logits and committed states of
+    # the stash-off, stash-on and AR chains, step by step), then bf16 equality with the switch on at gamma 16
+    step 230 stash_bits python scripts/check_stash_bits.py --steps 64 --ar-steps 40 --out "$dir"
+    SPECDEC_GDN_REPLAY_STASH=1 step 280 exact_9b_g16_1 python scripts/bench_exact.py --part 9b --num-prompts 2 \
+        --gamma 16 --ar-rows 17 --repeats 1 --tag _stash_1_g16 --out "$dir"
     ;;
 fp32-g16)  # issue 12: the 9B float32 curve at gamma 16 (17-row products as TF32x3), paired with exact AR; then the
     # shipped Qwen end to end (n-gram, MTP) at this code
