@@ -1,7 +1,7 @@
 """Run-to-run repeatability of exact greedy generation at the Qwen3.5-9B shape (random bf16 weights), on the GPU.
 
 The same prompt is generated several times, one call after another in one process, by exact AR and by exact n-gram
-speculation with the replay-input stash off (the default) and on (SPECDEC_GDN_REPLAY_STASH=1). Each output is
+speculation with the replay-input stash off and on (SPECDEC_GDN_REPLAY_STASH=0 / 1). Each output is
 compared with the first AR output of its prompt. A run that differs from another run of the same program is
 nondeterminism (a race or an order-dependent reduction), not a difference between AR and speculation.
 

@@ -253,6 +253,20 @@ def test_stacked_states_run_one_layer_in_place(impl):
         gd.fused_recurrent_gated_delta_rule(*args, initial_state=x["s0"], state_layer=0, **_kw(impl))
 
 
+def test_replay_stash_switch_default_and_bad_values(monkeypatch):
+    """SPECDEC_GDN_REPLAY_STASH: unset, the stash follows the platform (on only where the step recurrence is the
+    compiled Pallas kernel, the GPU; off on this CPU); 1 / 0 force it; any other value is one clear error."""
+    monkeypatch.delenv(gd.REPLAY_STASH_ENV, raising=False)
+    assert gd.replay_stash_enabled("auto") is (jax.default_backend() == "gpu")
+    assert gd.replay_stash_enabled("reference") is False
+    for value, want in (("1", True), ("0", False)):
+        monkeypatch.setenv(gd.REPLAY_STASH_ENV, value)
+        assert gd.replay_stash_enabled("reference") is want
+    monkeypatch.setenv(gd.REPLAY_STASH_ENV, "yes")
+    with pytest.raises(ValueError, match="SPECDEC_GDN_REPLAY_STASH must be 0 or 1"):
+        gd.replay_stash_enabled()
+
+
 @pytest.mark.parametrize("impl", ["reference", "pallas"])
 def test_replay_inputs_are_copied_into_their_layers_rows(impl):
     """With `replay_inputs` (the replay rollback's stacks of every layer's k, v, g, beta) a stacked-state call returns

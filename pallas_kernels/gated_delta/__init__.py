@@ -54,15 +54,25 @@ _PALLAS_BY_DEFAULT = frozenset({"chunk", "recurrent"})
 REPLAY_STASH_ENV = "SPECDEC_GDN_REPLAY_STASH"
 
 
-def replay_stash_enabled() -> bool:
+def replay_stash_enabled(implementation: str | None = "auto") -> bool:
     """Whether a model's verification under replay rollback passes `replay_inputs` to its step kernels (the stacks
-    its commit replays from, with no input stacking), read when a function is traced: SPECDEC_GDN_REPLAY_STASH=1.
-    Off by default. On the H200 (commit dcdbbaa) it made a 9B step 15-20 us shorter at gamma 8 (the commit's
-    concatenations gone, its verification kernels about 8 us longer) and its greedy bf16 output stayed equal to AR
-    with forced drafts at gamma 16 but not with n-gram drafts (first difference at token 24), where the zero-filled
-    form (157edd6) had been equal; that is not explained yet (benchmarks/results/exact_qwen35_9b_random_stash3_g16.md,
-    kernel README), so the verified path stays the default."""
-    return os.environ.get(REPLAY_STASH_ENV, "0") == "1"
+    its commit replays from, with no input stacking), read when a function is traced.
+
+    Default: on where the step recurrence runs as the compiled Pallas kernel (the GPU), off elsewhere (the CPU
+    suite's paths stay as they were); SPECDEC_GDN_REPLAY_STASH=1 / 0 forces it on / off. Chosen on the H200 at the
+    9B shape (commit 469e934, each row paired with AR in its run): speedup / tokens per step 0.918-0.933 at gamma 8
+    and 0.850-0.875 at gamma 16 (benchmarks/results/spec_cost_curve_qwen35_9b_random_stash_on.md) against
+    0.905-0.920 / 0.827-0.861 with it off (spec_cost_curve_qwen35_9b_random_concurrent.md); the commit's replay
+    83 / 98 us with no input stacking before it (kernel_profile_qwen35_9b_random_stash_on_profile.md). Outputs: the
+    same bits as the stacking commit, step by step at the 9B shape (stash_bits_qwen35_9b_random.md) and in whole
+    generations, 32 runs each (repeatability_qwen35_9b_random.md: where an output differed from AR's, at one prompt
+    in one process, it differed at the same token with the stash off too; kernel README)."""
+    env = os.environ.get(REPLAY_STASH_ENV, "").strip()
+    if env not in ("", "0", "1"):
+        raise ValueError(f"{REPLAY_STASH_ENV} must be 0 or 1 (or unset for the default); got {env!r}")
+    if env:
+        return env == "1"
+    return jax.default_backend() == "gpu" and _resolve(implementation, "recurrent") == "pallas"
 
 
 def env_override(op: str) -> str | None:

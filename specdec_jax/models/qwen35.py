@@ -230,7 +230,7 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         raise ValueError(f"{collect or 'a decode-shape forward'} runs at most {MAX_RECURRENT_VERIFY} positions "
                          f"through the step recurrence; got T={T}")
     recurrent = gated_delta.fused_recurrent_gated_delta_rule
-    if skip_state and replay_inputs is None and gated_delta.replay_stash_enabled():
+    if skip_state and replay_inputs is None and gated_delta.replay_stash_enabled(impl):
         replay_inputs = "new"  # the first GDN layer: new stacks, each later layer fills its rows
 
     def run(rule, state_steps=None, **options):  # -> (result, the states after it)
