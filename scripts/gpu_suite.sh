@@ -11,14 +11,14 @@
 #                                                  convstack, fixedcost, fixedcost-trace, cmdbuf,
 #                                                  cbwhile, cbmodes, concurrent, tune-replay, cbmodes2,
 #                                                  unroll, loops, fp32, fp32-check, looped-unroll, fp32-curve,
-#                                                  fp32-g16, stash, stash-check, stash-bits
+#                                                  fp32-g16, stash, stash-check, stash-bits, repeat-procs
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -92,6 +92,16 @@ stash-bits)  # issue 12: the stash bit by bit at the 9B shape (check_stash_bits.
     step 230 stash_bits python scripts/check_stash_bits.py --steps 64 --ar-steps 40 --out "$dir"
     SPECDEC_GDN_REPLAY_STASH=1 step 280 exact_9b_g16_1 python scripts/bench_exact.py --part 9b --num-prompts 2 \
         --gamma 16 --ar-rows 17 --repeats 1 --tag _stash_1_g16 --out "$dir"
+    ;;
+repeat-procs)  # the exact path's bf16 equality at the 9B shape varies between processes (repeatability_*.md): four
+    # fresh processes, each generating 4 prompts twice per program with the optimized HLO of its loops dumped; then
+    # the kernels' configurations compared within and across processes (compare_hlo_dumps.py)
+    for i in 1 2 3 4; do
+        XLA_FLAGS="--xla_dump_to=/tmp/hlo_p$i --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*(decode_loop|spec_loop).*" \
+            step 130 "repeat_p$i" python scripts/check_repeatability.py --num-prompts 4 --repeats 2 --tag "_p$i" --out "$dir"
+        mkdir -p "$dir/hlo_p$i" && cp /tmp/hlo_p$i/*_loop*gpu_after_optimizations.txt "$dir/hlo_p$i/" 2>/dev/null
+    done
+    step 60 compare_hlo python scripts/compare_hlo_dumps.py "$dir"/hlo_p1 "$dir"/hlo_p2 "$dir"/hlo_p3 "$dir"/hlo_p4
     ;;
 fp32-g16)  # issue 12: the 9B float32 curve at gamma 16 (17-row products as TF32x3), paired with exact AR; then the
     # shipped Qwen end to end (n-gram, MTP) at this code
