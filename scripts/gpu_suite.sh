@@ -94,9 +94,13 @@ stash-bits)  # issue 12: the stash bit by bit at the 9B shape (check_stash_bits.
         --gamma 16 --ar-rows 17 --repeats 1 --tag _stash_1_g16 --out "$dir"
     ;;
 repeat-procs)  # the exact path's bf16 equality at the 9B shape varies between processes (repeatability_*.md): four
-    # fresh processes, each generating 4 prompts twice per program with the optimized HLO of its loops dumped; then
-    # the kernels' configurations compared within and across processes (compare_hlo_dumps.py)
+    # fresh processes, each generating 4 prompts twice per program with the optimized HLO of its loops dumped, the
+    # odd ones with the default CONCURRENT command-buffer schedule, the even ones with XLA's own (SPECDEC_XLA_OPTIONS=
+    # none): a dependence missing from the concurrent graph would show in the first only; then the kernels'
+    # configurations compared within and across processes (compare_hlo_dumps.py)
     for i in 1 2 3 4; do
+        xla_options=$([ $((i % 2)) -eq 0 ] && echo none || echo "xla_gpu_command_buffer_scheduling_mode=CONCURRENT")
+        SPECDEC_XLA_OPTIONS="$xla_options" \
         XLA_FLAGS="--xla_dump_to=/tmp/hlo_p$i --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*(decode_loop|spec_loop).*" \
             step 130 "repeat_p$i" python scripts/check_repeatability.py --num-prompts 4 --repeats 2 --tag "_p$i" --out "$dir"
         mkdir -p "$dir/hlo_p$i" && cp /tmp/hlo_p$i/*_loop*gpu_after_optimizations.txt "$dir/hlo_p$i/" 2>/dev/null
