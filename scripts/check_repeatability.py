@@ -1,7 +1,8 @@
 """Run-to-run repeatability of exact greedy generation at the Qwen3.5-9B shape (random bf16 weights), on the GPU.
 
 The same prompt is generated several times, one call after another in one process, by exact AR and by exact n-gram
-speculation with the replay-input stash off and on (SPECDEC_GDN_REPLAY_STASH=0 / 1). Each output is
+speculation with the replay-input stash off and on (SPECDEC_GDN_REPLAY_STASH=0 / 1) or as the backend sets it
+(`--programs`). Each output is
 compared with the first AR output of its prompt. A run that differs from another run of the same program is
 nondeterminism (a race or an order-dependent reduction), not a difference between AR and speculation.
 
@@ -31,7 +32,7 @@ from specdec_jax.drafters.ngram import NgramDrafter  # noqa: E402
 from specdec_jax.harness import result_header, write_results  # noqa: E402
 from specdec_jax.models.family import QWEN35  # noqa: E402
 
-PROGRAMS = ("ar", "ngram, stash off", "ngram, stash on")
+PROGRAMS = {"ar": "ar", "stash-off": "ngram, stash off", "stash-on": "ngram, stash on", "default": "ngram"}
 
 
 def first_difference(a: np.ndarray, b: np.ndarray) -> int | None:
@@ -48,11 +49,18 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--damp", type=float, default=0.02)
     ap.add_argument("--tiny-shape", action="store_true", help="a tiny shape (CPU smoke run)")
+    ap.add_argument("--programs", default="ar,stash-off,stash-on",
+                    help=f"comma-separated, from {', '.join(PROGRAMS)} (default: the replay-input stash as this backend "
+                         f"sets it); the first must be ar")
     ap.add_argument("--tag", default="")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
     if args.num_prompts < 1 or args.repeats < 2:
         ap.error("--num-prompts must be >= 1 and --repeats >= 2 (repeatability needs two runs)")
+    programs = [p.strip() for p in args.programs.split(",")]
+    if programs[0] != "ar" or not set(programs) <= set(PROGRAMS) or len(set(programs)) != len(programs):
+        ap.error(f"--programs must start with ar and name each of {', '.join(PROGRAMS)} at most once; got {args.programs!r}")
+    programs = [PROGRAMS[p] for p in programs]
     header = result_header("check_repeatability")
     model = random_9b_model(args.tiny_shape, damp=args.damp)
     cfg, params = model.config, model.params
@@ -67,22 +75,25 @@ def main():
             result = generate_autoregressive(ar_ops(QWEN35, rows), params, cfg, ids, args.max_new_tokens, **common,
                                              compiler_options=compiled.compiler_options("qwen3_5"))
         else:
-            os.environ[REPLAY_STASH_ENV] = "1" if program.endswith("on") else "0"  # part of the compile cache key
+            if "stash" in program:
+                os.environ[REPLAY_STASH_ENV] = "1" if program.endswith("on") else "0"  # part of the compile cache key
+            else:
+                os.environ.pop(REPLAY_STASH_ENV, None)
             result = generate_speculative(params, cfg, ids, args.max_new_tokens, drafter=NgramDrafter(),
                                           gamma=args.gamma, rollback="replay", decode_rows=rows, **common)
         return np.asarray(result.tokens[0])
 
     t0 = time.perf_counter()
-    outputs = {(p, i): [] for p in PROGRAMS for i in range(args.num_prompts)}
+    outputs = {(p, i): [] for p in programs for i in range(args.num_prompts)}
     for r in range(args.repeats):  # programs interleaved, one call at a time
         for i, ids in enumerate(prompts):
-            for p in PROGRAMS:
+            for p in programs:
                 outputs[p, i].append(run(p, ids))
         print(f"repeat {r} done after {time.perf_counter() - t0:.0f} s", flush=True)
     rows_out = []
     for i in range(args.num_prompts):
         reference = outputs["ar", i][0]
-        for p in PROGRAMS:
+        for p in programs:
             runs = outputs[p, i]
             diffs = [first_difference(reference, x) for x in runs]
             distinct = len({x.tobytes() for x in runs})

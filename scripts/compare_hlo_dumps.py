@@ -52,12 +52,35 @@ def normalised(lines: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(code), tuple(configs)
 
 
+def _without_scheduling(config: str) -> str:
+    """A backend config without the fields the command-buffer schedule sets (stream ids, waits): not arithmetic."""
+    try:
+        data = json.loads(config)
+    except ValueError:
+        return config
+    for key in ("operation_queue_id", "wait_on_operation_queues", "force_earliest_schedule"):
+        data.pop(key, None)
+    return json.dumps(data, sort_keys=True)
+
+
 def fusion_configs(path: str) -> collections.Counter:
-    """Counter of (kind, result shape, normalised computation incl. nested ones, configuration incl. nested ones)."""
+    """Counter of (kind, shape, normalised computation incl. nested ones, configuration incl. nested ones) for every
+    Triton fusion and every cuBLAS call (kind `__cublas...`, shape its result and operand shapes, configuration its
+    GEMM backend config with the algorithm cuBLAS was given)."""
     text = open(path, encoding="utf-8").read()
     comps = computations(text)
     found = collections.Counter()
     for line in text.splitlines():
+        cublas = re.search(r'custom_call_target="(__cublas[^"]*)"', line)
+        if cublas:
+            head = re.sub(r", metadata=\{[^}]*\}", "", line)
+            shapes = re.search(r" = (.+?) custom-call\((.*?)\), custom_call_target", head)
+            config = re.search(r", backend_config=(\{.*\})\s*$", head)
+            operands = re.sub(r"%[\w.\-]+", "", shapes.group(2)) if shapes else ""
+            result = re.sub(r"^\((.+?), s8\[\d+\]\{0\}\)$", r"\1", shapes.group(1)) if shapes else "?"  # no workspace
+            found[(cublas.group(1), f"{result} <- ({operands.strip()})", (),
+                   _without_scheduling(config.group(1)) if config else "")] += 1
+            continue
         kind = re.search(r'"kind":"(__triton[a-z_]*)"', line)
         if not kind or kind.group(1) not in KINDS or " fusion(" not in line:
             continue
@@ -68,7 +91,7 @@ def fusion_configs(path: str) -> collections.Counter:
         config = re.search(r'"block_level_fusion_config":(\{.*?\}),"kind"', line)
         own = json.dumps(json.loads(config.group(1)), sort_keys=True) if config else ""
         found[(kind.group(1), shape, sum((code for code, _ in parts), ()),
-               own + "".join(c for _, cs in parts for c in cs))] += 1
+               own + "".join(_without_scheduling(c) for _, cs in parts for c in cs))] += 1
     return found
 
 
@@ -104,10 +127,25 @@ def main():
         shared = set(ar) & set(spec)
         differing = [k for k in shared if ar[k] != spec[k]]
         problems += len(differing)
-        print(f"{folder}: {len(ar)} / {len(spec)} fusion computations in AR / spec, {len(shared)} shared, "
+        print(f"{folder}: {len(ar)} / {len(spec)} GEMM / fusion computations in AR / spec, {len(shared)} shared, "
               f"{len(differing)} shared with different configurations")
         for kind, shape, _ in differing:
             print(f"  {kind} {shape}: AR {[c[:400] for c in sorted(ar[kind, shape, _])]} spec {[c[:400] for c in sorted(spec[kind, shape, _])]}")
+        # the same (kind, shape) computed by different code in the two loops: autotuned apart, so free to differ
+        by_shape = collections.defaultdict(lambda: (set(), set()))
+        for side, table in ((0, ar), (1, spec)):
+            for (kind, shape, comp), configs in table.items():
+                by_shape[kind, shape][side].update((hash(comp), c) for c in configs)
+        for (kind, shape), (in_ar, in_spec) in sorted(by_shape.items()):
+            if in_ar and in_spec and in_ar != in_spec:
+                codes_ar, codes_spec = {h for h, _ in in_ar}, {h for h, _ in in_spec}
+                if codes_ar != codes_spec:
+                    problems += 1
+                    print(f"  {kind} {shape}: computed by different code in AR ({len(codes_ar)}) and spec "
+                          f"({len(codes_spec)}); configs AR {sorted(c[:300] for _, c in in_ar)} "
+                          f"spec {sorted(c[:300] for _, c in in_spec)}")
+        kinds = collections.Counter(k for k, _, _ in list(ar) + list(spec))
+        print(f"  kinds: {dict(kinds)}")
     folders = list(per_process)
     for loop in LOOPS:
         base = per_process[folders[0]][loop]
@@ -117,6 +155,11 @@ def main():
                 if base[key] != theirs[key]:
                     problems += 1
                     print(f"{loop} {key[0]} {key[1]}: {folders[0]} {sorted(base[key])} vs {other} {sorted(theirs[key])}")
+            only = [(side, k) for side, a, b in ((folders[0], base, theirs), (other, theirs, base)) for k in set(a) - set(b)]
+            if only:  # fusion decisions that differ between processes (a GEMM fused in one, not in the other)
+                problems += len(only)
+                print(f"{loop}: {len(only)} computations in one process only ({folders[0]} vs {other}): "
+                      + "; ".join(f"{side}: {k[0]} {k[1]}" for side, k in sorted(only, key=str)[:12]))
     print("no configuration differs" if not problems else f"{problems} differences")
     return 0
 

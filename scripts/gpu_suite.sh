@@ -93,19 +93,28 @@ stash-bits)  # issue 12: the stash bit by bit at the 9B shape (check_stash_bits.
     SPECDEC_GDN_REPLAY_STASH=1 step 280 exact_9b_g16_1 python scripts/bench_exact.py --part 9b --num-prompts 2 \
         --gamma 16 --ar-rows 17 --repeats 1 --tag _stash_1_g16 --out "$dir"
     ;;
-repeat-procs)  # the exact path's bf16 equality at the 9B shape varies between processes (repeatability_*.md): four
-    # fresh processes, each generating 4 prompts twice per program with the optimized HLO of its loops dumped, the
-    # odd ones with the default CONCURRENT command-buffer schedule, the even ones with XLA's own (SPECDEC_XLA_OPTIONS=
-    # none): a dependence missing from the concurrent graph would show in the first only; then the kernels'
-    # configurations compared within and across processes (compare_hlo_dumps.py)
-    for i in 1 2 3 4; do
-        xla_options=$([ $((i % 2)) -eq 0 ] && echo none || echo "xla_gpu_command_buffer_scheduling_mode=CONCURRENT")
-        SPECDEC_XLA_OPTIONS="$xla_options" \
-        XLA_FLAGS="--xla_dump_to=/tmp/hlo_p$i --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*(decode_loop|spec_loop).*" \
-            step 130 "repeat_p$i" python scripts/check_repeatability.py --num-prompts 4 --repeats 2 --tag "_p$i" --out "$dir"
+repeat-procs)  # the exact path's bf16 equality at the 9B shape varies between processes (repeatability_*.md): eight
+    # fresh processes, four at a time on the one GPU (their autotuning timed under contention, as varied as it gets),
+    # each generating 4 prompts twice by AR and by n-gram speculation (the stash as by default) with the optimized HLO
+    # of its loops dumped; odd ones with the default CONCURRENT command-buffer schedule, even ones with XLA's own
+    # (SPECDEC_XLA_OPTIONS=none); then the GEMMs' and fusions' configurations compared within and across processes
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false  # four 9B models (each 31 GB at its peak while made) on one GPU
+    for wave in 0 1; do
+        for j in 1 2 3 4; do
+            i=$((wave * 4 + j))
+            xla_options=$([ $((i % 2)) -eq 0 ] && echo none || echo "xla_gpu_command_buffer_scheduling_mode=CONCURRENT")
+            SPECDEC_XLA_OPTIONS="$xla_options" \
+            XLA_FLAGS="--xla_dump_to=/tmp/hlo_p$i --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*(decode_loop|spec_loop).*" \
+                step 230 "repeat_p$i" python scripts/check_repeatability.py --num-prompts 4 --repeats 2 \
+                --programs ar,default --tag "_p$i" --out "$dir" &
+        done
+        wait
+    done
+    for i in 1 2 3 4 5 6 7 8; do
         mkdir -p "$dir/hlo_p$i" && cp /tmp/hlo_p$i/*_loop*gpu_after_optimizations.txt "$dir/hlo_p$i/" 2>/dev/null
     done
-    step 60 compare_hlo python scripts/compare_hlo_dumps.py "$dir"/hlo_p1 "$dir"/hlo_p2 "$dir"/hlo_p3 "$dir"/hlo_p4
+    step 60 compare_hlo python scripts/compare_hlo_dumps.py "$dir"/hlo_p{1,2,3,4,5,6,7,8}
+    grep -H "| ngram |" "$dir"/repeatability_*_p*.md | sed "s|.*/repeatability_||" | head -40
     ;;
 fp32-g16)  # issue 12: the 9B float32 curve at gamma 16 (17-row products as TF32x3), paired with exact AR; then the
     # shipped Qwen end to end (n-gram, MTP) at this code
