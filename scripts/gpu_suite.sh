@@ -11,14 +11,14 @@
 #                                                  convstack, fixedcost, fixedcost-trace, cmdbuf,
 #                                                  cbwhile, cbmodes, concurrent, tune-replay, cbmodes2,
 #                                                  unroll, loops, fp32, fp32-check, looped-unroll, fp32-curve,
-#                                                  fp32-g16, stash, stash-check, stash-bits, repeat-procs
+#                                                  fp32-g16, stash, stash-check, stash-bits, repeat-procs, strict-xla
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -115,6 +115,48 @@ repeat-procs)  # the exact path's bf16 equality at the 9B shape varies between p
     done
     step 60 compare_hlo python scripts/compare_hlo_dumps.py "$dir"/hlo_p{1,2,3,4,5,6,7,8}
     grep -H "| ngram |" "$dir"/repeatability_*_p*.md | sed "s|.*/repeatability_||" | head -40
+    ;;
+strict-xla)  # the exact path's bf16 equality between processes (repeat-procs: under contention 6 of 8 processes gave
+    # 1-4 prompts of 4 unlike AR, both command-buffer schedules; within each, AR and spec share every GEMM configuration,
+    # but the split-K partial sums and the GDN gates are recomputed in fusions that XLA's fusion autotuner makes
+    # native in one loop and Triton in the other, differently per process). Candidate options: no fusion autotuner,
+    # no split-K, no excess precision; each checked to compile first, then eight processes four at a time as in
+    # repeat-procs with them, then their cost per step beside the default in one process (bench_fixed_cost)
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false
+    strict=$(python - <<'PY'
+import jax, jax.numpy as jnp
+wanted = {"xla_gpu_experimental_enable_fusion_autotuner": "False", "xla_gpu_experimental_force_split_k": "1",
+          "xla_allow_excess_precision": "False"}
+ok = []
+for k, v in wanted.items():
+    try:
+        jax.jit(lambda x: x * 2 + 1).lower(jnp.ones(8)).compile(compiler_options={k: v})
+        ok.append(f"{k}={v}")
+    except Exception as e:  # an option this jaxlib does not know
+        print(f"dropped {k}: {str(e)[:200]}", file=__import__("sys").stderr)
+print(";".join(ok))
+PY
+)
+    echo "strict options: $strict" | tee -a "$dir/suite.log"
+    for wave in 0 1; do
+        for j in 1 2 3 4; do
+            i=$((wave * 4 + j))
+            SPECDEC_XLA_OPTIONS="xla_gpu_command_buffer_scheduling_mode=CONCURRENT;$strict" \
+            XLA_FLAGS="--xla_dump_to=/tmp/hlo_s$i --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*(decode_loop|spec_loop).*" \
+                step 200 "repeat_s$i" python scripts/check_repeatability.py --num-prompts 4 --repeats 2 \
+                --programs ar,default --tag "_strict_p$i" --out "$dir" &
+        done
+        wait
+    done
+    for i in 1 2 3 4 5 6 7 8; do
+        mkdir -p "$dir/hlo_s$i" && cp /tmp/hlo_s$i/*_loop*gpu_after_optimizations.txt "$dir/hlo_s$i/" 2>/dev/null
+    done
+    step 60 compare_hlo python scripts/compare_hlo_dumps.py "$dir"/hlo_s{1,2,3,4,5,6,7,8}
+    unset XLA_PYTHON_CLIENT_PREALLOCATE
+    step 230 cost_9b python scripts/bench_fixed_cost.py --random-9b --gamma 8 --tokens 24,192 --repeats 3 \
+        --loop-option "$strict" --tag _strict --out "$dir"
+    grep -H "| ngram |" "$dir"/repeatability_*_p*.md | sed "s|.*/repeatability_||" | head -40
+    tail -20 "$dir"/fixed_cost_*_strict.md
     ;;
 fp32-g16)  # issue 12: the 9B float32 curve at gamma 16 (17-row products as TF32x3), paired with exact AR; then the
     # shipped Qwen end to end (n-gram, MTP) at this code
