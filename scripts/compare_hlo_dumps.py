@@ -76,7 +76,7 @@ def fusion_configs(path: str) -> collections.Counter:
             head = re.sub(r", metadata=\{[^}]*\}", "", line)
             shapes = re.search(r" = (.+?) custom-call\((.*?)\), custom_call_target", head)
             config = re.search(r", backend_config=(\{.*\})\s*$", head)
-            operands = re.sub(r"%[\w.\-]+", "", shapes.group(2)) if shapes else ""
+            operands = " ".join(re.findall(r"\w+\[[\d,]*\](?:\{[\d,]*\})?", shapes.group(2))) if shapes else ""
             result = re.sub(r"^\((.+?), s8\[\d+\]\{0\}\)$", r"\1", shapes.group(1)) if shapes else "?"  # no workspace
             found[(cublas.group(1), f"{result} <- ({operands.strip()})", (),
                    _without_scheduling(config.group(1)) if config else "")] += 1

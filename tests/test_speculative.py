@@ -243,7 +243,8 @@ def test_compiler_options_are_the_familys_on_the_gpu_none_elsewhere_and_the_envi
     assert compiled.compiler_options("qwen3_5") == {}  # this CPU backend
     monkeypatch.setattr(compiled.jax, "default_backend", lambda: "gpu")
     assert compiled.compiler_options("qwen3_5") == compiled.GPU_COMPILER_OPTIONS["qwen3_5"] != {}
-    assert compiled.compiler_options("looped") == {}  # not measured with them: XLA's defaults
+    assert compiled.compiler_options("looped") == compiled.EXACT_GPU_OPTIONS  # exactness options for every family
+    assert all(compiled.compiler_options(f).items() >= compiled.EXACT_GPU_OPTIONS.items() for f in ("qwen3_5", "looped"))
     monkeypatch.setenv("SPECDEC_XLA_OPTIONS", "none")
     assert compiled.compiler_options("qwen3_5") == {}
     monkeypatch.setenv("SPECDEC_XLA_OPTIONS", "a=1; b=x=y")

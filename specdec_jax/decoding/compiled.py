@@ -19,15 +19,28 @@ MAX_ENTRIES = 32
 _ENV_KEYS = ("SPECDEC_GDN_IMPLEMENTATION", "SPECDEC_MATVEC", "SPECDEC_GDN_REPLAY_STASH")
 _cache: collections.OrderedDict = collections.OrderedDict()
 
-# XLA options a family's generation programs compile with on the GPU, each chosen by a GPU measurement.
-# qwen3_5: XLA's command buffers scheduled CONCURRENT (independent kernels of a step may overlap) instead of
+# XLA options every family's generation programs compile with on the GPU, for exactness. The exact path compiles AR's
+# loop and the speculative loop as two programs whose decode forwards must round every row alike. With XLA's defaults
+# they did not, differently in each process: the fusion autotuner times native against Triton emitters per fusion and
+# picks per program, and split-K GEMMs leave partial sums that each consumer fusion reduces in its own order (at the
+# 9B shape the GDN gates and projections were native in one loop and Triton in the other). Measured on an H200 (JAX
+# 0.11.2), eight processes four at a time, 4 prompts each, gamma 16: with the defaults 6 of 8 processes gave 1-4
+# outputs unlike AR; with these options 8 of 8 gave every output equal, AR's and the speculative loop's GEMM and
+# fusion computations identical in each (benchmarks/results/repeatability_qwen35_9b_random_{procs,strict}.md). Cost:
+# AR 4.700 -> 4.876 ms per token, a gamma-8 step 4.968 -> 5.032 ms (fixed_cost_qwen35_9b_random_strict.md).
+EXACT_GPU_OPTIONS = {"xla_gpu_experimental_enable_fusion_autotuner": False,  # one emitter choice, by cost model
+                     "xla_gpu_experimental_force_split_k": 1,  # no split-K partial sums
+                     "xla_allow_excess_precision": False}  # every bf16 rounding the program asks for, in every fusion
+
+# qwen3_5 adds XLA's command buffers scheduled CONCURRENT (independent kernels of a step may overlap) instead of
 # serially. On an H200 (JAX 0.11.2), both loops compiled both ways and timed alternately in one process: at the 9B
 # shape AR 4.763 -> 4.633 ms per token and a gamma-8 speculative step 5.022 -> 4.939 ms; on the tiny checkpoint AR
 # 0.176 -> 0.163 ms and the step 0.210 -> 0.203 ms (benchmarks/results/fixed_cost_qwen35_9b_random_cbmodes.md,
-# fixed_cost_tiny-qwen35-code_cbmodes.md). Scheduling does not change any kernel's arithmetic. The update mode
-# SKIP_TEMP measured the same as the default there, and XLA's WHILE / CONDITIONAL command buffers (the speculative
-# loop on the device) slower (fixed_cost_*_cbwhile.md). The looped family is not measured with it: XLA's defaults.
-GPU_COMPILER_OPTIONS = {"qwen3_5": {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}}
+# fixed_cost_tiny-qwen35-code_cbmodes.md). Scheduling does not change any kernel's arithmetic (the processes above
+# alternated both schedules: no difference). The update mode SKIP_TEMP measured the same as the default there, and
+# XLA's WHILE / CONDITIONAL command buffers (the speculative loop on the device) slower (fixed_cost_*_cbwhile.md).
+GPU_COMPILER_OPTIONS = {"qwen3_5": {**EXACT_GPU_OPTIONS, "xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"},
+                        "looped": dict(EXACT_GPU_OPTIONS)}
 
 
 def compiler_options(family: str) -> dict:

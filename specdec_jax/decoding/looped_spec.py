@@ -74,7 +74,7 @@ from ..model import GenerateResult
 from ..models import looped
 from ..models.family import looped_family
 from .acceptance import leading_true, accept
-from .compiled import compiled
+from .compiled import compiled, compiler_options
 from .decode_shape import pad_rows
 from .looped_draft import (LoopedSpecState, das_wave_propose, draft_forward, sequential_propose,  # noqa: F401
                            shift_left, window_rope, window_update, write_slot)
@@ -296,9 +296,10 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
     static_p = dict(cfg=cfg, plan=plan, max_len=max_len, sampling=sampling, eos_ids=eos_ids, max_new_tokens=N,
                     state_dtype=dtype)
     static_l = dict(cfg=cfg, plan=plan, sampling=sampling, eos_ids=eos_ids, max_new_tokens=N)
-    prefill_c, compile_p = compiled(_prefill, static_p, model.params, prompt, key_first)
+    options = compiler_options("looped")  # the options AR's loop compiles with (exactness: compiled.EXACT_GPU_OPTIONS)
+    prefill_c, compile_p = compiled(_prefill, static_p, model.params, prompt, key_first, options=options)
     state_struct = jax.eval_shape(functools.partial(_prefill, **static_p), model.params, prompt, key_first)
-    loop_c, compile_l = compiled(_loop, static_l, model.params, state_struct, key_loop)
+    loop_c, compile_l = compiled(_loop, static_l, model.params, state_struct, key_loop, options=options)
     compile_s = compile_p + compile_l
 
     t0 = time.perf_counter()
