@@ -138,6 +138,7 @@ for k, v in wanted.items():
 print(";".join(ok))
 PY
 )
+    strict=${STRICT_OPTIONS:-$strict}  # another set to check the same way (tags: STRICT_TAG)
     echo "strict options: $strict" | tee -a "$dir/suite.log"
     for wave in 0 1; do
         for j in 1 2 3 4; do
@@ -145,7 +146,7 @@ PY
             SPECDEC_XLA_OPTIONS="xla_gpu_command_buffer_scheduling_mode=CONCURRENT;$strict" \
             XLA_FLAGS="--xla_dump_to=/tmp/hlo_s$i --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*(decode_loop|spec_loop).*" \
                 step 200 "repeat_s$i" python scripts/check_repeatability.py --num-prompts 4 --repeats 2 \
-                --programs ar,default --tag "_strict_p$i" --out "$dir" &
+                --programs ar,default --tag "_strict${STRICT_TAG:-}_p$i" --out "$dir" &
         done
         wait
     done
@@ -154,8 +155,8 @@ PY
     done
     step 60 compare_hlo python scripts/compare_hlo_dumps.py "$dir"/hlo_s{1,2,3,4,5,6,7,8}
     unset XLA_PYTHON_CLIENT_PREALLOCATE
-    step 230 cost_9b python scripts/bench_fixed_cost.py --random-9b --gamma 8 --tokens 24,192 --repeats 3 \
-        --loop-option "$strict" --tag _strict --out "$dir"
+    [ -z "${STRICT_SKIP_COST:-}" ] && step 230 cost_9b python scripts/bench_fixed_cost.py --random-9b --gamma 8 \
+        --tokens 24,192 --repeats 3 --loop-option "$strict" --tag _strict --out "$dir"
     grep -H "| ngram |" "$dir"/repeatability_*_p*.md | sed "s|.*/repeatability_||" | head -40
     tail -20 "$dir"/fixed_cost_*_strict.md
     ;;
