@@ -257,3 +257,41 @@ def test_while_loops_lists_each_loops_trip_count_and_what_its_body_launches():
     counted = GPU_LIKE_HLO.replace("body=%body.7", 'body=%body.7, backend_config={"known_trip_count":{"n":"23"}}')
     assert profiling.while_loops(counted)["while while.6 in ENTRY (body body.7)"]["known_trip_count"] == 23
     assert profiling.while_loops(GPU_LIKE_HLO.replace("while(", "call(")) == {}
+
+
+def _repeatability_result(commit: str, options: str | None, first_differences: list[list[int]]) -> dict:
+    rows = []
+    for prompt, diffs in enumerate(first_differences):
+        rows.append({"prompt": prompt, "program": "ar", "runs": 2, "equal_to_first_ar": 2, "distinct_outputs": 1,
+                     "first_differences": []})
+        rows.append({"prompt": prompt, "program": "ngram", "runs": 2, "equal_to_first_ar": 2 - len(diffs),
+                     "distinct_outputs": 1, "first_differences": diffs})
+    return {"benchmark": "check_repeatability", "device": "cpu", "platform": "cpu", "jax": "x", "jaxlib": "x",
+            "python": "3.12", "git_commit": commit, "command": "python scripts/check_repeatability.py",
+            "env": {} if options is None else {"SPECDEC_XLA_OPTIONS": options}, "model": "m", "damp": 0.02,
+            "gamma": 16, "decode_rows": 17, "max_new_tokens": 8, "prompt_len": 4, "repeats": 2, "rows": rows}
+
+
+def test_merge_repeatability_counts_processes_with_unequal_prompts(tmp_path, monkeypatch):
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from scripts import merge_repeatability
+    paths = []
+    for i, diffs in enumerate([[[], []], [[5, 5], []]]):
+        paths.append(tmp_path / f"p{i}.json")
+        paths[-1].write_text(json.dumps(_repeatability_result("c" * 40, "none" if i else None, diffs)))
+    log = tmp_path / "cmp.log"
+    log.write_text("/x/hlo_p1: 3 / 3 GEMM / fusion computations in AR / spec, 3 shared, 0 shared with different "
+                   "configurations\n  kinds: {}\n2 differences\n")
+    monkeypatch.setattr(sys, "argv", ["merge", "--name", "merged", "--hlo-log", str(log), "--out", str(tmp_path),
+                                      *map(str, paths)])
+    merge_repeatability.main()
+    out = json.loads((tmp_path / "merged.json").read_text())
+    assert out["processes_unequal"] == 1
+    assert [p["prompts_equal"] for p in out["processes"]] == [2, 1]
+    assert out["processes"][1]["first_differences"] == {"0": 5}  # JSON object keys are strings
+    assert out["hlo_comparison"][0].startswith("hlo_p1: 3 / 3")
+    assert "**1 of 2 processes" in (tmp_path / "merged.md").read_text()
+    paths[0].write_text(json.dumps({"benchmark": "bench_spec"}))
+    with pytest.raises(SystemExit, match="check_repeatability"):
+        merge_repeatability.main()

@@ -27,7 +27,13 @@ _cache: collections.OrderedDict = collections.OrderedDict()
 # 0.11.2), eight processes four at a time, 4 prompts each, gamma 16: with the defaults 6 of 8 processes gave 1-4
 # outputs unlike AR; with these options 8 of 8 gave every output equal, AR's and the speculative loop's GEMM and
 # fusion computations identical in each (benchmarks/results/repeatability_qwen35_9b_random_{procs,strict}.md). Cost:
-# AR 4.700 -> 4.876 ms per token, a gamma-8 step 4.968 -> 5.032 ms (fixed_cost_qwen35_9b_random_strict.md).
+# AR 4.700 -> 4.876 ms per token, a gamma-8 step 4.968 -> 5.032 ms (fixed_cost_qwen35_9b_random_strict.md). Each
+# option set back alone (fixed_cost_*_exact_options_each.md): the autotuner and excess precision cost nothing at the
+# 9B shape (the tiny checkpoint's step is 6% faster without the autotuner); split-K is the cost (9B: AR 3.4%, step
+# 1.3%; tiny: step 8%). Split-K alone back was exact in 8 of 8 processes at the 9B shape
+# (repeatability_qwen35_9b_random_strict_splitk.md), but its partial sums are reduced inside each consumer fusion,
+# whose emitter the cost model picks per fusion shape (AR's GDN gates see one row, verification's all): equal there,
+# not guaranteed for other shapes, so it stays off. SPECDEC_XLA_OPTIONS overrides all of this.
 EXACT_GPU_OPTIONS = {"xla_gpu_experimental_enable_fusion_autotuner": False,  # one emitter choice, by cost model
                      "xla_gpu_experimental_force_split_k": 1,  # no split-K partial sums
                      "xla_allow_excess_precision": False}  # every bf16 rounding the program asks for, in every fusion
