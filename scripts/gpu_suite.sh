@@ -52,6 +52,28 @@ huginn_layouts() {  # END_S LIMIT_END LOG_PREFIX CK_PREFIX [train args...]: buil
         --backprop-depth 4 --out "$dir/ck/$ck_prefix-141" "${common[@]}" &
     wait
 }
+process_waves() {  # LETTER TAG ODD_OPTIONS EVEN_OPTIONS: eight fresh processes, four at a time on the one GPU (their
+    # autotuning timed under contention), each generating 4 prompts twice by AR and by n-gram speculation with its
+    # loops' optimized HLO dumped (odd / even processes with SPECDEC_XLA_OPTIONS set as given); then the loops' GEMM and
+    # Triton computations compared within and across processes (compare_hlo_dumps.py)
+    local letter=$1 tag=$2 odd=$3 even=$4
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false  # four 9B models (each 31 GB at its peak while made) on one GPU
+    for wave in 0 1; do
+        for j in 1 2 3 4; do
+            local i=$((wave * 4 + j))
+            SPECDEC_XLA_OPTIONS="$([ $((i % 2)) -eq 0 ] && echo "$even" || echo "$odd")" \
+            XLA_FLAGS="--xla_dump_to=/tmp/hlo_$letter$i --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*(decode_loop|spec_loop).*" \
+                step 230 "repeat_$letter$i" python scripts/check_repeatability.py --num-prompts 4 --repeats 2 \
+                --programs ar,default --tag "${tag}_p$i" --out "$dir" &
+        done
+        wait
+    done
+    unset XLA_PYTHON_CLIENT_PREALLOCATE
+    for i in 1 2 3 4 5 6 7 8; do
+        mkdir -p "$dir/hlo_$letter$i" && cp /tmp/hlo_$letter$i/*_loop*gpu_after_optimizations.txt "$dir/hlo_$letter$i/" 2>/dev/null
+    done
+    step 60 compare_hlo python scripts/compare_hlo_dumps.py "$dir"/hlo_$letter{1,2,3,4,5,6,7,8}
+}
 case "$part" in
 fp32)  # issue 12: float32 at precision "highest": the forms of a few-row product at the 9B shapes (XLA's IEEE GEMM,
     # a float32 row reduction output- or row-major, the multi-pass tensor-core algorithms), then the 9B verification
@@ -98,23 +120,8 @@ repeat-procs)  # the exact path's bf16 equality at the 9B shape varies between p
     # fresh processes, four at a time on the one GPU (their autotuning timed under contention, as varied as it gets),
     # each generating 4 prompts twice by AR and by n-gram speculation (the stash as by default) with the optimized HLO
     # of its loops dumped; odd ones with the default CONCURRENT command-buffer schedule, even ones with XLA's own
-    # (SPECDEC_XLA_OPTIONS=none); then the GEMMs' and fusions' configurations compared within and across processes
-    export XLA_PYTHON_CLIENT_PREALLOCATE=false  # four 9B models (each 31 GB at its peak while made) on one GPU
-    for wave in 0 1; do
-        for j in 1 2 3 4; do
-            i=$((wave * 4 + j))
-            xla_options=$([ $((i % 2)) -eq 0 ] && echo none || echo "xla_gpu_command_buffer_scheduling_mode=CONCURRENT")
-            SPECDEC_XLA_OPTIONS="$xla_options" \
-            XLA_FLAGS="--xla_dump_to=/tmp/hlo_p$i --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*(decode_loop|spec_loop).*" \
-                step 230 "repeat_p$i" python scripts/check_repeatability.py --num-prompts 4 --repeats 2 \
-                --programs ar,default --tag "_p$i" --out "$dir" &
-        done
-        wait
-    done
-    for i in 1 2 3 4 5 6 7 8; do
-        mkdir -p "$dir/hlo_p$i" && cp /tmp/hlo_p$i/*_loop*gpu_after_optimizations.txt "$dir/hlo_p$i/" 2>/dev/null
-    done
-    step 60 compare_hlo python scripts/compare_hlo_dumps.py "$dir"/hlo_p{1,2,3,4,5,6,7,8}
+    # (SPECDEC_XLA_OPTIONS=none), XLA's defaults otherwise (as before compiled.EXACT_GPU_OPTIONS); then compared
+    process_waves p "" "xla_gpu_command_buffer_scheduling_mode=CONCURRENT" none
     grep -H "| ngram |" "$dir"/repeatability_*_p*.md | sed "s|.*/repeatability_||" | head -40
     ;;
 strict-xla)  # the exact path's bf16 equality between processes (repeat-procs: under contention 6 of 8 processes gave
@@ -123,7 +130,6 @@ strict-xla)  # the exact path's bf16 equality between processes (repeat-procs: u
     # native in one loop and Triton in the other, differently per process). Candidate options: no fusion autotuner,
     # no split-K, no excess precision; each checked to compile first, then eight processes four at a time as in
     # repeat-procs with them, then their cost per step beside the default in one process (bench_fixed_cost)
-    export XLA_PYTHON_CLIENT_PREALLOCATE=false
     strict=$(python - <<'PY'
 import jax, jax.numpy as jnp
 wanted = {"xla_gpu_experimental_enable_fusion_autotuner": "False", "xla_gpu_experimental_force_split_k": "1",
@@ -140,21 +146,8 @@ PY
 )
     strict=${STRICT_OPTIONS:-$strict}  # another set to check the same way (tags: STRICT_TAG)
     echo "strict options: $strict" | tee -a "$dir/suite.log"
-    for wave in 0 1; do
-        for j in 1 2 3 4; do
-            i=$((wave * 4 + j))
-            SPECDEC_XLA_OPTIONS="xla_gpu_command_buffer_scheduling_mode=CONCURRENT;$strict" \
-            XLA_FLAGS="--xla_dump_to=/tmp/hlo_s$i --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*(decode_loop|spec_loop).*" \
-                step 200 "repeat_s$i" python scripts/check_repeatability.py --num-prompts 4 --repeats 2 \
-                --programs ar,default --tag "_strict${STRICT_TAG:-}_p$i" --out "$dir" &
-        done
-        wait
-    done
-    for i in 1 2 3 4 5 6 7 8; do
-        mkdir -p "$dir/hlo_s$i" && cp /tmp/hlo_s$i/*_loop*gpu_after_optimizations.txt "$dir/hlo_s$i/" 2>/dev/null
-    done
-    step 60 compare_hlo python scripts/compare_hlo_dumps.py "$dir"/hlo_s{1,2,3,4,5,6,7,8}
-    unset XLA_PYTHON_CLIENT_PREALLOCATE
+    process_waves s "_strict${STRICT_TAG:-}" "xla_gpu_command_buffer_scheduling_mode=CONCURRENT;$strict" \
+        "xla_gpu_command_buffer_scheduling_mode=CONCURRENT;$strict"
     [ -z "${STRICT_SKIP_COST:-}" ] && step 230 cost_9b python scripts/bench_fixed_cost.py --random-9b --gamma 8 \
         --tokens 24,192 --repeats 3 --loop-option "$strict" --tag _strict --out "$dir"
     grep -H "| ngram |" "$dir"/repeatability_*_p*.md | sed "s|.*/repeatability_||" | head -40
