@@ -77,6 +77,20 @@ def test_huginn_fixture_greedy_equals_ar(fixtures, method, options):
         np.testing.assert_array_equal(result.tokens, official[:, prompt.shape[1]:])
 
 
+def test_looped_spec_programs_compile_with_the_familys_options(fixtures, monkeypatch):
+    """Exactness on the GPU needs AR's loop and this loop compiled with the same XLA options
+    (compiled.EXACT_GPU_OPTIONS): the options the family asks for reach every program compiled here."""
+    model, prompt, expected = fixtures["huginn_tiny"]
+    asked, seen = [], []
+    options = {"xla_allow_excess_precision": False}  # valid on any backend
+    monkeypatch.setattr(ls, "compiler_options", lambda family: asked.append(family) or dict(options))
+    real = ls.compiled
+    monkeypatch.setattr(ls, "compiled", lambda *a, **kw: seen.append(kw.get("options")) or real(*a, **kw))
+    result = ls.generate_looped_spec(model, prompt, 4, "self-spec", num_steps=8, eos_ids=(), draft_steps=2, gamma=2)
+    np.testing.assert_array_equal(result.tokens, expected[:, prompt.shape[1]:prompt.shape[1] + 4])
+    assert asked == ["looped"] and seen == [options, options]
+
+
 @pytest.mark.parametrize("method,options", [("self-spec", dict(draft_steps=3, gamma=3)),
                                             ("das-wave", dict(gamma=5, k=1, read_k="aligned", carry=False))])
 def test_raven_fixture_greedy_equals_ar(fixtures, method, options):
