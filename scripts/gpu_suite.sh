@@ -12,14 +12,14 @@
 #                                                  cbwhile, cbmodes, concurrent, tune-replay, cbmodes2,
 #                                                  unroll, loops, fp32, fp32-check, looped-unroll, fp32-curve,
 #                                                  fp32-g16, stash, stash-check, stash-bits, repeat-procs, strict-xla,
-#                                                  exact-options, exact-options-cost
+#                                                  exact-options, exact-options-cost, looped-options
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -178,6 +178,20 @@ exact-options-cost)  # what each exactness option costs (compiled.EXACT_GPU_OPTI
     step 260 cost_9b python scripts/bench_fixed_cost.py --random-9b --gamma 8 --tokens 24,192 --repeats 3 \
         --loop-option "$back" --loop-option "$split" --loop-option "$excess" --tag _exact_options_each --out "$dir"
     grep -h "^| ar\|^| spec" "$dir"/fixed_cost_*_each.md | grep -v "| 24 \|| 192 "
+    ;;
+looped-options)  # the exactness options on the looped family (tiny Huginn's AR was 12% slower under them,
+    # exact_tiny_huginn_exact_options.md): the exact path, AR and every lossless looped method, with each option set back
+    # alone (its own process each; speed and equality with AR)
+    exact="xla_gpu_experimental_enable_fusion_autotuner=False;xla_gpu_experimental_force_split_k=1;xla_allow_excess_precision=False"
+    step 120 exact_huginn_default python scripts/bench_exact.py --part tiny --models huginn --modes exact \
+        --num-prompts 8 --prompt-len 64 --tag _huginn_options_default --out "$dir"  # the baseline, same machine
+    for variant in "autotuner:${exact/enable_fusion_autotuner=False/enable_fusion_autotuner=True}" \
+                   "splitk:${exact/force_split_k=1/force_split_k=0}" \
+                   "excess:${exact/excess_precision=False/excess_precision=True}" "none:none"; do
+        SPECDEC_XLA_OPTIONS="${variant#*:}" step 120 "exact_huginn_${variant%%:*}" python scripts/bench_exact.py \
+            --part tiny --models huginn --modes exact --num-prompts 8 --prompt-len 64 \
+            --tag "_huginn_options_back_${variant%%:*}" --out "$dir"
+    done
     ;;
 fp32-g16)  # issue 12: the 9B float32 curve at gamma 16 (17-row products as TF32x3), paired with exact AR; then the
     # shipped Qwen end to end (n-gram, MTP) at this code
