@@ -43,6 +43,7 @@ import numpy as np  # noqa: E402
 from scripts.bench_looped_spec import huginn_config, random_model, tiny_config  # noqa: E402
 from specdec_jax.harness import alternate, compile_timed, finish_plot, result_header, write_results  # noqa: E402
 from specdec_jax.decoding import autoregressive as ar_mod  # noqa: E402
+from specdec_jax.decoding.compiled import compiler_options  # noqa: E402
 from specdec_jax.decoding import looped_spec as ls  # noqa: E402
 from specdec_jax.decoding.decode_shape import exact_rows  # noqa: E402
 from specdec_jax.decoding.sampling import SamplingConfig  # noqa: E402
@@ -125,7 +126,8 @@ def run_curve(args, model, on_row=None, t_start: float | None = None) -> dict:
     ar_rows = exact_rows({}, 0, "looped", None)  # what generate(method="ar") runs at by default
     lowered, max_len = lower_all(model, plans, prompt, key, R, N, ar_rows)
     print(f"lowered {len(lowered)} functions in {time.perf_counter() - t_start:.0f} s", flush=True)
-    exe, compile_s = compile_timed(lowered, args.workers)
+    # the looped family's XLA options, as generate() compiles them (compiled.EXACT_GPU_OPTIONS on the GPU)
+    exe, compile_s = compile_timed(lowered, args.workers, options=compiler_options("looped"))
     print(f"compiled in {time.perf_counter() - t_start:.0f} s since start (pool of {args.workers})", flush=True)
 
     def ar_run() -> float:

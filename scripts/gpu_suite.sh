@@ -12,14 +12,15 @@
 #                                                  cbwhile, cbmodes, concurrent, tune-replay, cbmodes2,
 #                                                  unroll, loops, fp32, fp32-check, looped-unroll, fp32-curve,
 #                                                  fp32-g16, stash, stash-check, stash-bits, repeat-procs, strict-xla,
-#                                                  exact-options, exact-options-cost, looped-options
+#                                                  exact-options, exact-options-cost, looped-options,
+#                                                  thunks, looped-curve-options
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -178,6 +179,29 @@ exact-options-cost)  # what each exactness option costs (compiled.EXACT_GPU_OPTI
     step 260 cost_9b python scripts/bench_fixed_cost.py --random-9b --gamma 8 --tokens 24,192 --repeats 3 \
         --loop-option "$back" --loop-option "$split" --loop-option "$excess" --tag _exact_options_each --out "$dir"
     grep -h "^| ar\|^| spec" "$dir"/fixed_cost_*_each.md | grep -v "| 24 \|| 192 "
+    ;;
+thunks)  # issue 12: where a speculative step's time outside kernels goes (the spec loop runs host-driven, AR's not):
+    # XLA's thunk sequences of both loops, before and after its thunk passes (which build the command buffers), 9B
+    # (compiled only) and tiny (timed too), then the 9B kernel profile at gamma 2 / 8 / 16 under the exactness options
+    dre='.*_(spec|decode)_loop.*'
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_dump_to=$dir/dump9b --xla_dump_hlo_module_re=$dre" step 150 hlo_9b \
+        python scripts/bench_fixed_cost.py --random-9b --gamma 8 --tokens 24,96 --hlo --hlo-only --tag _thunks \
+        --out "$dir"
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_dump_to=$dir/dumptiny --xla_dump_hlo_module_re=$dre" step 100 hlo_tiny \
+        python scripts/bench_fixed_cost.py --model checkpoints/tiny-qwen35-code --prompt-len 64 --gamma 8 \
+        --tokens 24,96 --repeats 3 --hlo --tag _thunks --out "$dir"
+    find "$dir/dump9b" "$dir/dumptiny" -type f ! -name '*thunk*' ! -name '*after_optimizations.txt' -delete
+    ls -la "$dir"/dump9b | head -20
+    step 170 profile_9b python scripts/bench_spec.py --random-9b --forced-acceptance 1.0 --exact on \
+        --curve-method ngram --rollbacks replay --gammas 2,8,16 --repeats 1 --max-new-tokens 64 --prompt-len 256 \
+        --kernel-profile --tag _exact_options_profile --out "$dir"
+    ;;
+looped-curve-options)  # the looped family's forced cost curve at the Huginn-0125 shape now compiled with the family's
+    # exactness options (the default since d39d21b; the row in the README predates them), then looped-options
+    step 240 looped_curve python scripts/bench_looped_curve.py --max-new-tokens 48 --repeats 1 --time-budget-s 200 \
+        --das-ps 0.5,0.8,0.9,0.95,0.97,0.98,1.0 --ps 0.5,0.8,1.0 \
+        --tiny-acceptance benchmarks/results/looped_spec_tiny-huginn-code_r32_20261201_174439.json --out "$dir"
+    bash "$0" looped-options "$out"
     ;;
 looped-options)  # the exactness options on the looped family (tiny Huginn's AR was 12% slower under them,
     # exact_tiny_huginn_exact_options.md): the exact path, AR and every lossless looped method, with each option set back
