@@ -57,6 +57,14 @@ def qwen_options() -> dict:
     return compiler_options("qwen3_5")
 
 
+def prefill_into(prefill, n_args: int, static: dict):
+    """`prefill` with one more positional argument after its first n_args: the previous call's final state, donated
+    and never read, so XLA writes the new state (the same shapes) over its buffers."""
+    def run(*args, **kw):
+        return prefill(*args[:n_args], **kw)
+    return jax.jit(run, static_argnames=tuple(static), donate_argnums=(n_args,), keep_unused=True)
+
+
 def fit_line(steps, seconds):
     """Least squares seconds = fixed + per_step * steps -> (fixed s, per_step s, max residual s)."""
     a = np.stack([np.ones(len(steps)), np.asarray(steps, float)], axis=1)
@@ -82,6 +90,9 @@ def main():
     ap.add_argument("--hlo", action="store_true", help="also write the loops' optimized HLO and list their while "
                     "loops (trip count, what the body launches)")
     ap.add_argument("--hlo-only", action="store_true", help="with --hlo: compile and write the HLO, time nothing")
+    ap.add_argument("--recycle", action="store_true",
+                    help="also a variant whose prefill writes its state over the previous call's final state (donated, "
+                         "unread): every call of a loop then gets the same state buffers")
     ap.add_argument("--tag", default="")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -101,6 +112,9 @@ def main():
                 for d in args.donate.split(",")]
     for opt in args.loop_option:
         variants.append(("options: " + opt, True, {**qwen_options(), **dict(kv.split("=", 1) for kv in opt.split(";"))}))
+
+    if args.recycle:
+        variants.append(("recycled", True, qwen_options()))
 
     from specdec_jax.decoding import autoregressive as ar_mod
     from specdec_jax.decoding import speculative as sp
@@ -127,6 +141,9 @@ def main():
     static_ap = dict(ops=ar_mod.ar_ops(QWEN35), cfg=cfg, max_len=max_len, state_dtype=model.dtype)
     logits_s, state_s = jax.eval_shape(functools.partial(ar_mod._prefill, **static_ap), params, prompt)
     jobs = {"ar_prefill": (functools.partial(ar_mod._prefill.lower, params, prompt, **static_ap), qwen_options())}
+    if args.recycle:
+        jobs["ar_prefill_into"] = (functools.partial(prefill_into(ar_mod._prefill, 2, static_ap).lower, params, prompt,
+                                                     state_s, **static_ap), qwen_options())
     for n in tokens:
         static_ad = dict(ops=ar_mod.ar_ops(QWEN35, ar_rows), cfg=cfg, max_new_tokens=n, sampling=sampling, eos_ids=())
         static_p = dict(cfg=cfg, max_len=max_len, sampling=sampling, eos_ids=(), state_dtype=model.dtype, gamma=g,
@@ -135,6 +152,9 @@ def main():
                         rollback="replay", impl="auto", decode_rows=rows)
         shapes = jax.eval_shape(functools.partial(sp._spec_prefill, **static_p), params, prompt, key)
         jobs["prefill", n] = (functools.partial(sp._spec_prefill.lower, params, prompt, key, **static_p), qwen_options())
+        if args.recycle:
+            jobs["prefill_into", n] = (functools.partial(prefill_into(sp._spec_prefill, 3, static_p).lower, params,
+                                                         prompt, key, shapes, **static_p), qwen_options())
         for label, donate, options in variants:
             ar_loop, spec_loop = (loop_fn(ar_mod._decode_loop, AR_STATIC, donate),
                                   loop_fn(sp._spec_loop, SPEC_STATIC, donate))
@@ -147,12 +167,22 @@ def main():
     print(f"compiled {len(exe)} functions in {time.perf_counter() - t0:.0f} s", flush=True)
 
     steps_of = {}
+    addresses = {}  # (loop, new tokens): every state buffer address a "recycled" call got
+    recycled = {}  # (loop, new tokens): the last "recycled" call's final state, for the next one's prefill
 
     def prepared(kind, n, d):  # a fresh prefill, then the loop call as a thunk
+        old = recycled.pop((kind, n), None) if d == "recycled" else None
         if kind == "ar":
-            logits, state = jax.block_until_ready(exe["ar_prefill"](params, prompt))
+            logits, state = jax.block_until_ready(exe["ar_prefill"](params, prompt) if old is None else
+                                                  exe["ar_prefill_into"](params, prompt, old))
+            if d == "recycled":
+                addresses.setdefault((kind, n), set()).update(x.unsafe_buffer_pointer() for x in jax.tree.leaves(state))
             return lambda: exe["ar", n, d](params, state, logits, key)
-        state, dstate = jax.block_until_ready(exe["prefill", n](params, prompt, key))
+        state, dstate = jax.block_until_ready(exe["prefill", n](params, prompt, key) if old is None else
+                                              exe["prefill_into", n](params, prompt, key, old))
+        if d == "recycled":  # the buffers a recycled call gets (the same every call when the state is recycled)
+            addresses.setdefault((kind, n), set()).update(
+                x.unsafe_buffer_pointer() for x in jax.tree.leaves((state, dstate)))
         return lambda: exe["spec", n, d](params, state, dstate, key, p)
 
     def run(kind, n, d):
@@ -161,6 +191,8 @@ def main():
         out = jax.block_until_ready(call())
         seconds = time.perf_counter() - t0  # before reading the step count back (a transfer of its own)
         steps_of[kind, n] = n - 1 if kind == "ar" else int(out[1].steps)
+        if d == "recycled":
+            recycled[kind, n] = out[1] if kind == "ar" else (out[1], out[2])
         return seconds
 
     header = result_header(name, " ".join(["python", *sys.argv]))
@@ -191,6 +223,11 @@ def main():
             fixed, per_step, resid = fit_line([c["steps"] for c in calls], [c["seconds"] for c in calls])
             result["fits"].append({"loop": kind, "variant": d, "donate": donate, "options": options, "fixed_ms": 1e3 * fixed, "per_step_ms": 1e3 * per_step,
                                    "max_residual_ms": 1e3 * resid})
+    if args.recycle:
+        leaves = {"ar": len(jax.tree.leaves(state_s)), "spec": len(jax.tree.leaves(shapes))}
+        result["recycled_addresses"] = {f"{k} {n}": {"distinct": len(a), "state_buffers": leaves[k]}
+                                        for (k, n), a in addresses.items()}
+        print("recycled calls' distinct state buffer addresses:", result["recycled_addresses"], flush=True)
     save(result, args)
     if args.trace:
         result["traces"] = {}

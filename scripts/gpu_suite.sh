@@ -13,14 +13,14 @@
 #                                                  unroll, loops, fp32, fp32-check, looped-unroll, fp32-curve,
 #                                                  fp32-g16, stash, stash-check, stash-bits, repeat-procs, strict-xla,
 #                                                  exact-options, exact-options-cost, looped-options,
-#                                                  thunks, looped-curve-options
+#                                                  thunks, looped-curve-options, recycle
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -202,6 +202,16 @@ looped-curve-options)  # the looped family's forced cost curve at the Huginn-012
         --das-ps 0.5,0.8,0.9,0.95,0.97,0.98,1.0 --ps 0.5,0.8,1.0 \
         --tiny-acceptance benchmarks/results/looped_spec_tiny-huginn-code_r32_20261201_174439.json --out "$dir"
     bash "$0" looped-options "$out"
+    ;;
+recycle)  # issue 12: is a call's fixed cost (1.7-2.0 ms per 9B call) XLA updating the loop's command buffers for new
+    # state buffers? Each loop also timed with its prefill writing over the previous call's final state (donated), so
+    # every call gets the same buffers (bench_fixed_cost.py --recycle), beside the default, tiny and 9B
+    step 120 recycle_tiny python scripts/bench_fixed_cost.py --model checkpoints/tiny-qwen35-code --prompt-len 64 \
+        --gamma 8 --tokens 24,96,192 --repeats 5 --recycle --tag _recycle --out "$dir"
+    step 200 recycle_9b python scripts/bench_fixed_cost.py --random-9b --gamma 8 --tokens 24,192 --repeats 3 \
+        --recycle --tag _recycle --out "$dir"
+    grep -h "distinct" "$dir"/*.log
+    grep -h "^| ar\|^| spec" "$dir"/fixed_cost_*_recycle.md | grep -v "| 24 \|| 96 \|| 192 "
     ;;
 looped-options)  # the exactness options on the looped family (tiny Huginn's AR was 12% slower under them,
     # exact_tiny_huginn_exact_options.md): the exact path, AR and every lossless looped method, with each option set back
