@@ -295,3 +295,22 @@ def test_merge_repeatability_counts_processes_with_unequal_prompts(tmp_path, mon
     paths[0].write_text(json.dumps({"benchmark": "bench_spec"}))
     with pytest.raises(SystemExit, match="check_repeatability"):
         merge_repeatability.main()
+
+
+def test_prefill_into_writes_the_new_state_over_the_old_buffers():
+    # bench_fixed_cost.py --recycle: the previous call's state, donated and unread, takes the new state (same addresses)
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import jax.numpy as jnp
+    from bench_fixed_cost import prefill_into
+
+    def prefill(x, *, rows):
+        return x.sum(), (jnp.zeros((rows, 4)) + x, jnp.ones((rows,), jnp.int32))
+
+    run = prefill_into(prefill, 1, {"rows": 3})
+    old = (jnp.full((3, 4), 7.0), jnp.zeros((3,), jnp.int32))
+    addresses = [a.unsafe_buffer_pointer() for a in old]
+    total, state = run(jnp.arange(4.0), old, rows=3)
+    assert [a.unsafe_buffer_pointer() for a in state] == addresses
+    np.testing.assert_array_equal(np.asarray(state[0]), np.tile(np.arange(4.0), (3, 1)))  # the new values, not 7s
+    assert float(total) == 6.0 and all(a.is_deleted() for a in old)
