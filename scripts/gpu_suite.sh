@@ -13,14 +13,15 @@
 #                                                  unroll, loops, fp32, fp32-check, looped-unroll, fp32-curve,
 #                                                  fp32-g16, stash, stash-check, stash-bits, repeat-procs, strict-xla,
 #                                                  exact-options, exact-options-cost, looped-options,
-#                                                  thunks, looped-curve-options, recycle
+#                                                  thunks, looped-curve-options, recycle,
+#                                                  mtp-blocks
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -732,6 +733,18 @@ retrained)  # issue 15 (and 12, 13, 14): the retrained checkpoints: every chain 
         --tag _huginn --out "$dir"
     step 140 looped_dw python scripts/bench_looped_spec.py --grid small --methods das-wave --num-prompts 8 \
         --time-budget-s 115 --out "$dir"
+    ;;
+mtp-blocks)  # issue 12: the MTP head's few-row forwards as decode-block kernels (pallas_kernels/decode_block, seven
+    # launches) against XLA's (~30): the head alone (bench_mtp_head.py), the tiny checkpoint end to end with both,
+    # and one MTP step kernel by kernel with both
+    step 150 mtp_head python scripts/bench_mtp_head.py --out "$dir"
+    step 270 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
+        --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
+        --e2e-methods "mtp:3:kernels='xla',mtp:3:kernels='blocks',mtp:4:kernels='xla',mtp:4:kernels='blocks',mtp:2:kernels='blocks',mtp-shortlist:4:kernels='blocks'" \
+        --tag _mtp_blocks --out "$dir"
+    step 130 profile python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --forced-acceptance 1.0 \
+        --exact on --curve-method "mtp:kernels='xla',mtp:kernels='blocks'" --rollbacks replay --gammas 3 --repeats 1 \
+        --max-new-tokens 64 --prompt-len 64 --kernel-profile --tag _mtp_blocks_profile --out "$dir"
     ;;
 *)
     echo "unknown part $part" >&2

@@ -66,15 +66,19 @@ def _table(model, options):
 
 def _mtp(model, options):
     from .drafters.mtp import MtpDrafter
-    return MtpDrafter(unroll=bool_option(options, "unroll_drafts", True))
+    drafter = MtpDrafter(unroll=bool_option(options, "unroll_drafts", True), kernels=options.get("kernels", "auto"))
+    drafter.check(model.params, model.config)
+    return drafter
 
 
 def _mtp_shortlist(model, options):
     from .drafters.mtp import MtpDrafter
     available = int(model.params["draft"]["shortlist"].shape[0])
-    return MtpDrafter(unroll=bool_option(options, "unroll_drafts", True),
-                      shortlist_size=int_option(options, "shortlist_size", available, 1, available,
-                                                " (the stored shortlist)"))
+    drafter = MtpDrafter(unroll=bool_option(options, "unroll_drafts", True), kernels=options.get("kernels", "auto"),
+                         shortlist_size=int_option(options, "shortlist_size", available, 1, available,
+                                                   " (the stored shortlist)"))
+    drafter.check(model.params, model.config)
+    return drafter
 
 
 def _shortlist_size(model, options) -> int:
@@ -136,9 +140,9 @@ REGISTRY: tuple[MethodSpec, ...] = (
     MethodSpec("ngram-table", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"search"},
                needs=f"a model n-gram table ({DRAFT_TABLES_FILE}, scripts/build_draft_tables.py)",
                available=lambda m: "table_keys" in _tables(m), drafter=_table),
-    MethodSpec("mtp", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"unroll_drafts"}, needs=_MTP_NEED, available=_has_mtp,
+    MethodSpec("mtp", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"unroll_drafts", "kernels"}, needs=_MTP_NEED, available=_has_mtp,
                drafter=_mtp, default_gamma=MTP_GAMMA),
-    MethodSpec("mtp-shortlist", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"shortlist_size", "unroll_drafts"},
+    MethodSpec("mtp-shortlist", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"shortlist_size", "unroll_drafts", "kernels"},
                needs=f"the MTP head and a token shortlist ({DRAFT_TABLES_FILE}, scripts/build_draft_tables.py)",
                available=lambda m: _has_mtp(m) and "shortlist" in _tables(m), drafter=_mtp_shortlist,
                default_gamma=MTP_GAMMA),

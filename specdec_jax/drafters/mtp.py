@@ -25,9 +25,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_kernels import decode_block
+
 from ..decoding.sampling import SamplingConfig, probabilities, select_token, shortlist_choice
+from ..errors import InputError
 from ..models import mtp as mtp_head
 from ..models import qwen35
+
+KERNELS = ("auto", "xla", "blocks")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +43,11 @@ class MtpDrafter:
     # own command buffer around it; unrolled, the step stays one. Chosen on the H200, tiny checkpoint end to end:
     # gamma 3 1.42x -> 1.54x, gamma 4 1.33x -> 1.43x over AR (benchmarks/results/spec_tiny-qwen35-code_unroll.md).
     unroll: bool = True
+    # How the head runs its few-row forwards (each draft, and the update after verification): "xla" (the jnp
+    # forward, ~30 launches), "blocks" (pallas_kernels/decode_block: seven launches; refused where
+    # `mtp_head.blocks_supported` says no) or "auto" (blocks on the GPU where supported, else xla). The prompt's
+    # forward always runs as xla.
+    kernels: str = "auto"
     deterministic = False
     needs_hidden = True
 
@@ -62,14 +72,34 @@ class MtpDrafter:
         ids = select_token(logits, key, sampling).astype(jnp.int32)
         return ids, (None if sampling.greedy else probabilities(logits, sampling))
 
+    def check(self, params, cfg) -> None:
+        """One clear error, before any compute, for kernels the head cannot run."""
+        if self.kernels not in KERNELS:
+            raise InputError(f"kernels must be one of {list(KERNELS)}; got {self.kernels!r}")
+        if self.kernels == "blocks" and not self._blocks_fit(params, cfg, 1):
+            raise InputError("kernels='blocks': this MTP head does not fit the decode-block kernels (one device, a "
+                             "dense MLP, a power-of-two head dim, sizes with power-of-two blocks >= 16); use "
+                             "kernels='xla'")
+
+    def _blocks_fit(self, params, cfg, rows: int) -> bool:
+        return mtp_head.blocks_supported(params, cfg, rows, decode_block.BLOCK_S, self.shortlist_size or None)
+
+    def _head(self, params):
+        head = qwen35.lm_head_weight(params)
+        return head[params["draft"]["shortlist"][: self.shortlist_size]] if self.shortlist_size else head  # [N, D]
+
     def _run(self, params, cfg, hidden, next_ids, k, v, positions):
+        blocks = self.kernels == "blocks" or (self.kernels == "auto" and jax.default_backend() == "gpu")
+        if blocks and k.shape[1] % decode_block.BLOCK_S == 0 and self._blocks_fit(params, cfg, next_ids.shape[1]):
+            return mtp_head.mtp_forward_blocks(params, cfg, hidden, next_ids, k, v, positions,
+                                               head=self._head(params))
         _, hout, k, v = mtp_head.mtp_forward(params, cfg, hidden, next_ids, k, v, positions, compute_logits=False)
         return self._head_logits(params, hout), hout, k, v
 
     # ------------------------------------------------------------------------------- interface
     def init(self, params, cfg, prompt, max_len, *, hidden, first_token, **_):
         B, T = prompt.shape
-        k, v = mtp_head.init_mtp_cache(cfg, B, max_len, params["embed"].dtype)
+        k, v = mtp_head.init_mtp_cache(cfg, B, max_len, params["embed"].dtype, round_to=decode_block.BLOCK_S)
         next_ids = jnp.concatenate([prompt[:, 1:], first_token[:, None]], axis=1)  # [B, T]
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T))
         logits, hout, k, v = self._run(params, cfg, hidden, next_ids, k, v, positions)

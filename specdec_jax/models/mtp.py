@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_kernels import decode_block
+
 from .. import sharding
 from ..config import Qwen35Config
 from . import layers as L
@@ -35,16 +37,19 @@ def _norm(x: jax.Array, w: jax.Array, cfg: Qwen35Config) -> jax.Array:
     return L.rms_norm(x, w, cfg.rms_norm_eps, zero_centered=True)
 
 
-def init_mtp_cache(cfg: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat16) -> tuple[jax.Array, jax.Array]:
+def init_mtp_cache(cfg: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat16, *,
+                   round_to: int = 1) -> tuple[jax.Array, jax.Array]:
     """Empty K and V caches of the MTP layer, each [B, S, NKV, hd] (split over its heads under a mesh, as the
-    target's caches)."""
-    shape = (batch, max_len, qwen35.kv_heads(cfg), cfg.head_dim)
+    target's caches); S is max_len rounded up to a multiple of round_to (the decode blocks read whole blocks of
+    slots: `decode_block.BLOCK_S`; slots past the written ones are masked)."""
+    shape = (batch, -(-max_len // round_to) * round_to, qwen35.kv_heads(cfg), cfg.head_dim)
     return tuple(sharding.constrain(jnp.zeros(shape, dtype), cfg.mesh, sharding.STATE_PARTITIONS[field])
                  for field in ("keys", "values"))
 
 
 def mtp_forward(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_ids: jax.Array, k_cache: jax.Array,
-                v_cache: jax.Array, positions: jax.Array, *, layer: int = 0, compute_logits: bool = True):
+                v_cache: jax.Array, positions: jax.Array, *, layer: int = 0, compute_logits: bool = True,
+                head: jax.Array | None = None):
     """MTP head on T positions continuing its own KV cache.
 
     hidden [B, T, D]: the target's final-normed hidden states at positions `positions` [B, T] int32
@@ -53,7 +58,8 @@ def mtp_forward(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_ids: ja
     (slots past the committed length must be stale-but-masked, as in the target's cache).
     Returns (logits [B, T, vocab] float32 predicting the tokens at positions + 2 (None when
     compute_logits=False: a shortlist drafter projects hidden_out itself), hidden_out [B, T, D]
-    (after mtp.norm), new k_cache, new v_cache).
+    (after mtp.norm), new k_cache, new v_cache). head [N, D]: the output head's rows to project on (default the
+    whole vocabulary's).
     """
     mp = params["mtp"]
     dtype = params["embed"].dtype
@@ -69,9 +75,60 @@ def mtp_forward(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_ids: ja
     hidden_out = _norm(x, mp["norm"], cfg)
     if not compute_logits:
         return None, hidden_out, k_cache, v_cache
-    logits = lax.dot_general(hidden_out, qwen35.lm_head_weight(params).astype(dtype), (((2,), (1,)), ((), ())),
+    head = qwen35.lm_head_weight(params) if head is None else head
+    logits = lax.dot_general(hidden_out, head.astype(dtype), (((2,), (1,)), ((), ())),
                              preferred_element_type=jnp.float32)
     return logits, hidden_out, k_cache, v_cache
+
+
+def blocks_supported(params: dict, cfg: Qwen35Config, rows: int, cache_len: int, head_rows: int | None = None) -> bool:
+    """Whether `mtp_forward_blocks` takes this head and shape: one device, a dense MLP, a power-of-two head dim,
+    at most decode_block.MAX_ROWS positions (`rows`) per batch row, a cache of whole attention blocks and product
+    sizes the kernels tile."""
+    if cfg.mesh is not None or cfg.is_moe or len(params["mtp"]["layers"]) != 1:
+        return False
+    D, hd, nH, nKV = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, qwen35.kv_heads(cfg)
+    F = params["mtp"]["layers"][0]["mlp"]["gate_up_proj"].shape[0] // 2
+    vocab = qwen35.lm_head_weight(params).shape[0] if head_rows is None else head_rows
+    linears = [(2 * D, D, 2), (D, 2 * (nH + nKV) * hd, 1), (nH * hd, D, 1), (D, F, 1), (F, D, 1), (D, vocab, 1)]
+    return (rows <= decode_block.MAX_ROWS and hd >= 16 and hd & (hd - 1) == 0 and cache_len % decode_block.BLOCK_S == 0
+            and all(decode_block.linear_shape_supported(*shape) for shape in linears))
+
+
+def mtp_forward_blocks(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_ids: jax.Array, k_cache: jax.Array,
+                       v_cache: jax.Array, positions: jax.Array, *, head: jax.Array | None = None,
+                       implementation: str = "auto"):
+    """`mtp_forward` for a few rows (`blocks_supported`) in six launches: fc, qkv, attention (with the cache
+    write), output projection, SwiGLU, down projection, output head (pallas_kernels/decode_block). Same math;
+    the float32 rounding order differs, so it drafts, it does not decide. Returns (logits, hidden_out, k, v)."""
+    mp = params["mtp"]
+    p = mp["layers"][0]
+    dtype = params["embed"].dtype
+    B, T = next_ids.shape
+    tp = max(16, 1 << (T - 1).bit_length())  # positions per batch row, and all rows (the kernels' operands):
+    rows = 1 << (B * tp - 1).bit_length()  # powers of two >= 16 (Triton)
+    nH, hd = cfg.num_attention_heads, cfg.head_dim
+    pad_rows = lambda a: jnp.pad(a, ((0, rows - B * tp), (0, 0)))
+    pad = lambda a: pad_rows(jnp.pad(a, ((0, 0), (0, tp - T), (0, 0))).reshape(B * tp, a.shape[-1]))
+    x = pad(jnp.concatenate([params["embed"][next_ids].astype(dtype), hidden.astype(dtype)], axis=-1))
+    kw = dict(eps=cfg.rms_norm_eps, implementation=implementation)
+    x = decode_block.block_linear(x, mp["fc"].astype(dtype), norms=(mp["pre_fc_norm_embedding"],
+                                                                   mp["pre_fc_norm_hidden"]), **kw)
+    qkv = decode_block.block_linear(x, p["mixer"]["qkv_proj"].astype(dtype), norms=(p["input_norm"],), **kw)
+    inv_freq = L.rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling_dict)
+    freqs = decode_block.rope_frequencies(hd, inv_freq)
+    a, k_cache, v_cache = decode_block.cached_attention(
+        qkv[: B * tp].reshape(B, tp, -1), positions[:, 0], k_cache, v_cache, p["mixer"]["q_norm"], p["mixer"]["k_norm"], freqs,
+        n_heads=nH, n_new=T, mscale=L.rope_attention_factor(cfg.rope_scaling_dict), **kw)
+    x = decode_block.block_linear(pad_rows(a.reshape(B * tp, nH * hd)), p["mixer"]["o_proj"].astype(dtype), residual=x, **kw)
+    h = decode_block.block_linear(x, p["mlp"]["gate_up_proj"].astype(dtype), norms=(p["post_norm"],),
+                                  epilogue="silu_mul", **kw)
+    x = decode_block.block_linear(h, p["mlp"]["down_proj"].astype(dtype), residual=x, **kw)
+    head = qwen35.lm_head_weight(params) if head is None else head
+    logits, hidden_out = decode_block.block_linear(x, head.astype(dtype), norms=(mp["norm"],), want_normed=True,
+                                                   out_dtype=jnp.float32, **kw)
+    unpad = lambda a: a[: B * tp].reshape(B, tp, a.shape[-1])[:, :T]
+    return unpad(logits), unpad(hidden_out), k_cache, v_cache
 
 
 def mtp_forward_train(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_ids: jax.Array):

@@ -1,0 +1,70 @@
+"""Decode blocks: a transformer layer's few-row pieces (normed products with fused epilogues, gated attention over a
+KV cache) in few launches, for drafts, whose numerics need not match the target's bit for bit.
+
+    implementation = "reference"  pure jnp (reference.py), runs everywhere
+                     "pallas"     Pallas (Triton) kernels (kernels.py); interpret mode off the GPU (tests)
+
+`default_implementation()`: see DEFAULT_ON_GPU. README.md has the math and the measurements.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from . import reference
+from .reference import EPILOGUES, rope_frequencies
+
+IMPLEMENTATIONS = ("reference", "pallas")
+MAX_ROWS = 16  # rows (batch x positions) a block kernel takes: decode and chain verification sizes
+BLOCK_S = 64  # cache slots per attention block: a cache's length must be a multiple of it
+
+
+def _kernels():
+    from . import kernels
+    return kernels
+
+
+def default_implementation() -> str:
+    """Pallas on the GPU, the reference elsewhere."""
+    return "pallas" if jax.default_backend() == "gpu" else "reference"
+
+
+def resolve(implementation: str | None) -> str:
+    impl = default_implementation() if implementation in (None, "auto") else implementation
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"decode_block: implementation must be one of {IMPLEMENTATIONS} or 'auto'; got {impl!r}")
+    return impl
+
+
+def linear_shape_supported(din: int, dout: int, segments: int = 1) -> bool:
+    """Whether `block_linear` takes a [*, din] x [dout, din] product (normed in `segments` equal parts)."""
+    if din % segments:
+        return False
+    seg = din // segments
+    return all(n % 16 == 0 for n in (seg, dout))
+
+
+def block_linear(x, w, *, norms=(), eps=1e-6, residual=None, epilogue="none", want_normed=False, out_dtype=None,
+                 implementation="auto"):
+    """y = epilogue(norm(x) @ w^T) (+ residual): reference.block_linear. x [M, Din], M a power of two >= 16."""
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"block_linear: epilogue must be one of {EPILOGUES}; got {epilogue!r}")
+    kw = dict(norms=tuple(norms), eps=eps, residual=residual, epilogue=epilogue, want_normed=want_normed,
+              out_dtype=out_dtype)
+    if resolve(implementation) == "reference":
+        return reference.block_linear(x, w, **kw)
+    return _kernels().block_linear(x, w, interpret=jax.default_backend() != "gpu", **kw)
+
+
+def cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, *, n_heads, n_new, eps=1e-6,
+                     mscale=1.0, implementation="auto"):
+    """Gated attention of a few new rows over a KV cache, the new keys / values written: reference.cached_attention."""
+    kw = dict(n_heads=n_heads, n_new=n_new, eps=eps, mscale=mscale)
+    if resolve(implementation) == "reference":
+        return reference.cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, **kw)
+    return _kernels().cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs,
+                                       block_s=BLOCK_S, interpret=jax.default_backend() != "gpu", **kw)
+
+
+__all__ = ["IMPLEMENTATIONS", "MAX_ROWS", "BLOCK_S", "EPILOGUES", "block_linear", "cached_attention", "rope_frequencies",
+           "default_implementation", "resolve", "linear_shape_supported"]

@@ -1,0 +1,201 @@
+"""Decode-block ops as Pallas (Triton backend) kernels: the reference's math (reference.py) in few launches.
+
+`block_linear`: grid over blocks of output columns; every program norms the whole (few-row) input itself, so the
+norm, the product and the epilogue (SwiGLU, residual) are one launch. `cached_attention`: one program per
+(batch row, query head): head norms, RoPE, the cache write of the new keys / values, attention over the cache
+(online softmax over blocks of slots) and over the new rows (from registers), and the sigmoid gate. Every value
+in a kernel has power-of-two dimensions (Triton): rows are padded by the caller to a power of two >= 16.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from .reference import rotate_half_matrix
+
+F32 = jnp.float32
+NEG = -1e30  # finite "minus infinity": a fully masked block must not give inf - inf
+
+
+def _dot(a, b, *, trans_b=False):
+    precision = lax.Precision.HIGHEST if a.dtype == F32 else None
+    return lax.dot_general(a, b, (((1,), (1 if trans_b else 0,)), ((), ())), precision=precision,
+                           preferred_element_type=F32)
+
+
+def _norm0(x32, w, eps):
+    return x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps) * (1.0 + w.astype(F32))
+
+
+def _linear_kernel(*refs, n_norms, eps, epilogue, has_residual, want_normed, block_k):
+    x_ref, refs = refs[0], refs[1:]
+    w_refs, refs = (refs[:2], refs[2:]) if epilogue == "silu_mul" else (refs[:1], refs[1:])
+    norm_refs, refs = refs[:n_norms], refs[n_norms:]
+    res_ref, refs = (refs[0], refs[1:]) if has_residual else (None, refs)
+    y_ref = refs[0]
+    normed_ref = refs[1] if want_normed else None
+    din = x_ref.shape[1]
+    seg = din // max(n_norms, 1)
+    scales = []  # per segment: 1 / rms [M, 1] float32
+    for s in range(n_norms):
+        ss = 0.0
+        for k0 in range(s * seg, (s + 1) * seg, block_k):
+            xb = x_ref[:, pl.ds(k0, block_k)].astype(F32)
+            ss = ss + jnp.sum(xb * xb, axis=1, keepdims=True)
+        scales.append(lax.rsqrt(ss / seg + eps))
+    accs = [0.0 for _ in w_refs]
+    for k0 in range(0, din, block_k):
+        a = x_ref[:, pl.ds(k0, block_k)]
+        if n_norms:
+            s = k0 // seg
+            nw = norm_refs[s][pl.ds(k0 - s * seg, block_k)].astype(F32)
+            a = (a.astype(F32) * scales[s] * (1.0 + nw)[None, :]).astype(x_ref.dtype)
+            if want_normed:
+                normed_ref[:, pl.ds(k0, block_k)] = a
+        for i, w_ref in enumerate(w_refs):
+            accs[i] = accs[i] + _dot(a, w_ref[:, pl.ds(k0, block_k)].astype(a.dtype), trans_b=True)
+    y = accs[0]
+    if epilogue == "silu_mul":
+        y = jax.nn.silu(y) * accs[1]
+    if res_ref is not None:
+        y = y + res_ref[...].astype(F32)
+    y_ref[...] = y.astype(y_ref.dtype)
+
+
+def pow2_block(n: int, most: int) -> int:
+    """The largest power of two <= most dividing n (0 when below 16: Triton's smallest product operand)."""
+    b = most
+    while b >= 16 and n % b:
+        b //= 2
+    return b if b >= 16 else 0
+
+
+def block_linear(x, w, *, norms=(), eps=1e-6, residual=None, epilogue="none", want_normed=False, out_dtype=None,
+                 block_n=64, block_k=256, num_warps=4, interpret=False):
+    """reference.block_linear as one launch; x [M, Din] with M a power of two >= 16; Din (per norm segment) and
+    Dout need a power-of-two divisor >= 16 (`pow2_block`)."""
+    m, din = x.shape
+    dout = w.shape[0] // (2 if epilogue == "silu_mul" else 1)
+    block_n, block_k = pow2_block(dout, block_n), pow2_block(din // max(len(norms), 1), block_k)
+    if not (block_n and block_k):
+        raise ValueError(f"block_linear: [{m}, {din}] x [{dout}, {din}] has no power-of-two blocks >= 16")
+    nb = dout // block_n
+    row = lambda j: (j, 0)
+    in_specs = [pl.BlockSpec((m, din), lambda j: (0, 0)), pl.BlockSpec((block_n, din), row)]
+    args = [x, w]
+    if epilogue == "silu_mul":
+        in_specs.append(pl.BlockSpec((block_n, din), lambda j: (j + nb, 0)))
+        args.append(w)
+    for nw in norms:
+        in_specs.append(pl.BlockSpec(nw.shape, lambda j: (0,)))
+        args.append(nw)
+    if residual is not None:
+        in_specs.append(pl.BlockSpec((m, block_n), lambda j: (0, j)))
+        args.append(residual)
+    out_specs = [pl.BlockSpec((m, block_n), lambda j: (0, j))]
+    out_shape = [jax.ShapeDtypeStruct((m, dout), out_dtype or x.dtype)]
+    if want_normed:  # every program writes the same normed input (no program-dependent branch)
+        out_specs.append(pl.BlockSpec((m, din), lambda j: (0, 0)))
+        out_shape.append(jax.ShapeDtypeStruct((m, din), x.dtype))
+    outs = pl.pallas_call(
+        functools.partial(_linear_kernel, n_norms=len(norms), eps=eps, epilogue=epilogue,
+                          has_residual=residual is not None, want_normed=want_normed, block_k=block_k),
+        grid=(nb,), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+        compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret, name="block_linear",
+    )(*args)
+    return (outs[0], outs[1]) if want_normed else outs[0]
+
+
+def _attention_kernel(start_ref, qkv_ref, kc_ref, vc_ref, qn_ref, kn_ref, freq_ref, o_ref, kc_out, vc_out, *, n_heads,
+                      n_kv, n_new, eps, mscale, block_s, half):
+    b, h = pl.program_id(0), pl.program_id(1)
+    tp, hd = o_ref.shape
+    group = n_heads // n_kv
+    start = start_ref[b]
+    dtype = qkv_ref.dtype
+    rows = lax.broadcasted_iota(jnp.int32, (tp, 1), 0)
+    angle = (start + rows).astype(F32) * freq_ref[...][None, :]  # [Tp, hd]
+    cos, sin = jnp.cos(angle) * mscale, jnp.sin(angle) * mscale
+    rotate = rotate_half_matrix(hd, half, dtype)  # built from iotas (no constant); the product is exact
+
+    def head(x, w):  # head norm, then RoPE: [Tp, hd] in dtype
+        xn = _norm0(x.astype(F32), w, eps).astype(dtype)
+        rot = _dot(xn, rotate)
+        return (xn.astype(F32) * cos + rot * sin).astype(dtype)
+
+    q = head(qkv_ref[:, pl.ds(h * 2 * hd, hd)], qn_ref[...])
+    gate = qkv_ref[:, pl.ds(h * 2 * hd + hd, hd)].astype(F32)
+    k_new = head(qkv_ref[:, pl.ds((2 * n_heads + 0) * hd + (h // group) * hd, hd)], kn_ref[...])
+    v_new = qkv_ref[:, pl.ds((2 * n_heads + n_kv) * hd + (h // group) * hd, hd)]
+    scale = hd ** -0.5
+
+    def block(s, carry):  # cache slots [s * block_s, (s + 1) * block_s), visible where < start
+        m, l, acc = carry
+        kb = kc_ref[pl.ds(s * block_s, block_s), :].astype(dtype)
+        vb = vc_ref[pl.ds(s * block_s, block_s), :].astype(dtype)
+        sc = _dot(q, kb, trans_b=True) * scale  # [Tp, BS]
+        slot = s * block_s + lax.broadcasted_iota(jnp.int32, (1, block_s), 1)
+        sc = jnp.where(slot < start, sc, NEG)
+        m_new = jnp.maximum(m, jnp.max(sc, axis=1, keepdims=True))
+        p = jnp.exp(sc - m_new)
+        corr = jnp.exp(m - m_new)
+        return m_new, l * corr + jnp.sum(p, axis=1, keepdims=True), acc * corr + _dot(p.astype(dtype), vb)
+
+    carry = (jnp.full((tp, 1), NEG, F32), jnp.zeros((tp, 1), F32), jnp.zeros((tp, hd), F32))
+    m, l, acc = lax.fori_loop(0, (start + block_s - 1) // block_s, block, carry)
+    sc = _dot(q, k_new, trans_b=True) * scale  # [Tp, Tp]: the new rows, causal
+    col = lax.broadcasted_iota(jnp.int32, (1, tp), 1)
+    sc = jnp.where((col <= rows) & (col < n_new), sc, NEG)
+    m_new = jnp.maximum(m, jnp.max(sc, axis=1, keepdims=True))
+    p = jnp.exp(sc - m_new)
+    corr = jnp.exp(m - m_new)
+    l = l * corr + jnp.sum(p, axis=1, keepdims=True)
+    acc = acc * corr + _dot(p.astype(dtype), v_new)
+    o_ref[...] = (acc / l * jax.nn.sigmoid(gate)).astype(o_ref.dtype)
+    # The new keys and values into the cache, row by row at a scalar slot (always in range), by one program per key
+    # head; slots >= start were never read. (A row of a value is taken by a masked sum: Triton has no row indexing.)
+    writer = jnp.full((hd,), h % group == 0)
+    for t in range(n_new):
+        pick = rows == t
+        plt.store(kc_out.at[start + t, :], jnp.sum(jnp.where(pick, k_new.astype(F32), 0.0), axis=0)
+                  .astype(kc_out.dtype), mask=writer)
+        plt.store(vc_out.at[start + t, :], jnp.sum(jnp.where(pick, v_new.astype(F32), 0.0), axis=0)
+                  .astype(vc_out.dtype), mask=writer)
+
+
+def cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, *, n_heads, n_new, eps=1e-6,
+                     mscale=1.0, block_s=64, num_warps=4, interpret=False):
+    """reference.cached_attention as one launch; the caches are updated in place (aliased).
+
+    qkv [B, Tp, ...] with Tp a power of two >= 16; the cache length S a multiple of block_s (the caller pads; a block
+    read past S would be out of bounds)."""
+    if k_cache.shape[1] % block_s:
+        raise ValueError(f"cached_attention: cache length {k_cache.shape[1]} is not a multiple of block_s={block_s}")
+    b, tp, width = qkv.shape
+    _, s_len, n_kv, hd = k_cache.shape
+    group = n_heads // n_kv
+    starts = jnp.zeros((max(16, 1 << (b - 1).bit_length()),), jnp.int32).at[:b].set(start.astype(jnp.int32))
+    cache_spec = pl.BlockSpec((None, s_len, None, hd), lambda i, h: (i, 0, h // group, 0))
+    vec = lambda n: pl.BlockSpec((n,), lambda i, h: (0,))
+    in_specs = [vec(starts.shape[0]), pl.BlockSpec((None, tp, width), lambda i, h: (i, 0, 0)), cache_spec,
+                cache_spec, vec(hd), vec(hd), vec(hd)]
+    out_specs = [pl.BlockSpec((None, tp, hd), lambda i, h: (i, 0, h)), cache_spec, cache_spec]
+    out_shape = [jax.ShapeDtypeStruct((b, tp, n_heads * hd), qkv.dtype),
+                 jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype), jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)]
+    out, k_cache, v_cache = pl.pallas_call(
+        functools.partial(_attention_kernel, n_heads=n_heads, n_kv=n_kv, n_new=n_new, eps=eps, mscale=mscale,
+                          block_s=block_s, half=int(np.count_nonzero(np.asarray(freqs))) // 2),
+        grid=(b, n_heads), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+        input_output_aliases={2: 1, 3: 2},  # read below start, written from start: one buffer, no overlap
+        compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret, name="cached_attention",
+    )(starts, qkv, k_cache, v_cache, q_norm, k_norm, jnp.asarray(freqs, F32))
+    return out, k_cache, v_cache

@@ -1,0 +1,120 @@
+"""Pure-jnp references of the decode-block ops (the math the Pallas kernels compute; README.md).
+
+Rows are the flattened (batch, position) pairs of a few-token forward, zero-padded by the caller. Norms are
+Qwen3.5's zero-centred RMSNorm (x_hat * (1 + w)) in float32, cast to the activation dtype before a product;
+products accumulate in float32.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+F32 = jnp.float32
+EPILOGUES = ("none", "silu_mul")
+
+
+def rms_norm0(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """Zero-centred RMSNorm over the last axis, float32 in, float32 out."""
+    x32 = x.astype(F32)
+    return x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps) * (1.0 + w.astype(F32))
+
+
+def _product(a: jax.Array, w: jax.Array) -> jax.Array:
+    precision = lax.Precision.HIGHEST if a.dtype == F32 else None
+    return lax.dot_general(a, w.astype(a.dtype), (((1,), (1,)), ((), ())), precision=precision,
+                           preferred_element_type=F32)
+
+
+def block_linear(x: jax.Array, w: jax.Array, *, norms: tuple = (), eps: float = 1e-6, residual=None,
+                 epilogue: str = "none", want_normed: bool = False, out_dtype=None):
+    """y = epilogue(norm(x) @ w^T) (+ residual), in x.dtype.
+
+    x [M, Din]; w [Dout, Din] (epilogue "silu_mul": [2F, Din], gate rows then up rows; y = silu(gate) * up, [M, F]);
+    norms: () or one weight per equal segment of Din (each segment normed on its own: the MTP head's fc reads
+    [embedding ; hidden], each normed with its weight); residual [M, Dout] or None.
+    Returns y (in out_dtype, default x.dtype), or (y, norm(x)) with want_normed.
+    """
+    a = x
+    if norms:
+        parts = jnp.split(x, len(norms), axis=-1)
+        a = jnp.concatenate([rms_norm0(p, nw, eps).astype(x.dtype) for p, nw in zip(parts, norms)], axis=-1)
+    y = _product(a, w)
+    if epilogue == "silu_mul":
+        gate, up = jnp.split(y, 2, axis=-1)
+        y = jax.nn.silu(gate) * up
+    if residual is not None:
+        y = y + residual.astype(F32)
+    y = y.astype(out_dtype or x.dtype)
+    return (y, a) if want_normed else y
+
+
+def rope_frequencies(hd: int, inv_freq) -> np.ndarray:
+    """Frequency per head dim [hd] (float32, numpy: a constant) for RoPE on the first 2 * len(inv_freq) dims.
+
+    With f = freqs[d] * position, rope(x) = x * cos(f) + (x @ rotate_half_matrix) * sin(f): the passed-through dims
+    have frequency 0 (cos 1, sin 0) and an empty column of the matrix."""
+    inv = np.asarray(inv_freq, np.float32)
+    return np.concatenate([inv, inv, np.zeros(hd - 2 * len(inv), np.float32)])
+
+
+def rotate_half_matrix(hd: int, half: int, dtype=F32) -> jax.Array:
+    """[hd, hd] with x @ it = (-x[half:2 half], x[:half], 0...): rotate-half on the rotary dims (entries 0 / +-1, so
+    the product is exact in any dtype)."""
+    e = lax.broadcasted_iota(jnp.int32, (hd, hd), 0)
+    d = lax.broadcasted_iota(jnp.int32, (hd, hd), 1)
+    return (jnp.where((d < half) & (e == d + half), -1.0, 0.0)
+            + jnp.where((d >= half) & (d < 2 * half) & (e == d - half), 1.0, 0.0)).astype(dtype)
+
+
+def _qk(x, w, positions, freqs, eps, dtype, mscale):
+    """Head-normed, rotated [B, T, N, hd] (in dtype) from x [B, T, N, hd]."""
+    xn = rms_norm0(x, w, eps).astype(dtype)
+    f = positions.astype(F32)[:, :, None, None] * freqs  # [B, T, 1, hd]
+    half = int(np.count_nonzero(np.asarray(freqs))) // 2
+    rot = jnp.einsum("btnd,de->btne", xn.astype(F32), rotate_half_matrix(x.shape[-1], half),
+                     precision=lax.Precision.HIGHEST)
+    return (xn.astype(F32) * (jnp.cos(f) * mscale) + rot * (jnp.sin(f) * mscale)).astype(dtype)
+
+
+def cached_attention(qkv: jax.Array, start: jax.Array, k_cache: jax.Array, v_cache: jax.Array, q_norm: jax.Array,
+                     k_norm: jax.Array, freqs: np.ndarray, *, n_heads: int, n_new: int,
+                     eps: float = 1e-6, mscale: float = 1.0):
+    """Qwen3.5's gated attention for a few new positions continuing a KV cache.
+
+    qkv [B, Tp, 2 * NH * hd + 2 * NKV * hd]: per head (query ; gate), then keys, then values (rows past n_new are
+    padding); start [B] int32: the position of row 0 (rows are consecutive). k_cache, v_cache [B, S, NKV, hd].
+    Queries and keys: head RMSNorm, then RoPE (`rope_frequencies`, a numpy constant; cos and sin scaled by mscale). The n_new new keys / values are
+    written at start..start + n_new - 1; row t attends to cache slots < start and to new rows <= t.
+    Returns (out [B, Tp, NH * hd] = attention * sigmoid(gate), k_cache, v_cache).
+    """
+    B, Tp, _ = qkv.shape
+    NKV, hd = k_cache.shape[2], k_cache.shape[3]
+    dtype = qkv.dtype
+    qg = qkv[..., : 2 * n_heads * hd].reshape(B, Tp, n_heads, 2 * hd)
+    q, gate = qg[..., :hd], qg[..., hd:]
+    k = qkv[..., 2 * n_heads * hd: (2 * n_heads + NKV) * hd].reshape(B, Tp, NKV, hd)
+    v = qkv[..., (2 * n_heads + NKV) * hd:].reshape(B, Tp, NKV, hd)
+    positions = start[:, None] + jnp.arange(Tp, dtype=jnp.int32)[None]
+    q = _qk(q, q_norm, positions, freqs, eps, dtype, mscale)
+    k = _qk(k, k_norm, positions, freqs, eps, dtype, mscale)
+
+    def write(cache, new, s):
+        return lax.dynamic_update_slice_in_dim(cache, new[:n_new].astype(cache.dtype), s, axis=0)
+
+    k_cache = jax.vmap(write)(k_cache, k, start)
+    v_cache = jax.vmap(write)(v_cache, v, start)
+    S = k_cache.shape[1]
+    slots = jnp.arange(S)[None, None, :]
+    mask = (slots < start[:, None, None]) | ((slots - start[:, None, None] <= jnp.arange(Tp)[None, :, None])
+                                             & (slots - start[:, None, None] < n_new))  # [B, Tp, S]
+    group = n_heads // NKV
+    scores = jnp.einsum("btngd,bsnd->bngts", q.reshape(B, Tp, NKV, group, hd), k_cache.astype(dtype),
+                        preferred_element_type=F32) * hd ** -0.5
+    scores = jnp.where(mask[:, None, None], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    out = jnp.einsum("bngts,bsnd->btngd", probs, v_cache.astype(dtype), preferred_element_type=F32)
+    out = out.reshape(B, Tp, n_heads * hd) * jax.nn.sigmoid(gate.reshape(B, Tp, n_heads * hd).astype(F32))
+    return out.astype(dtype), k_cache, v_cache
