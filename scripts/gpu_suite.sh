@@ -740,7 +740,7 @@ mtp-blocks)  # issue 12: the MTP head's few-row forwards as decode-block kernels
     step 150 mtp_head python scripts/bench_mtp_head.py --out "$dir"
     step 270 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
         --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
-        --e2e-methods "mtp:3:kernels='xla',mtp:3:kernels='blocks',mtp:4:kernels='xla',mtp:4:kernels='blocks',mtp:2:kernels='blocks',mtp-shortlist:4:kernels='blocks'" \
+        --e2e-methods "mtp:3:kernels='xla',mtp:3:kernels='blocks',mtp:4:kernels='xla',mtp:4:kernels='blocks'" \
         --tag _mtp_blocks --out "$dir"
     step 130 profile python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --forced-acceptance 1.0 \
         --exact on --curve-method "mtp:kernels='xla',mtp:kernels='blocks'" --rollbacks replay --gammas 3 --repeats 1 \

@@ -22,6 +22,8 @@ from .reference import rotate_half_matrix
 
 F32 = jnp.float32
 NEG = -1e30  # finite "minus infinity": a fully masked block must not give inf - inf
+PRELOAD_BYTES = 64 * 1024  # a program's tiles up to this size are all loaded before its arithmetic
+MIN_PROGRAMS = 32  # output blocks are narrowed (down to 16 columns) until the grid has this many programs
 
 
 def _dot(a, b, *, trans_b=False):
@@ -41,18 +43,27 @@ def _linear_kernel(*refs, n_norms, eps, epilogue, has_residual, want_normed, blo
     res_ref, refs = (refs[0], refs[1:]) if has_residual else (None, refs)
     y_ref = refs[0]
     normed_ref = refs[1] if want_normed else None
-    din = x_ref.shape[1]
+    m, din = x_ref.shape
     seg = din // max(n_norms, 1)
+    starts = range(0, din, block_k)
+    # Every load is issued before the arithmetic where the tiles fit in registers (a few-row product is all latency:
+    # the weights' load must not wait behind the norm's reduction).
+    itemsize = jnp.dtype(x_ref.dtype).itemsize
+    held = len(w_refs) * w_refs[0].shape[0] * din * itemsize <= PRELOAD_BYTES
+    w_tiles = {(i, k0): w_ref[:, pl.ds(k0, block_k)] for i, w_ref in enumerate(w_refs) for k0 in starts} if held else {}
+    x_tiles = {k0: x_ref[:, pl.ds(k0, block_k)] for k0 in starts} if m * din * itemsize <= PRELOAD_BYTES else {}
+    residual = res_ref[...] if res_ref is not None else None
+    x_tile = lambda k0: x_tiles[k0] if k0 in x_tiles else x_ref[:, pl.ds(k0, block_k)]
     scales = []  # per segment: 1 / rms [M, 1] float32
     for s in range(n_norms):
         ss = 0.0
         for k0 in range(s * seg, (s + 1) * seg, block_k):
-            xb = x_ref[:, pl.ds(k0, block_k)].astype(F32)
+            xb = x_tile(k0).astype(F32)
             ss = ss + jnp.sum(xb * xb, axis=1, keepdims=True)
         scales.append(lax.rsqrt(ss / seg + eps))
     accs = [0.0 for _ in w_refs]
-    for k0 in range(0, din, block_k):
-        a = x_ref[:, pl.ds(k0, block_k)]
+    for k0 in starts:
+        a = x_tile(k0)
         if n_norms:
             s = k0 // seg
             nw = norm_refs[s][pl.ds(k0 - s * seg, block_k)].astype(F32)
@@ -60,12 +71,13 @@ def _linear_kernel(*refs, n_norms, eps, epilogue, has_residual, want_normed, blo
             if want_normed:
                 normed_ref[:, pl.ds(k0, block_k)] = a
         for i, w_ref in enumerate(w_refs):
-            accs[i] = accs[i] + _dot(a, w_ref[:, pl.ds(k0, block_k)].astype(a.dtype), trans_b=True)
+            w = w_tiles[i, k0] if held else w_ref[:, pl.ds(k0, block_k)]
+            accs[i] = accs[i] + _dot(a, w.astype(a.dtype), trans_b=True)
     y = accs[0]
     if epilogue == "silu_mul":
         y = jax.nn.silu(y) * accs[1]
-    if res_ref is not None:
-        y = y + res_ref[...].astype(F32)
+    if residual is not None:
+        y = y + residual.astype(F32)
     y_ref[...] = y.astype(y_ref.dtype)
 
 
@@ -83,6 +95,8 @@ def block_linear(x, w, *, norms=(), eps=1e-6, residual=None, epilogue="none", wa
     Dout need a power-of-two divisor >= 16 (`pow2_block`)."""
     m, din = x.shape
     dout = w.shape[0] // (2 if epilogue == "silu_mul" else 1)
+    while block_n > 16 and dout // block_n < MIN_PROGRAMS:  # few-row products are latency-bound: more programs
+        block_n //= 2  # issue more loads at once
     block_n, block_k = pow2_block(dout, block_n), pow2_block(din // max(len(norms), 1), block_k)
     if not (block_n and block_k):
         raise ValueError(f"block_linear: [{m}, {din}] x [{dout}, {din}] has no power-of-two blocks >= 16")
@@ -121,6 +135,16 @@ def _attention_kernel(start_ref, qkv_ref, kc_ref, vc_ref, qn_ref, kn_ref, freq_r
     group = n_heads // n_kv
     start = start_ref[b]
     dtype = qkv_ref.dtype
+    n_blocks = kc_ref.shape[0] // block_s
+
+    def kv_block(s):  # cache slots [s * block_s, (s + 1) * block_s)
+        return kc_ref[pl.ds(s * block_s, block_s), :], vc_ref[pl.ds(s * block_s, block_s), :]
+
+    # Loads first (the first cache block included): the arithmetic before the loop hides their latency.
+    kv0 = kv_block(0)
+    q_raw, gate = qkv_ref[:, pl.ds(h * 2 * hd, hd)], qkv_ref[:, pl.ds(h * 2 * hd + hd, hd)].astype(F32)
+    k_raw = qkv_ref[:, pl.ds((2 * n_heads + 0) * hd + (h // group) * hd, hd)]
+    v_new = qkv_ref[:, pl.ds((2 * n_heads + n_kv) * hd + (h // group) * hd, hd)]
     rows = lax.broadcasted_iota(jnp.int32, (tp, 1), 0)
     angle = (start + rows).astype(F32) * freq_ref[...][None, :]  # [Tp, hd]
     cos, sin = jnp.cos(angle) * mscale, jnp.sin(angle) * mscale
@@ -131,34 +155,28 @@ def _attention_kernel(start_ref, qkv_ref, kc_ref, vc_ref, qn_ref, kn_ref, freq_r
         rot = _dot(xn, rotate)
         return (xn.astype(F32) * cos + rot * sin).astype(dtype)
 
-    q = head(qkv_ref[:, pl.ds(h * 2 * hd, hd)], qn_ref[...])
-    gate = qkv_ref[:, pl.ds(h * 2 * hd + hd, hd)].astype(F32)
-    k_new = head(qkv_ref[:, pl.ds((2 * n_heads + 0) * hd + (h // group) * hd, hd)], kn_ref[...])
-    v_new = qkv_ref[:, pl.ds((2 * n_heads + n_kv) * hd + (h // group) * hd, hd)]
+    q, k_new = head(q_raw, qn_ref[...]), head(k_raw, kn_ref[...])
     scale = hd ** -0.5
 
-    def block(s, carry):  # cache slots [s * block_s, (s + 1) * block_s), visible where < start
-        m, l, acc = carry
-        kb = kc_ref[pl.ds(s * block_s, block_s), :].astype(dtype)
-        vb = vc_ref[pl.ds(s * block_s, block_s), :].astype(dtype)
-        sc = _dot(q, kb, trans_b=True) * scale  # [Tp, BS]
-        slot = s * block_s + lax.broadcasted_iota(jnp.int32, (1, block_s), 1)
-        sc = jnp.where(slot < start, sc, NEG)
+    def update(m, l, acc, sc, values):  # online softmax: fold scores sc [Tp, N] over values [N, hd] in
         m_new = jnp.maximum(m, jnp.max(sc, axis=1, keepdims=True))
         p = jnp.exp(sc - m_new)
         corr = jnp.exp(m - m_new)
-        return m_new, l * corr + jnp.sum(p, axis=1, keepdims=True), acc * corr + _dot(p.astype(dtype), vb)
+        return m_new, l * corr + jnp.sum(p, axis=1, keepdims=True), acc * corr + _dot(p.astype(dtype), values)
 
-    carry = (jnp.full((tp, 1), NEG, F32), jnp.zeros((tp, 1), F32), jnp.zeros((tp, hd), F32))
-    m, l, acc = lax.fori_loop(0, (start + block_s - 1) // block_s, block, carry)
     sc = _dot(q, k_new, trans_b=True) * scale  # [Tp, Tp]: the new rows, causal
     col = lax.broadcasted_iota(jnp.int32, (1, tp), 1)
     sc = jnp.where((col <= rows) & (col < n_new), sc, NEG)
-    m_new = jnp.maximum(m, jnp.max(sc, axis=1, keepdims=True))
-    p = jnp.exp(sc - m_new)
-    corr = jnp.exp(m - m_new)
-    l = l * corr + jnp.sum(p, axis=1, keepdims=True)
-    acc = acc * corr + _dot(p.astype(dtype), v_new)
+    carry = update(jnp.full((tp, 1), NEG, F32), jnp.zeros((tp, 1), F32), jnp.zeros((tp, hd), F32), sc, v_new)
+
+    def block(s, carry):  # the cached slots of block s, visible where < start; the next block's load issued first
+        m, l, acc, (kb, vb) = carry
+        nxt = kv_block(jnp.minimum(s + 1, n_blocks - 1))
+        sc = _dot(q, kb.astype(dtype), trans_b=True) * scale  # [Tp, BS]
+        slot = s * block_s + lax.broadcasted_iota(jnp.int32, (1, block_s), 1)
+        return (*update(m, l, acc, jnp.where(slot < start, sc, NEG), vb.astype(dtype)), nxt)
+
+    m, l, acc, _ = lax.fori_loop(0, (start + block_s - 1) // block_s, block, (*carry, kv0))
     o_ref[...] = (acc / l * jax.nn.sigmoid(gate)).astype(o_ref.dtype)
     # The new keys and values into the cache, row by row at a scalar slot (always in range), by one program per key
     # head; slots >= start were never read. (A row of a value is taken by a masked sum: Triton has no row indexing.)

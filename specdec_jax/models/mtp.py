@@ -108,7 +108,7 @@ def mtp_forward_blocks(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_
     tp = max(16, 1 << (T - 1).bit_length())  # positions per batch row, and all rows (the kernels' operands):
     rows = 1 << (B * tp - 1).bit_length()  # powers of two >= 16 (Triton)
     nH, hd = cfg.num_attention_heads, cfg.head_dim
-    pad_rows = lambda a: jnp.pad(a, ((0, rows - B * tp), (0, 0)))
+    pad_rows = lambda a: a if rows == B * tp else jnp.pad(a, ((0, rows - B * tp), (0, 0)))
     pad = lambda a: pad_rows(jnp.pad(a, ((0, 0), (0, tp - T), (0, 0))).reshape(B * tp, a.shape[-1]))
     x = pad(jnp.concatenate([params["embed"][next_ids].astype(dtype), hidden.astype(dtype)], axis=-1))
     kw = dict(eps=cfg.rms_norm_eps, implementation=implementation)
@@ -118,7 +118,7 @@ def mtp_forward_blocks(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_
     inv_freq = L.rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling_dict)
     freqs = decode_block.rope_frequencies(hd, inv_freq)
     a, k_cache, v_cache = decode_block.cached_attention(
-        qkv[: B * tp].reshape(B, tp, -1), positions[:, 0], k_cache, v_cache, p["mixer"]["q_norm"], p["mixer"]["k_norm"], freqs,
+        (qkv if rows == B * tp else qkv[: B * tp]).reshape(B, tp, -1), positions[:, 0], k_cache, v_cache, p["mixer"]["q_norm"], p["mixer"]["k_norm"], freqs,
         n_heads=nH, n_new=T, mscale=L.rope_attention_factor(cfg.rope_scaling_dict), **kw)
     x = decode_block.block_linear(pad_rows(a.reshape(B * tp, nH * hd)), p["mixer"]["o_proj"].astype(dtype), residual=x, **kw)
     h = decode_block.block_linear(x, p["mlp"]["gate_up_proj"].astype(dtype), norms=(p["post_norm"],),
@@ -127,7 +127,7 @@ def mtp_forward_blocks(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_
     head = qwen35.lm_head_weight(params) if head is None else head
     logits, hidden_out = decode_block.block_linear(x, head.astype(dtype), norms=(mp["norm"],), want_normed=True,
                                                    out_dtype=jnp.float32, **kw)
-    unpad = lambda a: a[: B * tp].reshape(B, tp, a.shape[-1])[:, :T]
+    unpad = lambda a: (a if rows == B * tp else a[: B * tp]).reshape(B, tp, a.shape[-1])[:, :T]
     return unpad(logits), unpad(hidden_out), k_cache, v_cache
 
 
