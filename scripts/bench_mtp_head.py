@@ -21,7 +21,8 @@ import numpy as np  # noqa: E402
 
 import specdec_jax as sj  # noqa: E402
 from pallas_kernels import decode_block  # noqa: E402
-from specdec_jax.harness import carried_lowered, compile_timed, result_header, time_chain, write_results  # noqa: E402
+from specdec_jax.harness import (carried_lowered, compile_timed, env_setting, result_header, time_chain,  # noqa: E402
+                                 write_results)
 from specdec_jax.models import mtp as mtp_head  # noqa: E402
 
 
@@ -31,6 +32,8 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run: float32, short chains")
     ap.add_argument("--rows", default="1,4,5", help="positions per forward, comma-separated")
     ap.add_argument("--cache-fill", type=int, default=200, help="cache entries before the timed forwards")
+    ap.add_argument("--warps", default="4,4", help="decode-block warps per program to try, 'ATTENTION,LINEAR' "
+                    "settings separated by ':' (decode_block.WARPS_ENV)")
     ap.add_argument("--chain", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default="benchmarks/results")
@@ -62,12 +65,16 @@ def main():
                                                                     - np.asarray(outs["blocks"][j], np.float32)))
                                                      for j in (2, 3)))})
         print(diffs[-1], flush=True)
-        for name, fn in forms.items():
+        variants = [("xla", None)] + [(f"blocks w{w}", w) for w in args.warps.split(":")]
+        for name, setting in variants:
+            fn = forms["xla" if setting is None else "blocks"]
+
             def step(carry, p, pos, fn=fn):  # the drafter's chain: token, hidden state and cache fed forward
                 i, h, k, v = carry
                 logits, hout, k, v = fn(p, h, i, k, v, pos)
                 return jnp.argmax(logits, axis=-1).astype(jnp.int32), hout, k, v
-            lowered[name, t] = carried_lowered(step, (i0, h0, k, v), (params, pos), chain)
+            with env_setting(**{decode_block.WARPS_ENV: setting}):
+                lowered[name, t] = carried_lowered(step, (i0, h0, k, v), (params, pos), chain)
             inputs[name, t] = ((i0, h0, k, v), (params, pos))
     compiled, compile_s = compile_timed(lowered)
     rows = []
@@ -82,9 +89,12 @@ def main():
           f"`{header['command']}`", "",
           f"Per forward plus the greedy choice, in a jitted loop of {chain} dependent forwards (token, hidden state "
           f"and cache carried), {fill} cache entries before them; median of {repeats}.", "",
-          "| T | xla µs | blocks µs | xla / blocks |", "|---|---|---|---|"]
-    for t in sorted({r["T"] for r in rows}):
-        md.append(f"| {t} | {by['xla', t]:.1f} | {by['blocks', t]:.1f} | {by['xla', t] / by['blocks', t]:.2f} |")
+          "Blocks rows: warps per program (attention, linear). Ratio: XLA's time over the blocks'.", "",
+          "| form | " + " | ".join(f"T = {t} µs (ratio)" for t in sorted({r["T"] for r in rows})) + " |",
+          "|---|" + "---|" * len({r["T"] for r in rows})]
+    for name in dict.fromkeys(r["form"] for r in rows):
+        md.append(f"| {name} | " + " | ".join(f"{by[name, t]:.1f} ({by['xla', t] / by[name, t]:.2f})"
+                                               for t in sorted({r["T"] for r in rows})) + " |")
     md += ["", "The two forms on the same inputs (one forward):", "",
            "| T | logits max abs diff | largest logit | argmax equal | cache max abs diff |", "|---|---|---|---|---|"]
     md += [f"| {d['T']} | {d['logits_max_abs_diff']:.3g} | {d['logits_max_abs']:.3g} | {d['argmax_equal']:.2f} | "

@@ -735,10 +735,16 @@ retrained)  # issue 15 (and 12, 13, 14): the retrained checkpoints: every chain 
         --time-budget-s 115 --out "$dir"
     ;;
 mtp-blocks)  # issue 12: the MTP head's few-row forwards as decode-block kernels (pallas_kernels/decode_block, seven
-    # launches) against XLA's (~30): the head alone (bench_mtp_head.py), the tiny checkpoint end to end with both,
-    # and one MTP step kernel by kernel with both
-    step 150 mtp_head python scripts/bench_mtp_head.py --out "$dir"
-    step 270 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
+    # launches) against XLA's (~30): the head alone (bench_mtp_head.py) under several warps-per-program settings, then
+    # with the fastest of them the tiny checkpoint end to end with both forms and one MTP step kernel by kernel
+    step 200 mtp_head python scripts/bench_mtp_head.py --warps "${WARPS:-4,4:1,4:2,4:1,2:1,1:2,2}" --out "$dir"
+    best=$(python -c "import json,collections as c; r=json.load(open('$dir/mtp_head_tiny-qwen35-code.json'))['rows']
+t=c.defaultdict(float)
+for x in r: t[x['form']]+=x['us_per_forward'] if x['form']!='xla' else 0
+print(min((v,k) for k,v in t.items() if k!='xla')[1].split('w')[-1])")
+    echo "fastest warps: $best" | tee -a "$dir/suite.log"
+    export SPECDEC_DECODE_BLOCK_WARPS=$best
+    step 200 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
         --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
         --e2e-methods "mtp:3:kernels='xla',mtp:3:kernels='blocks',mtp:4:kernels='xla',mtp:4:kernels='blocks'" \
         --tag _mtp_blocks --out "$dir"

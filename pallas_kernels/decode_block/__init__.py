@@ -9,6 +9,8 @@ KV cache) in few launches, for drafts, whose numerics need not match the target'
 
 from __future__ import annotations
 
+import os
+
 import jax
 
 from . import reference
@@ -17,6 +19,20 @@ from .reference import EPILOGUES, rope_frequencies
 IMPLEMENTATIONS = ("reference", "pallas")
 MAX_ROWS = 16  # rows (batch x positions) a block kernel takes: decode and chain verification sizes
 BLOCK_S = 64  # cache slots per attention block: a cache's length must be a multiple of it
+WARPS_ENV = "SPECDEC_DECODE_BLOCK_WARPS"  # "ATTENTION,LINEAR" warps per program (an A/B knob; read when traced)
+DEFAULT_WARPS = (4, 4)
+
+
+def warps() -> tuple[int, int]:
+    """(attention, linear) warps per program: WARPS_ENV, else DEFAULT_WARPS."""
+    raw = os.environ.get(WARPS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_WARPS
+    try:
+        attention, linear = (int(x) for x in raw.split(","))
+    except ValueError:
+        raise ValueError(f"{WARPS_ENV} must be two integers 'ATTENTION,LINEAR'; got {raw!r}") from None
+    return attention, linear
 
 
 def _kernels():
@@ -53,7 +69,7 @@ def block_linear(x, w, *, norms=(), eps=1e-6, residual=None, epilogue="none", wa
               out_dtype=out_dtype)
     if resolve(implementation) == "reference":
         return reference.block_linear(x, w, **kw)
-    return _kernels().block_linear(x, w, interpret=jax.default_backend() != "gpu", **kw)
+    return _kernels().block_linear(x, w, num_warps=warps()[1], interpret=jax.default_backend() != "gpu", **kw)
 
 
 def cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, *, n_heads, n_new, eps=1e-6,
@@ -63,8 +79,9 @@ def cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, *, n_h
     if resolve(implementation) == "reference":
         return reference.cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, **kw)
     return _kernels().cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs,
-                                       block_s=BLOCK_S, interpret=jax.default_backend() != "gpu", **kw)
+                                       block_s=BLOCK_S, num_warps=warps()[0],
+                                       interpret=jax.default_backend() != "gpu", **kw)
 
 
 __all__ = ["IMPLEMENTATIONS", "MAX_ROWS", "BLOCK_S", "EPILOGUES", "block_linear", "cached_attention", "rope_frequencies",
-           "default_implementation", "resolve", "linear_shape_supported"]
+           "default_implementation", "resolve", "linear_shape_supported", "warps", "WARPS_ENV"]

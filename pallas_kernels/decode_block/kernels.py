@@ -178,29 +178,28 @@ def _attention_kernel(start_ref, qkv_ref, kc_ref, vc_ref, qn_ref, kn_ref, freq_r
 
     m, l, acc, _ = lax.fori_loop(0, (start + block_s - 1) // block_s, block, (*carry, kv0))
     o_ref[...] = (acc / l * jax.nn.sigmoid(gate)).astype(o_ref.dtype)
-    # The new keys and values into the cache, row by row at a scalar slot (always in range), by one program per key
-    # head; slots >= start were never read. (A row of a value is taken by a masked sum: Triton has no row indexing.)
-    writer = jnp.full((hd,), h % group == 0)
-    for t in range(n_new):
-        pick = rows == t
-        plt.store(kc_out.at[start + t, :], jnp.sum(jnp.where(pick, k_new.astype(F32), 0.0), axis=0)
-                  .astype(kc_out.dtype), mask=writer)
-        plt.store(vc_out.at[start + t, :], jnp.sum(jnp.where(pick, v_new.astype(F32), 0.0), axis=0)
-                  .astype(vc_out.dtype), mask=writer)
+    # The new keys and values into the cache, as one masked block from slot start (the caller leaves Tp slots past
+    # every start; `cached_attention`), by one program per key head; slots >= start were never read.
+    keep = (rows < n_new) & (h % group == 0)
+    plt.store(kc_out.at[pl.ds(start, tp), :], k_new.astype(kc_out.dtype), mask=keep)
+    plt.store(vc_out.at[pl.ds(start, tp), :], v_new.astype(vc_out.dtype), mask=keep)
 
 
 def cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, *, n_heads, n_new, eps=1e-6,
                      mscale=1.0, block_s=64, num_warps=4, interpret=False):
     """reference.cached_attention as one launch; the caches are updated in place (aliased).
 
-    qkv [B, Tp, ...] with Tp a power of two >= 16; the cache length S a multiple of block_s (the caller pads; a block
-    read past S would be out of bounds)."""
+    qkv [B, Tp, ...] with Tp a power of two >= 16; the cache length S a multiple of block_s (a block read past S would
+    be out of bounds), with Tp slots from every start (the new rows are stored as one block of Tp rows, masked; on the
+    CPU, interpret mode would clamp a block running past S onto the wrong slots)."""
     if k_cache.shape[1] % block_s:
         raise ValueError(f"cached_attention: cache length {k_cache.shape[1]} is not a multiple of block_s={block_s}")
     b, tp, width = qkv.shape
     _, s_len, n_kv, hd = k_cache.shape
     group = n_heads // n_kv
-    starts = jnp.zeros((max(16, 1 << (b - 1).bit_length()),), jnp.int32).at[:b].set(start.astype(jnp.int32))
+    starts = start.astype(jnp.int32)  # [B] padded to a power of two (a block's length must be one)
+    if b & (b - 1):
+        starts = jnp.pad(starts, (0, (1 << (b - 1).bit_length()) - b))
     cache_spec = pl.BlockSpec((None, s_len, None, hd), lambda i, h: (i, 0, h // group, 0))
     vec = lambda n: pl.BlockSpec((n,), lambda i, h: (0,))
     in_specs = [vec(starts.shape[0]), pl.BlockSpec((None, tp, width), lambda i, h: (i, 0, 0)), cache_spec,

@@ -99,7 +99,9 @@ class MtpDrafter:
     # ------------------------------------------------------------------------------- interface
     def init(self, params, cfg, prompt, max_len, *, hidden, first_token, **_):
         B, T = prompt.shape
-        k, v = mtp_head.init_mtp_cache(cfg, B, max_len, params["embed"].dtype, round_to=decode_block.BLOCK_S)
+        # Slots past max_len: the decode blocks store a block of new rows from each start (`cached_attention`).
+        k, v = mtp_head.init_mtp_cache(cfg, B, max_len + decode_block.MAX_ROWS, params["embed"].dtype,
+                                       round_to=decode_block.BLOCK_S)
         next_ids = jnp.concatenate([prompt[:, 1:], first_token[:, None]], axis=1)  # [B, T]
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T))
         logits, hout, k, v = self._run(params, cfg, hidden, next_ids, k, v, positions)
