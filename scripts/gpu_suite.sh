@@ -14,14 +14,14 @@
 #                                                  fp32-g16, stash, stash-check, stash-bits, repeat-procs, strict-xla,
 #                                                  exact-options, exact-options-cost, looped-options,
 #                                                  thunks, looped-curve-options, recycle,
-#                                                  mtp-blocks
+#                                                  mtp-blocks, mtp-final
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -737,7 +737,7 @@ retrained)  # issue 15 (and 12, 13, 14): the retrained checkpoints: every chain 
 mtp-blocks)  # issue 12: the MTP head's few-row forwards as decode-block kernels (pallas_kernels/decode_block, seven
     # launches) against XLA's (~30): the head alone (bench_mtp_head.py) under several warps-per-program settings, then
     # with the fastest of them the tiny checkpoint end to end with both forms and one MTP step kernel by kernel
-    step 200 mtp_head python scripts/bench_mtp_head.py --warps "${WARPS:-4,4:1,4:2,4:1,2:1,1:2,2}" --out "$dir"
+    step 200 mtp_head python scripts/bench_mtp_head.py --warps "${WARPS:-8,4:4,4:8,8:4,8}" --out "$dir"
     best=$(python -c "import json,collections as c; r=json.load(open('$dir/mtp_head_tiny-qwen35-code.json'))['rows']
 t=c.defaultdict(float)
 for x in r: t[x['form']]+=x['us_per_forward'] if x['form']!='xla' else 0
@@ -751,6 +751,12 @@ print(min((v,k) for k,v in t.items() if k!='xla')[1].split('w')[-1])")
     step 130 profile python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --forced-acceptance 1.0 \
         --exact on --curve-method "mtp:kernels='xla',mtp:kernels='blocks'" --rollbacks replay --gammas 3 --repeats 1 \
         --max-new-tokens 64 --prompt-len 64 --kernel-profile --tag _mtp_blocks_profile --out "$dir"
+    ;;
+mtp-final)  # issue 12: the tiny checkpoint end to end at the current defaults (MTP drafting through the decode blocks,
+    # their warps chosen in mtp-blocks), XLA's MTP forward beside them
+    step 200 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
+        --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
+        --e2e-methods "ngram:4,ngram:8,mtp:3,mtp:4,mtp:3:kernels='xla',mtp-shortlist:4" --tag _mtp_final --out "$dir"
     ;;
 *)
     echo "unknown part $part" >&2

@@ -142,3 +142,13 @@ def test_mtp_drafting_with_blocks_is_exact(tiny):
     assert res.stats["mean_accepted"] > 0.5
     with pytest.raises(InputError, match=r"kernels must be one of \['auto', 'xla', 'blocks'\]; got 'fast'"):
         sj.generate(tiny, ids, 4, method="mtp", kernels="fast")
+
+
+def test_warps_setting_is_read_and_checked(monkeypatch):
+    monkeypatch.setenv(db.WARPS_ENV, "2,8")
+    assert db.warps() == (2, 8)
+    monkeypatch.setenv(db.WARPS_ENV, "eight")
+    with pytest.raises(ValueError, match=r"SPECDEC_DECODE_BLOCK_WARPS must be two integers 'ATTENTION,LINEAR'"):
+        db.warps()
+    monkeypatch.delenv(db.WARPS_ENV)
+    assert db.warps() == db.DEFAULT_WARPS

@@ -67,6 +67,9 @@ def test_mtp_chain_unrolled_or_scanned_drafts_alike(mtp_model):
         np.testing.assert_allclose(out[True][2][name], out[False][2][name], atol=1e-5)
     with pytest.raises(InputError, match=r"unroll_drafts must be True or False; got 'yes'"):
         sj.generate(mtp_model, np.ones((1, 3), np.int32), 4, method="mtp", unroll_drafts="yes")
+    # vocabulary 53: no power-of-two blocks for the output head, so the decode blocks are refused before any compute
+    with pytest.raises(InputError, match=r"kernels='blocks': this MTP head does not fit the decode-block kernels"):
+        sj.generate(mtp_model, np.ones((1, 3), np.int32), 4, method="mtp", kernels="blocks")
 
 
 @pytest.mark.parametrize("gamma", [2, 8])

@@ -20,7 +20,10 @@ IMPLEMENTATIONS = ("reference", "pallas")
 MAX_ROWS = 16  # rows (batch x positions) a block kernel takes: decode and chain verification sizes
 BLOCK_S = 64  # cache slots per attention block: a cache's length must be a multiple of it
 WARPS_ENV = "SPECDEC_DECODE_BLOCK_WARPS"  # "ATTENTION,LINEAR" warps per program (an A/B knob; read when traced)
-DEFAULT_WARPS = (4, 4)
+# Measured on the H200, the tiny checkpoint's MTP head in bf16, time per chained forward against XLA's (T = 1 / 4 / 5
+# rows): (8, 4) 1.03 / 1.13 / 1.17x, (4, 4) 0.98-1.10x, (8, 8) 0.99-1.14x, (16, 8) 0.91-1.07x, (2, *) 0.74-0.84x,
+# (1, *) 0.41-0.51x (benchmarks/results/mtp_head_tiny-qwen35-code.md, ..._warps.md).
+DEFAULT_WARPS = (8, 4)
 
 
 def warps() -> tuple[int, int]:
