@@ -132,7 +132,8 @@ SELF_DRAFT_GAMMA = 2
 # MTP drafts 3 tokens per step by default. Each draft is a head forward that also reads the output head (at the 9B
 # shape 2 GB), so shorter chains win; on the shipped checkpoint, 20 held-out prompts end to end on the H200, gamma
 # 2 / 3 / 4 gave 1.58x / 1.62x / 1.52x over AR (MTP-shortlist 1.51x / 1.53x / 1.42x), and gamma 3 beat gamma 4 in
-# each of four runs (benchmarks/results/spec_tiny-qwen35-code_gammas.md, _loops20, _unroll, _convstack).
+# each of four runs (benchmarks/results/spec_tiny-qwen35-code_gammas.md, _loops20, _unroll, _convstack); with the drafts
+# through the decode blocks, gamma 3 / 4 1.70x / 1.65x (spec_tiny-qwen35-code_mtp_final.md).
 MTP_GAMMA = 3
 REGISTRY: tuple[MethodSpec, ...] = (
     MethodSpec("ar", "qwen3_5", AR, frozenset({"exact", "decode_rows"})),
@@ -140,7 +141,8 @@ REGISTRY: tuple[MethodSpec, ...] = (
     MethodSpec("ngram-table", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"search"},
                needs=f"a model n-gram table ({DRAFT_TABLES_FILE}, scripts/build_draft_tables.py)",
                available=lambda m: "table_keys" in _tables(m), drafter=_table),
-    MethodSpec("mtp", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"unroll_drafts", "kernels"}, needs=_MTP_NEED, available=_has_mtp,
+    MethodSpec("mtp", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"unroll_drafts", "kernels"}, needs=_MTP_NEED,
+               available=_has_mtp,
                drafter=_mtp, default_gamma=MTP_GAMMA),
     MethodSpec("mtp-shortlist", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"shortlist_size", "unroll_drafts", "kernels"},
                needs=f"the MTP head and a token shortlist ({DRAFT_TABLES_FILE}, scripts/build_draft_tables.py)",

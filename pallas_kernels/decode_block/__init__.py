@@ -17,7 +17,8 @@ from . import reference
 from .reference import EPILOGUES, rope_frequencies
 
 IMPLEMENTATIONS = ("reference", "pallas")
-MAX_ROWS = 16  # rows (batch x positions) a block kernel takes: decode and chain verification sizes
+MAX_ROWS = 16  # positions per batch row a forward through the blocks takes: decode and chain verification sizes
+MAX_OPERAND_ROWS = 64  # rows of a product's operand (batch x padded positions): the input tile lives in registers
 BLOCK_S = 64  # cache slots per attention block: a cache's length must be a multiple of it
 WARPS_ENV = "SPECDEC_DECODE_BLOCK_WARPS"  # "ATTENTION,LINEAR" warps per program (an A/B knob; read when traced)
 # Measured on the H200, the tiny checkpoint's MTP head in bf16, time per chained forward against XLA's (T = 1 / 4 / 5
@@ -86,5 +87,6 @@ def cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, *, n_h
                                        interpret=jax.default_backend() != "gpu", **kw)
 
 
-__all__ = ["IMPLEMENTATIONS", "MAX_ROWS", "BLOCK_S", "EPILOGUES", "block_linear", "cached_attention", "rope_frequencies",
+__all__ = ["IMPLEMENTATIONS", "MAX_ROWS", "MAX_OPERAND_ROWS", "BLOCK_S", "EPILOGUES", "block_linear", "cached_attention",
+           "rope_frequencies",
            "default_implementation", "resolve", "linear_shape_supported", "warps", "WARPS_ENV"]

@@ -86,8 +86,9 @@ def cached_attention(qkv: jax.Array, start: jax.Array, k_cache: jax.Array, v_cac
 
     qkv [B, Tp, 2 * NH * hd + 2 * NKV * hd]: per head (query ; gate), then keys, then values (rows past n_new are
     padding); start [B] int32: the position of row 0 (rows are consecutive). k_cache, v_cache [B, S, NKV, hd].
-    Queries and keys: head RMSNorm, then RoPE (`rope_frequencies`, a numpy constant; cos and sin scaled by mscale). The n_new new keys / values are
-    written at start..start + n_new - 1; row t attends to cache slots < start and to new rows <= t.
+    Queries and keys: head RMSNorm, then RoPE (`rope_frequencies`, a numpy constant; cos and sin scaled by mscale).
+    The n_new new keys / values are written at start..start + n_new - 1; row t attends to cache slots < start and to
+    new rows <= t.
     Returns (out [B, Tp, NH * hd] = attention * sigmoid(gate), k_cache, v_cache).
     """
     B, Tp, _ = qkv.shape

@@ -37,8 +37,8 @@ KERNELS = ("auto", "xla", "blocks")
 # ~1 us of work each, and seven launches beat XLA's ~30. Measured on the H200 at the shipped checkpoint (hidden 256):
 # per chained forward 1.03-1.17x faster, end to end over 8 held-out prompts MTP gamma 3 1.59x -> 1.63x and gamma 4
 # 1.54x -> 1.60x over AR, 8 of 8 outputs equal (benchmarks/results/spec_tiny-qwen35-code_mtp_blocks.md,
-# mtp_head_tiny-qwen35-code.md). Larger heads read their weights at memory speed, where these untuned products
-# have not been measured against cuBLAS: XLA.
+# mtp_head_tiny-qwen35-code.md), at batch 1. Larger heads read their weights at memory speed, where these untuned
+# products have not been measured against cuBLAS, and batches were not measured: XLA there.
 AUTO_MAX_HIDDEN = 1024
 
 
@@ -52,8 +52,8 @@ class MtpDrafter:
     unroll: bool = True
     # How the head runs its few-row forwards (each draft, and the update after verification): "xla" (the jnp
     # forward, ~30 launches), "blocks" (pallas_kernels/decode_block: seven launches; refused where
-    # `mtp_head.blocks_supported` says no) or "auto" (blocks on the GPU for heads up to AUTO_MAX_HIDDEN where
-    # supported, else xla). The prompt's forward always runs as xla.
+    # `mtp_head.blocks_supported` says no) or "auto" (blocks on the GPU at batch 1 for heads up to AUTO_MAX_HIDDEN
+    # where supported, else xla). The prompt's forward always runs as xla.
     kernels: str = "auto"
     deterministic = False
     needs_hidden = True
@@ -88,17 +88,18 @@ class MtpDrafter:
                              "dense MLP, a power-of-two head dim, sizes with power-of-two blocks >= 16); use "
                              "kernels='xla'")
 
-    def _blocks_fit(self, params, cfg, rows: int) -> bool:
-        return mtp_head.blocks_supported(params, cfg, rows, decode_block.BLOCK_S, self.shortlist_size or None)
+    def _blocks_fit(self, params, cfg, rows: int, batch: int = 1) -> bool:
+        return mtp_head.blocks_supported(params, cfg, rows, decode_block.BLOCK_S, self.shortlist_size or None, batch)
 
     def _head(self, params):
         head = qwen35.lm_head_weight(params)
         return head[params["draft"]["shortlist"][: self.shortlist_size]] if self.shortlist_size else head  # [N, D]
 
     def _run(self, params, cfg, hidden, next_ids, k, v, positions):
+        B, T = next_ids.shape
         blocks = self.kernels == "blocks" or (self.kernels == "auto" and jax.default_backend() == "gpu"
-                                              and cfg.hidden_size <= AUTO_MAX_HIDDEN)
-        if blocks and k.shape[1] % decode_block.BLOCK_S == 0 and self._blocks_fit(params, cfg, next_ids.shape[1]):
+                                              and cfg.hidden_size <= AUTO_MAX_HIDDEN and B == 1)
+        if blocks and k.shape[1] % decode_block.BLOCK_S == 0 and self._blocks_fit(params, cfg, T, B):
             return mtp_head.mtp_forward_blocks(params, cfg, hidden, next_ids, k, v, positions,
                                                head=self._head(params))
         _, hout, k, v = mtp_head.mtp_forward(params, cfg, hidden, next_ids, k, v, positions, compute_logits=False)

@@ -119,7 +119,8 @@ class TreeMtpDrafter:
 
     @property
     def _chain(self) -> MtpDrafter:
-        return MtpDrafter(self.shortlist_size)
+        # XLA's head forward: the decode blocks were measured on chains, not on a tree's batched levels.
+        return MtpDrafter(self.shortlist_size, kernels="xla")
 
     def init(self, params, cfg, prompt, max_len, **kw):
         return self._chain.init(params, cfg, prompt, max_len, **kw)

@@ -81,24 +81,26 @@ def mtp_forward(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_ids: ja
     return logits, hidden_out, k_cache, v_cache
 
 
-def blocks_supported(params: dict, cfg: Qwen35Config, rows: int, cache_len: int, head_rows: int | None = None) -> bool:
+def blocks_supported(params: dict, cfg: Qwen35Config, rows: int, cache_len: int, head_rows: int | None = None,
+                     batch: int = 1) -> bool:
     """Whether `mtp_forward_blocks` takes this head and shape: one device, a dense MLP, a power-of-two head dim,
-    at most decode_block.MAX_ROWS positions (`rows`) per batch row, a cache of whole attention blocks and product
-    sizes the kernels tile."""
+    at most decode_block.MAX_ROWS positions (`rows`) per batch row and decode_block.MAX_OPERAND_ROWS padded rows in
+    all, a cache of whole attention blocks and product sizes the kernels tile."""
     if cfg.mesh is not None or cfg.is_moe or len(params["mtp"]["layers"]) != 1:
         return False
     D, hd, nH, nKV = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, qwen35.kv_heads(cfg)
     F = params["mtp"]["layers"][0]["mlp"]["gate_up_proj"].shape[0] // 2
     vocab = qwen35.lm_head_weight(params).shape[0] if head_rows is None else head_rows
     linears = [(2 * D, D, 2), (D, 2 * (nH + nKV) * hd, 1), (nH * hd, D, 1), (D, F, 1), (F, D, 1), (D, vocab, 1)]
-    return (rows <= decode_block.MAX_ROWS and hd >= 16 and hd & (hd - 1) == 0 and cache_len % decode_block.BLOCK_S == 0
+    padded = batch * max(16, 1 << (rows - 1).bit_length())  # the kernels' operand rows
+    return (rows <= decode_block.MAX_ROWS and padded <= decode_block.MAX_OPERAND_ROWS and hd >= 16 and hd & (hd - 1) == 0 and cache_len % decode_block.BLOCK_S == 0
             and all(decode_block.linear_shape_supported(*shape) for shape in linears))
 
 
 def mtp_forward_blocks(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_ids: jax.Array, k_cache: jax.Array,
                        v_cache: jax.Array, positions: jax.Array, *, head: jax.Array | None = None,
                        implementation: str = "auto"):
-    """`mtp_forward` for a few rows (`blocks_supported`) in six launches: fc, qkv, attention (with the cache
+    """`mtp_forward` for a few rows (`blocks_supported`) in seven launches: fc, qkv, attention (with the cache
     write), output projection, SwiGLU, down projection, output head (pallas_kernels/decode_block). Same math;
     the float32 rounding order differs, so it drafts, it does not decide. Returns (logits, hidden_out, k, v)."""
     mp = params["mtp"]
@@ -117,10 +119,12 @@ def mtp_forward_blocks(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_
     qkv = decode_block.block_linear(x, p["mixer"]["qkv_proj"].astype(dtype), norms=(p["input_norm"],), **kw)
     inv_freq = L.rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling_dict)
     freqs = decode_block.rope_frequencies(hd, inv_freq)
+    qkv = (qkv if rows == B * tp else qkv[: B * tp]).reshape(B, tp, -1)
     a, k_cache, v_cache = decode_block.cached_attention(
-        (qkv if rows == B * tp else qkv[: B * tp]).reshape(B, tp, -1), positions[:, 0], k_cache, v_cache, p["mixer"]["q_norm"], p["mixer"]["k_norm"], freqs,
-        n_heads=nH, n_new=T, mscale=L.rope_attention_factor(cfg.rope_scaling_dict), **kw)
-    x = decode_block.block_linear(pad_rows(a.reshape(B * tp, nH * hd)), p["mixer"]["o_proj"].astype(dtype), residual=x, **kw)
+        qkv, positions[:, 0], k_cache, v_cache, p["mixer"]["q_norm"], p["mixer"]["k_norm"], freqs, n_heads=nH,
+        n_new=T, mscale=L.rope_attention_factor(cfg.rope_scaling_dict), **kw)
+    x = decode_block.block_linear(pad_rows(a.reshape(B * tp, nH * hd)), p["mixer"]["o_proj"].astype(dtype),
+                                  residual=x, **kw)
     h = decode_block.block_linear(x, p["mlp"]["gate_up_proj"].astype(dtype), norms=(p["post_norm"],),
                                   epilogue="silu_mul", **kw)
     x = decode_block.block_linear(h, p["mlp"]["down_proj"].astype(dtype), residual=x, **kw)
