@@ -14,14 +14,14 @@
 #                                                  fp32-g16, stash, stash-check, stash-bits, repeat-procs, strict-xla,
 #                                                  exact-options, exact-options-cost, looped-options,
 #                                                  thunks, looped-curve-options, recycle,
-#                                                  mtp-blocks, mtp-final
+#                                                  mtp-blocks, mtp-final, mtp-splits
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -737,11 +737,12 @@ retrained)  # issue 15 (and 12, 13, 14): the retrained checkpoints: every chain 
 mtp-blocks)  # issue 12: the MTP head's few-row forwards as decode-block kernels (pallas_kernels/decode_block, seven
     # launches) against XLA's (~30): the head alone (bench_mtp_head.py) under several warps-per-program settings, then
     # with the fastest of them the tiny checkpoint end to end with both forms and one MTP step kernel by kernel
-    step 200 mtp_head python scripts/bench_mtp_head.py --warps "${WARPS:-8,4:4,4:8,8:4,8}" --out "$dir"
+    step 200 mtp_head python scripts/bench_mtp_head.py --forms "${FORMS:-w8,4/s1/g0:w4,4/s1/g0:w8,8/s1/g0:w4,8/s1/g0}" \
+        --out "$dir"
     best=$(python -c "import json,collections as c; r=json.load(open('$dir/mtp_head_tiny-qwen35-code.json'))['rows']
 t=c.defaultdict(float)
 for x in r: t[x['form']]+=x['us_per_forward'] if x['form']!='xla' else 0
-print(min((v,k) for k,v in t.items() if k!='xla')[1].split('w')[-1])")
+print(min((v,k) for k,v in t.items() if k!='xla')[1].split('/')[0][1:])")
     echo "fastest warps: $best" | tee -a "$dir/suite.log"
     export SPECDEC_DECODE_BLOCK_WARPS=$best
     step 200 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
@@ -757,6 +758,25 @@ mtp-final)  # issue 12: the tiny checkpoint end to end at the current defaults (
     step 200 e2e_tiny python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
         --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --max-new-tokens 128 \
         --e2e-methods "ngram:4,ngram:8,mtp:3,mtp:4,mtp:3:kernels='xla',mtp-shortlist:4" --tag _mtp_final --out "$dir"
+    ;;
+mtp-splits)  # issue 12: the MTP head's attention split over its cache (combined by the output projection) and its fc
+    # input gathered by the product (no XLA pad before it): the head alone at two cache fills under each form, then the
+    # tiny checkpoint end to end with the fastest form and with the previous one (s1/g0), each in its own process
+    # beside its own AR; one step kernel by kernel with the fastest
+    step 240 mtp_head python scripts/bench_mtp_head.py --cache-fill 200,1000 --rows 1,4 \
+        --forms "${FORMS:-w8,4/s1/g0:w8,4/s1/g1:w8,4/s2/g1:w8,4/s4/g1:w8,4/s8/g1:w8,4/s4/g0}" --out "$dir"
+    best=$(python -c "import json,collections as c; r=json.load(open('$dir/mtp_head_tiny-qwen35-code.json'))['rows']
+t=c.defaultdict(float)
+for x in r: t[x['form']]+=x['us_per_forward'] if x['fill']==200 else 0
+print(min((v,k) for k,v in t.items() if k!='xla')[1])")
+    echo "fastest form at fill 200: $best" | tee -a "$dir/suite.log"
+    splits=$(echo "$best" | sed 's|.*/s\([0-9]*\)/g\([01]\)|\1|'); gather=${best##*/g}
+    e2e=(--model checkpoints/tiny-qwen35-code --skip-steps --prompts benchmarks/prompts/heldout_stdlib.json
+         --num-prompts 8 --max-new-tokens 128)
+    SPECDEC_DECODE_BLOCK_SPLITS=$splits SPECDEC_DECODE_BLOCK_GATHER=$gather step 200 e2e_best \
+        python scripts/bench_spec.py "${e2e[@]}" --e2e-methods "mtp:3,mtp:4,ngram:4" --tag _mtp_splits --out "$dir"
+    SPECDEC_DECODE_BLOCK_SPLITS=1 SPECDEC_DECODE_BLOCK_GATHER=0 step 150 e2e_before \
+        python scripts/bench_spec.py "${e2e[@]}" --e2e-methods "mtp:3,mtp:4" --tag _mtp_splits_before --out "$dir"
     ;;
 *)
     echo "unknown part $part" >&2

@@ -96,6 +96,57 @@ def test_cached_attention_matches_a_row_by_row_computation(impl):
     np.testing.assert_allclose(vc2, vw, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("splits", [2, 3])
+def test_attention_splits_combine_to_the_whole_attention(impl, splits):
+    """Split over the cache (3 splits of 2 blocks: one split sees no cached slot; the second batch row's cache is
+    empty), the partial results combined by a product's input equal the row-by-row attention."""
+    B, Tp, n_new, NH, NKV, hd, S = 2, 16, 3, 4, 2, 32, 128
+    inv_freq = 1.0 / 10000 ** (np.arange(0, 8, 2) / 8)
+    qkv = _rand(0, (B, Tp, (2 * NH + 2 * NKV) * hd))
+    kc, vc = _rand(1, (B, S, NKV, hd)), _rand(2, (B, S, NKV, hd))
+    qn, kn = _rand(3, (hd,), 0.1), _rand(4, (hd,), 0.1)
+    start = jnp.array([70, 0], jnp.int32)
+    parts, kc2, vc2 = db.cached_attention(qkv, start, kc, vc, qn, kn, db.rope_frequencies(hd, inv_freq), n_heads=NH,
+                                          n_new=n_new, splits=splits, implementation=impl)
+    assert parts.out.shape == (splits, B * Tp, NH * hd) and parts.lse.shape == (splits, B * Tp, NH)
+    want, kw, vw = _naive_attention(qkv, start, kc, vc, qn, kn, inv_freq, NH, n_new)
+    got = reference.combine(parts).reshape(B, Tp, NH * hd)
+    np.testing.assert_allclose(got[:, :n_new], want[:, :n_new], rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(kc2, kw, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(vc2, vw, rtol=0, atol=0)
+    w, res = _rand(5, (48, NH * hd), 0.1), _rand(6, (B * Tp, 48))
+    np.testing.assert_allclose(db.block_linear(parts, w, residual=res, implementation=impl),
+                               reference.combine(parts) @ w.T + res, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_block_linear_gathers_its_rows(impl):
+    """[table[ids] ; rest] at padded rows (rest passed with padding rows of its own), normed per part."""
+    B, T, V, D = 2, 3, 40, 32
+    ids = jnp.asarray([[5, 0, 39], [7, 7, 1]], jnp.int32)
+    table, rest = _rand(0, (V, D)), _rand(1, (B, 5, D))
+    w, n0, n1 = _rand(2, (48, 2 * D), 0.1), _rand(3, (D,), 0.1), _rand(4, (D,), 0.1)
+    got, normed = db.block_linear(db.Gathered(table, ids, rest, 16), w, norms=(n0, n1), want_normed=True,
+                                  implementation=impl)
+    x = jnp.zeros((B, 16, 2 * D)).at[:, :T].set(jnp.concatenate([table[ids], rest[:, :T]], axis=-1))
+    want = db.block_linear(x.reshape(B * 16, 2 * D), w, norms=(n0, n1), implementation="reference")
+    assert got.shape == (B * 16, 48) and normed.shape == (B * 16, 2 * D)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_split_and_gather_settings_are_read_and_checked(monkeypatch):
+    monkeypatch.setenv(db.SPLITS_ENV, "8")
+    assert db.attention_splits(256) == 4 and db.attention_splits(1024) == 8
+    monkeypatch.setenv(db.GATHER_ENV, "0")
+    assert db.gather_inputs() is False
+    for env, bad, fn in ((db.SPLITS_ENV, "0", lambda: db.attention_splits(256)),
+                         (db.GATHER_ENV, "yes", db.gather_inputs)):
+        monkeypatch.setenv(env, bad)
+        with pytest.raises(ValueError, match=env):
+            fn()
+
+
 # ------------------------------------------------------------------------------------ the MTP head from blocks
 import os  # noqa: E402
 
@@ -112,9 +163,13 @@ def tiny():
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_mtp_head_from_blocks_matches_its_forward(tiny, impl):
+@pytest.mark.parametrize("splits,gather", [("1", "1"), ("3", "0")])
+def test_mtp_head_from_blocks_matches_its_forward(tiny, impl, splits, gather, monkeypatch):
     """Prompt entries through the head's own forward, then a 4-position update and a 1-position draft through both
-    forms: logits, hidden states and the cache they leave agree (float32)."""
+    forms: logits, hidden states and the cache they leave agree (float32); attention in one program per head or split
+    over the cache, the fc input gathered by the product or padded by XLA."""
+    monkeypatch.setenv(db.SPLITS_ENV, splits)
+    monkeypatch.setenv(db.GATHER_ENV, gather)
     cfg, params = tiny.config, tiny.params
     B, P = 2, 70
     rng = np.random.default_rng(0)
@@ -129,12 +184,15 @@ def test_mtp_head_from_blocks_matches_its_forward(tiny, impl):
         args = (hidden[:, start:start + n], ids[:, start:start + n])
         want = mtp_head.mtp_forward(params, cfg, *args, k, v, pos(start, n))
         got = mtp_head.mtp_forward_blocks(params, cfg, *args, k, v, pos(start, n), implementation=impl)
-        for g, w in zip(got, want):
+        assert got[1].shape == (B, 16, cfg.hidden_size)  # hidden_out keeps its padding rows
+        for g, w in zip((got[0], got[1][:, :n], *got[2:]), want):
             np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
         k, v = want[2], want[3]
 
 
-def test_mtp_drafting_with_blocks_is_exact(tiny):
+@pytest.mark.parametrize("splits", ["1", "2"])
+def test_mtp_drafting_with_blocks_is_exact(tiny, splits, monkeypatch):
+    monkeypatch.setenv(db.SPLITS_ENV, splits)
     ids = np.asarray([[1542, 12, 290, 1239, 11, 2023, 198, 220, 220, 220, 422]]) % tiny.vocab_size
     ar = sj.generate(tiny, ids, 40, eos_token_id=False).tokens
     res = sj.generate(tiny, ids, 40, method="mtp", gamma=3, kernels="blocks", eos_token_id=False)

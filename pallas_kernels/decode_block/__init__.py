@@ -14,7 +14,7 @@ import os
 import jax
 
 from . import reference
-from .reference import EPILOGUES, rope_frequencies
+from .reference import EPILOGUES, Gathered, Partials, rope_frequencies
 
 IMPLEMENTATIONS = ("reference", "pallas")
 MAX_ROWS = 16  # positions per batch row a forward through the blocks takes: decode and chain verification sizes
@@ -25,6 +25,10 @@ WARPS_ENV = "SPECDEC_DECODE_BLOCK_WARPS"  # "ATTENTION,LINEAR" warps per program
 # rows): (8, 4) 1.03 / 1.13 / 1.17x, (4, 4) 0.98-1.10x, (8, 8) 0.99-1.14x, (16, 8) 0.91-1.07x, (2, *) 0.74-0.84x,
 # (1, *) 0.41-0.51x (benchmarks/results/mtp_head_tiny-qwen35-code.md, ..._warps.md).
 DEFAULT_WARPS = (8, 4)
+SPLITS_ENV = "SPECDEC_DECODE_BLOCK_SPLITS"  # most programs per (batch row, head) over a cache (an A/B knob; when traced)
+DEFAULT_SPLITS = 1
+GATHER_ENV = "SPECDEC_DECODE_BLOCK_GATHER"  # "1": products gather their input rows (`Gathered`); "0": XLA pads them
+DEFAULT_GATHER = True
 
 
 def warps() -> tuple[int, int]:
@@ -37,6 +41,27 @@ def warps() -> tuple[int, int]:
     except ValueError:
         raise ValueError(f"{WARPS_ENV} must be two integers 'ATTENTION,LINEAR'; got {raw!r}") from None
     return attention, linear
+
+
+def attention_splits(cache_len: int) -> int:
+    """Programs per (batch row, query head) `cached_attention` spreads a cache of cache_len slots over: SPLITS_ENV
+    (else DEFAULT_SPLITS), at most one per block of BLOCK_S slots."""
+    raw = os.environ.get(SPLITS_ENV, "").strip()
+    try:
+        most = int(raw) if raw else DEFAULT_SPLITS
+    except ValueError:
+        raise ValueError(f"{SPLITS_ENV} must be a positive integer; got {raw!r}") from None
+    if most < 1:
+        raise ValueError(f"{SPLITS_ENV} must be a positive integer; got {raw!r}")
+    return max(1, min(most, cache_len // BLOCK_S))
+
+
+def gather_inputs() -> bool:
+    """Whether a forward through the blocks hands its products `Gathered` inputs (GATHER_ENV, else DEFAULT_GATHER)."""
+    raw = os.environ.get(GATHER_ENV, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"{GATHER_ENV} must be 0 or 1; got {raw!r}")
+    return DEFAULT_GATHER if not raw else raw == "1"
 
 
 def _kernels():
@@ -66,7 +91,8 @@ def linear_shape_supported(din: int, dout: int, segments: int = 1) -> bool:
 
 def block_linear(x, w, *, norms=(), eps=1e-6, residual=None, epilogue="none", want_normed=False, out_dtype=None,
                  implementation="auto"):
-    """y = epilogue(norm(x) @ w^T) (+ residual): reference.block_linear. x [M, Din], M a power of two >= 16."""
+    """y = epilogue(norm(x) @ w^T) (+ residual): reference.block_linear. x [M, Din], M a power of two >= 16, or a
+    `Gathered` (rows gathered as they load) or `Partials` (an attention combined as it loads)."""
     if epilogue not in EPILOGUES:
         raise ValueError(f"block_linear: epilogue must be one of {EPILOGUES}; got {epilogue!r}")
     kw = dict(norms=tuple(norms), eps=eps, residual=residual, epilogue=epilogue, want_normed=want_normed,
@@ -77,16 +103,18 @@ def block_linear(x, w, *, norms=(), eps=1e-6, residual=None, epilogue="none", wa
 
 
 def cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, *, n_heads, n_new, eps=1e-6,
-                     mscale=1.0, implementation="auto"):
-    """Gated attention of a few new rows over a KV cache, the new keys / values written: reference.cached_attention."""
-    kw = dict(n_heads=n_heads, n_new=n_new, eps=eps, mscale=mscale)
+                     mscale=1.0, splits=1, implementation="auto"):
+    """Gated attention of a few new rows over a KV cache, the new keys / values written: reference.cached_attention
+    (splits > 1: a `Partials`, for a `block_linear` to combine)."""
+    kw = dict(n_heads=n_heads, n_new=n_new, eps=eps, mscale=mscale, splits=splits)
     if resolve(implementation) == "reference":
-        return reference.cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, **kw)
+        return reference.cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, block_s=BLOCK_S, **kw)
     return _kernels().cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs,
                                        block_s=BLOCK_S, num_warps=warps()[0],
                                        interpret=jax.default_backend() != "gpu", **kw)
 
 
 __all__ = ["IMPLEMENTATIONS", "MAX_ROWS", "MAX_OPERAND_ROWS", "BLOCK_S", "EPILOGUES", "block_linear", "cached_attention",
-           "rope_frequencies",
+           "rope_frequencies", "Gathered", "Partials", "attention_splits", "SPLITS_ENV",
+           "gather_inputs", "GATHER_ENV",
            "default_implementation", "resolve", "linear_shape_supported", "warps", "WARPS_ENV"]

@@ -102,7 +102,8 @@ class MtpDrafter:
         if blocks and k.shape[1] % decode_block.BLOCK_S == 0 and self._blocks_fit(params, cfg, T, B):
             return mtp_head.mtp_forward_blocks(params, cfg, hidden, next_ids, k, v, positions,
                                                head=self._head(params))
-        _, hout, k, v = mtp_head.mtp_forward(params, cfg, hidden, next_ids, k, v, positions, compute_logits=False)
+        _, hout, k, v = mtp_head.mtp_forward(params, cfg, hidden[:, :T], next_ids, k, v, positions,
+                                             compute_logits=False)
         return self._head_logits(params, hout), hout, k, v
 
     # ------------------------------------------------------------------------------- interface
@@ -115,7 +116,7 @@ class MtpDrafter:
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T))
         logits, hout, k, v = self._run(params, cfg, hidden, next_ids, k, v, positions)
         return {"k": k, "v": v, "length": jnp.full((B,), T, jnp.int32), "logits": logits[:, -1],
-                "hidden": hout[:, -1:]}
+                "hidden": hout[:, T - 1:T]}
 
     def propose(self, params, cfg, state, history, hist_len, gamma: int, key, *, sampling=SamplingConfig(), **_):
         keys = jax.random.split(key, gamma)
@@ -129,11 +130,23 @@ class MtpDrafter:
             nxt, q = self._choose(params, logits[:, 0], step_key, sampling)
             return (nxt, hout, k, v), (nxt, q)
 
-        carry = (d1, state["hidden"], state["k"], state["v"])
-        (_, _, k, v), (rest, q_rest) = lax.scan(chain, carry, (jnp.arange(gamma - 1, dtype=jnp.int32), keys[1:]),
-                                                unroll=self.unroll)
-        drafts = jnp.concatenate([d1[:, None], jnp.moveaxis(rest, 0, 1)], axis=1)  # [B, gamma]
-        q = None if sampling.greedy else jnp.concatenate([q1[:, None], jnp.moveaxis(q_rest, 0, 1)], axis=1)
+        carry, xs = (d1, state["hidden"], state["k"], state["v"]), (jnp.arange(gamma - 1, dtype=jnp.int32), keys[1:])
+        if self.unroll:  # straight-line code; a chained forward may hand on its padded hidden state (no slice)
+            outs = []
+            for i in range(gamma - 1):
+                carry, out = chain(carry, (xs[0][i], xs[1][i]))
+                outs.append(out)
+            _, _, k, v = carry
+            rest = [o[0] for o in outs]
+            q_rest = [o[1] for o in outs]
+        else:
+            def chain_rows(carry, xs):  # a scan's carry keeps its shape
+                (nxt, hout, k, v), out = chain(carry, xs)
+                return (nxt, hout[:, :1], k, v), out
+            (_, _, k, v), (rest, q_rest) = lax.scan(chain_rows, carry, xs)
+            rest, q_rest = list(rest), (list(q_rest) if q_rest is not None else [])
+        drafts = jnp.stack([d1] + list(rest), axis=1)  # [B, gamma]
+        q = None if sampling.greedy else jnp.stack([q1] + list(q_rest), axis=1)
         return drafts, q, dict(state, k=k, v=v)
 
     def update(self, state, *, emitted, n_keep, verified, params, cfg, **_):

@@ -100,9 +100,12 @@ def blocks_supported(params: dict, cfg: Qwen35Config, rows: int, cache_len: int,
 def mtp_forward_blocks(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_ids: jax.Array, k_cache: jax.Array,
                        v_cache: jax.Array, positions: jax.Array, *, head: jax.Array | None = None,
                        implementation: str = "auto"):
-    """`mtp_forward` for a few rows (`blocks_supported`) in seven launches: fc, qkv, attention (with the cache
-    write), output projection, SwiGLU, down projection, output head (pallas_kernels/decode_block). Same math;
-    the float32 rounding order differs, so it drafts, it does not decide. Returns (logits, hidden_out, k, v)."""
+    """`mtp_forward` for a few rows (`blocks_supported`) in seven launches: fc (the embedding gathered as it loads),
+    qkv, attention (with the cache write; over `decode_block.attention_splits` programs per head), output projection
+    (combining them), SwiGLU, down projection, output head (pallas_kernels/decode_block). Same math; the float32
+    rounding order differs, so it drafts, it does not decide. hidden [B, Th, D] with Th >= T (rows past T unread: a
+    previous call's padded hidden_out may be passed). Returns (logits [B, T, N], hidden_out [B, Tp, D] with Tp >= T
+    (rows past T are padding), k, v)."""
     mp = params["mtp"]
     p = mp["layers"][0]
     dtype = params["embed"].dtype
@@ -111,28 +114,33 @@ def mtp_forward_blocks(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_
     rows = 1 << (B * tp - 1).bit_length()  # powers of two >= 16 (Triton)
     nH, hd = cfg.num_attention_heads, cfg.head_dim
     pad_rows = lambda a: a if rows == B * tp else jnp.pad(a, ((0, rows - B * tp), (0, 0)))
-    pad = lambda a: pad_rows(jnp.pad(a, ((0, 0), (0, tp - T), (0, 0))).reshape(B * tp, a.shape[-1]))
-    x = pad(jnp.concatenate([params["embed"][next_ids].astype(dtype), hidden.astype(dtype)], axis=-1))
     kw = dict(eps=cfg.rms_norm_eps, implementation=implementation)
+    if decode_block.gather_inputs():
+        x = decode_block.Gathered(params["embed"], next_ids.astype(jnp.int32), hidden.astype(dtype), tp)
+    else:
+        x = jnp.concatenate([params["embed"][next_ids].astype(dtype), hidden[:, :T].astype(dtype)], axis=-1)
+        x = pad_rows(jnp.pad(x, ((0, 0), (0, tp - T), (0, 0))).reshape(B * tp, -1))
     x = decode_block.block_linear(x, mp["fc"].astype(dtype), norms=(mp["pre_fc_norm_embedding"],
                                                                    mp["pre_fc_norm_hidden"]), **kw)
     qkv = decode_block.block_linear(x, p["mixer"]["qkv_proj"].astype(dtype), norms=(p["input_norm"],), **kw)
     inv_freq = L.rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling_dict)
     freqs = decode_block.rope_frequencies(hd, inv_freq)
     qkv = (qkv if rows == B * tp else qkv[: B * tp]).reshape(B, tp, -1)
+    splits = decode_block.attention_splits(k_cache.shape[1])
     a, k_cache, v_cache = decode_block.cached_attention(
         qkv, positions[:, 0], k_cache, v_cache, p["mixer"]["q_norm"], p["mixer"]["k_norm"], freqs, n_heads=nH,
-        n_new=T, mscale=L.rope_attention_factor(cfg.rope_scaling_dict), **kw)
-    x = decode_block.block_linear(pad_rows(a.reshape(B * tp, nH * hd)), p["mixer"]["o_proj"].astype(dtype),
-                                  residual=x, **kw)
+        n_new=T, mscale=L.rope_attention_factor(cfg.rope_scaling_dict), splits=splits, **kw)
+    if splits == 1:  # (a Partials is combined at the product's padded rows)
+        a = pad_rows(a.reshape(B * tp, nH * hd))
+    x = decode_block.block_linear(a, p["mixer"]["o_proj"].astype(dtype), residual=x, **kw)
     h = decode_block.block_linear(x, p["mlp"]["gate_up_proj"].astype(dtype), norms=(p["post_norm"],),
                                   epilogue="silu_mul", **kw)
     x = decode_block.block_linear(h, p["mlp"]["down_proj"].astype(dtype), residual=x, **kw)
     head = qwen35.lm_head_weight(params) if head is None else head
     logits, hidden_out = decode_block.block_linear(x, head.astype(dtype), norms=(mp["norm"],), want_normed=True,
                                                    out_dtype=jnp.float32, **kw)
-    unpad = lambda a: (a if rows == B * tp else a[: B * tp]).reshape(B, tp, a.shape[-1])[:, :T]
-    return unpad(logits), unpad(hidden_out), k_cache, v_cache
+    per_row = lambda a: (a if rows == B * tp else a[: B * tp]).reshape(B, tp, a.shape[-1])
+    return per_row(logits)[:, :T], per_row(hidden_out), k_cache, v_cache
 
 
 def mtp_forward_train(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_ids: jax.Array):
