@@ -104,14 +104,19 @@ def random_9b_model(tiny: bool, dtype: str = "bfloat16", damp: float = 1.0):
     return Model(config=cfg, params=build_tree(specs, make), dtype=jnp.dtype(dtype))
 
 
-def load_prompts(spec: str, tokenizer, limit: int) -> list[list[int]]:
+def load_prompts(spec: str, tokenizer, limit: int, keep: int = 384) -> list[list[int]]:
+    """Token lists (each its last `keep` tokens): 'heldout' (signature + docstring prompts of the stdlib's held-out
+    modules), 'heldout-files' (those modules' whole files: long prompts), or a .json list / text file of prompts."""
+    from specdec_jax import corpus
     if spec == "heldout":
-        from specdec_jax.corpus import heldout_prompts
-        texts = heldout_prompts(max_prompts=limit)
+        texts = corpus.heldout_prompts(max_prompts=limit)
+    elif spec == "heldout-files":
+        root = corpus.stdlib_root()
+        texts = corpus.read_texts(root, corpus.split_corpus(root)[1])
     else:
         with open(spec) as f:
             texts = json.load(f) if spec.endswith(".json") else [line.rstrip("\n").replace("\\n", "\n") for line in f]
-    return [tokenizer(t)["input_ids"][-384:] for t in texts[:limit]]
+    return [tokenizer(t)["input_ids"][-keep:] for t in texts[:limit]]
 
 
 def prefix_state(model, prefix: int, max_len: int):
@@ -427,6 +432,10 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--gammas", default="1,2,4,8,16")
     ap.add_argument("--e2e-gamma", type=int, default=8)
+    ap.add_argument("--e2e-repeats", type=int, default=3,
+                    help="rounds per prompt, each running AR then every method; a method's speedup on a prompt is the "
+                    "median of its rounds' ratios to that round's AR (one run of 128 tokens is ~20 ms: single pairs "
+                    "moved the median over 8 prompts by ~5%%)")
     ap.add_argument("--e2e-methods", default="ngram,ngram/snapshot,ngram-table,mtp,mtp-shortlist",
                     help="comma list of METHOD[:GAMMA][:KEY=VALUE ...][/ROLLBACK] (default gamma --e2e-gamma, default "
                          "rollback; options as generate() takes them, e.g. mtp:3:unroll_drafts=False)")
@@ -531,7 +540,8 @@ def main():
     if not args.skip_e2e:
         from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(args.model)
-        prompts = load_prompts(args.prompts, tok, 10 ** 4 if args.prompt_len else args.num_prompts)
+        prompts = load_prompts(args.prompts, tok, 10 ** 4 if args.prompt_len else args.num_prompts,
+                               keep=max(384, args.prompt_len or 0))
         if args.prompt_len:
             prompts = cut_prompts(prompts, args.prompt_len)
         prompts = [np.asarray([p]) for p in prompts[:args.num_prompts]]
@@ -557,19 +567,27 @@ def main():
             for c in configs:
                 result["compile_seconds"][label(*c)] = run(prompts[0], *c).stats["compile_seconds"]
         result["e2e"] = []
+        rounds = max(1, args.e2e_repeats)
         for ids in prompts:
-            ar = run(ids, "ar")
-            row = {"prompt_tokens": ids.shape[1], "ar_tps": ar.stats["decode_tokens_per_second"]}
+            ar_tps, tps, first = [], {label(*c): [] for c in configs}, {}
+            for _ in range(rounds):  # AR, then every method, again and again: each method paired with each round's AR
+                ar = run(ids, "ar")
+                ar_tps.append(ar.stats["decode_tokens_per_second"])
+                for c in configs:
+                    sp = run(ids, *c)
+                    # Same formula as AR's decode tok/s: tokens after the first (which comes from the prefill).
+                    tps[label(*c)].append(decode_tokens_per_second(sp.stats))
+                    first.setdefault(label(*c), (sp, ar))
+            row = {"prompt_tokens": ids.shape[1], "ar_tps": float(np.median(ar_tps)), "ar_tps_rounds": ar_tps}
             for c in configs:
-                sp = run(ids, *c)
-                # Same formula as AR's decode tok/s: tokens after the first (which comes from the prefill).
-                tps = decode_tokens_per_second(sp.stats)
+                sp, ar = first[label(*c)]
                 own_rows = own_reference_rows(sp.stats, ar.stats)
                 ref = ar.tokens if own_rows is None else sj.generate(model, ids, args.max_new_tokens,
                                                                      eos_token_id=False, decode_rows=own_rows).tokens
-                row[label(*c)] = {"tps": tps, "speedup": tps / row["ar_tps"],
-                                  "mean_accepted": sp.stats["mean_accepted"], "verify_steps": sp.stats["verify_steps"],
-                                  "equal_to_ar": bool((sp.tokens == ref).all())}
+                ratios = [t / a for t, a in zip(tps[label(*c)], ar_tps)]
+                row[label(*c)] = {"tps": float(np.median(tps[label(*c)])), "speedup": float(np.median(ratios)),
+                                  "speedup_rounds": ratios, "mean_accepted": sp.stats["mean_accepted"],
+                                  "verify_steps": sp.stats["verify_steps"], "equal_to_ar": bool((sp.tokens == ref).all())}
             result["e2e"].append(row)
             print(json.dumps(row), flush=True)
             rows = result["e2e"]
@@ -595,8 +613,10 @@ def markdown(result, name, header, args) -> str:
         n = len(result["e2e"])
         ar_tps = float(np.median([r["ar_tps"] for r in result["e2e"]]))
         md += ["", f"End to end, greedy, {n} prompts of {args.prompt_len or 'their own'} tokens, "
-                   f"{args.max_new_tokens} new tokens (decode tok/s, each prompt paired with AR; compile and "
-                   f"autotuning in a warm-up run before). AR: median {ar_tps:.1f} tok/s, compiled in "
+                   f"{args.max_new_tokens} new tokens (decode tok/s; {args.e2e_repeats} rounds per prompt, each "
+                   f"running AR then every method; a prompt's speedup is the median of its rounds' ratios to that "
+                   f"round's AR; compile and autotuning in a warm-up run before). AR: median {ar_tps:.1f} tok/s, "
+                   f"compiled in "
                    f"{result['compile_seconds'].get('ar', float('nan')):.1f} s.", "",
                "| method:gamma / rollback | median speedup over AR | mean accepted drafts / step | outputs equal to AR "
                "| compile s |", "|---|---|---|---|---|"]

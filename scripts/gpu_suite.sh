@@ -14,14 +14,14 @@
 #                                                  fp32-g16, stash, stash-check, stash-bits, repeat-procs, strict-xla,
 #                                                  exact-options, exact-options-cost, looped-options,
 #                                                  thunks, looped-curve-options, recycle,
-#                                                  mtp-blocks, mtp-final, mtp-splits
+#                                                  mtp-blocks, mtp-final, mtp-splits, mtp-gather
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -777,6 +777,21 @@ print(min((v,k) for k,v in t.items() if k!='xla')[1])")
         python scripts/bench_spec.py "${e2e[@]}" --e2e-methods "mtp:3,mtp:4,ngram:4" --tag _mtp_splits --out "$dir"
     SPECDEC_DECODE_BLOCK_SPLITS=1 SPECDEC_DECODE_BLOCK_GATHER=0 step 150 e2e_before \
         python scripts/bench_spec.py "${e2e[@]}" --e2e-methods "mtp:3,mtp:4" --tag _mtp_splits_before --out "$dir"
+    ;;
+mtp-gather)  # issue 12: the fc input gathered by its product (default), attention splits against cache fills up to
+    # 3000 (which split count from which cache length), the tiny checkpoint end to end at the defaults (3 rounds per
+    # prompt), and with 1024-token prompts under 2 splits and under 1
+    step 200 mtp_head python scripts/bench_mtp_head.py --cache-fill 200,400,1000,3000 --rows 1 \
+        --forms "w8,4/s1/g1:w8,4/s2/g1:w8,4/s4/g1" --out "$dir"
+    e2e=(--model checkpoints/tiny-qwen35-code --skip-steps --prompts benchmarks/prompts/heldout_stdlib.json
+         --max-new-tokens 128)
+    step 200 e2e_default python scripts/bench_spec.py "${e2e[@]}" --num-prompts 8 \
+        --e2e-methods "ngram:4,ngram:8,mtp:3,mtp:4,mtp-shortlist:4" --tag _mtp_gather --out "$dir"
+    for s in 2 1; do
+        SPECDEC_DECODE_BLOCK_SPLITS=$s step 120 e2e_long_s$s python scripts/bench_spec.py --model \
+            checkpoints/tiny-qwen35-code --skip-steps --prompts heldout-files --max-new-tokens 128 --num-prompts 4 \
+            --prompt-len 1024 --e2e-methods "mtp:3" --tag _mtp_long_s$s --out "$dir"
+    done
     ;;
 *)
     echo "unknown part $part" >&2
