@@ -33,9 +33,10 @@ def form_env(name: str) -> dict:
     if name == "xla":
         return {}
     parts = dict((p[0], p[1:]) for p in name.split("/"))
-    if set(parts) != {"w", "s", "g"}:
-        raise SystemExit(f"--forms: each form is 'wATTENTION,LINEAR/sSPLITS/gGATHER'; got {name!r}")
-    return {decode_block.WARPS_ENV: parts["w"], decode_block.SPLITS_ENV: parts["s"], decode_block.GATHER_ENV: parts["g"]}
+    if not {"w", "s", "g"} <= set(parts) <= {"w", "s", "g", "b"}:
+        raise SystemExit(f"--forms: each form is 'wATTENTION,LINEAR/sSPLITS/gGATHER[/bSLOTS]'; got {name!r}")
+    return {decode_block.WARPS_ENV: parts["w"], decode_block.SPLITS_ENV: parts["s"],
+            decode_block.GATHER_ENV: parts["g"], decode_block.SLOTS_ENV: parts.get("b")}
 
 
 def main():
@@ -45,7 +46,8 @@ def main():
     ap.add_argument("--rows", default="1,4,5", help="positions per forward, comma-separated")
     ap.add_argument("--cache-fill", default="200", help="cache entries before the timed forwards, comma-separated")
     ap.add_argument("--forms", default="w8,4/s1/g1", help="decode-block forms to try, separated by ':'; each "
-                    "'wATTENTION,LINEAR/sSPLITS/gGATHER' (decode_block.WARPS_ENV, SPLITS_ENV, GATHER_ENV)")
+                    "'wATTENTION,LINEAR/sSPLITS/gGATHER[/bSLOTS]' (decode_block.WARPS_ENV, SPLITS_ENV, GATHER_ENV, "
+                    "SLOTS_ENV)")
     ap.add_argument("--chain", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default="benchmarks/results")
@@ -60,7 +62,7 @@ def main():
              "blocks": lambda p, h, i, k, v, pos: mtp_head.mtp_forward_blocks(p, cfg, h, i, k, v, pos)}
     lowered, inputs, diffs = {}, {}, []
     for fill in fills:
-        k, v = mtp_head.init_mtp_cache(cfg, 1, fill + 64, params["embed"].dtype, round_to=decode_block.BLOCK_S)
+        k, v = mtp_head.init_mtp_cache(cfg, 1, fill + 64, params["embed"].dtype, round_to=decode_block.CACHE_MULTIPLE)
         ids = jnp.asarray(rng.integers(0, model.vocab_size, (1, fill)), jnp.int32)
         hidden = jnp.asarray(rng.standard_normal((1, fill, cfg.hidden_size)), params["embed"].dtype)
         _, _, k, v = jax.jit(lambda p, h, i, k, v: mtp_head.mtp_forward(p, cfg, h, i, k, v,
@@ -106,8 +108,8 @@ def main():
           f"Per forward plus the greedy choice, in a jitted loop of {chain} dependent forwards (token, hidden state "
           f"and cache carried) after a cache of `fill` entries; median of {repeats}.", "",
           "Blocks rows: `wA,L/sS/gG` = warps per program (attention, products), attention splits over the cache (at "
-          "most one per 64 slots), the fc input gathered by its product (g1) or padded by XLA (g0). Ratio: XLA's "
-          "time over the form's.", "",
+          "most one per attention block), the fc input gathered by its product (g1) or padded by XLA (g0), cache slots "
+          "per attention block (b, default 64). Ratio: XLA's time over the form's.", "",
           "| form | " + " | ".join(f"fill {f}, T = {t}: µs (ratio)" for f, t in cols) + " |",
           "|---|" + "---|" * len(cols)]
     for name in dict.fromkeys(r["form"] for r in rows):

@@ -782,7 +782,7 @@ mtp-gather)  # issue 12: the fc input gathered by its product (default), attenti
     # 3000 (which split count from which cache length), the tiny checkpoint end to end at the defaults (3 rounds per
     # prompt), and with 1024-token prompts under 2 splits and under 1
     step 200 mtp_head python scripts/bench_mtp_head.py --cache-fill 200,400,1000,3000 --rows 1 \
-        --forms "w8,4/s1/g1:w8,4/s2/g1:w8,4/s4/g1" --out "$dir"
+        --forms "${FORMS:-w8,4/s1/g1:w8,4/s2/g1:w8,4/s4/g1:w8,4/s1/g1/b128:w8,4/s1/g1/b256:w8,4/s2/g1/b128}" --out "$dir"
     e2e=(--model checkpoints/tiny-qwen35-code --skip-steps --prompts benchmarks/prompts/heldout_stdlib.json
          --max-new-tokens 128)
     step 200 e2e_default python scripts/bench_spec.py "${e2e[@]}" --num-prompts 8 \

@@ -140,8 +140,10 @@ def test_split_and_gather_settings_are_read_and_checked(monkeypatch):
     assert db.attention_splits(256) == 4 and db.attention_splits(1024) == 8
     monkeypatch.setenv(db.GATHER_ENV, "0")
     assert db.gather_inputs() is False
+    monkeypatch.setenv(db.SLOTS_ENV, "128")
+    assert db.attention_block() == 128 and db.attention_splits(256) == 2
     for env, bad, fn in ((db.SPLITS_ENV, "0", lambda: db.attention_splits(256)),
-                         (db.GATHER_ENV, "yes", db.gather_inputs)):
+                         (db.GATHER_ENV, "yes", db.gather_inputs), (db.SLOTS_ENV, "96", db.attention_block)):
         monkeypatch.setenv(env, bad)
         with pytest.raises(ValueError, match=env):
             fn()
@@ -163,20 +165,21 @@ def tiny():
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("splits,gather", [("1", "1"), ("3", "0")])
-def test_mtp_head_from_blocks_matches_its_forward(tiny, impl, splits, gather, monkeypatch):
+@pytest.mark.parametrize("splits,gather,slots", [("1", "1", "64"), ("3", "0", "64"), ("2", "1", "128")])
+def test_mtp_head_from_blocks_matches_its_forward(tiny, impl, splits, gather, slots, monkeypatch):
     """Prompt entries through the head's own forward, then a 4-position update and a 1-position draft through both
     forms: logits, hidden states and the cache they leave agree (float32); attention in one program per head or split
     over the cache, the fc input gathered by the product or padded by XLA."""
     monkeypatch.setenv(db.SPLITS_ENV, splits)
     monkeypatch.setenv(db.GATHER_ENV, gather)
+    monkeypatch.setenv(db.SLOTS_ENV, slots)
     cfg, params = tiny.config, tiny.params
     B, P = 2, 70
     rng = np.random.default_rng(0)
     ids = jnp.asarray(rng.integers(0, tiny.vocab_size, (B, P + 5)), jnp.int32)
     hidden = jnp.asarray(rng.standard_normal((B, P + 5, cfg.hidden_size)), jnp.float32)
-    k, v = mtp_head.init_mtp_cache(cfg, B, 130, jnp.float32, round_to=db.BLOCK_S)
-    assert k.shape[1] == 192
+    k, v = mtp_head.init_mtp_cache(cfg, B, 130, jnp.float32, round_to=db.CACHE_MULTIPLE)
+    assert k.shape[1] == 256
     pos = lambda a, n: jnp.broadcast_to(jnp.arange(a, a + n, dtype=jnp.int32)[None], (B, n))
     _, _, k, v = mtp_head.mtp_forward(params, cfg, hidden[:, :P], ids[:, :P], k, v, pos(0, P))
     assert mtp_head.blocks_supported(params, cfg, 4, k.shape[1])

@@ -19,7 +19,10 @@ from .reference import EPILOGUES, Gathered, Partials, rope_frequencies
 IMPLEMENTATIONS = ("reference", "pallas")
 MAX_ROWS = 16  # positions per batch row a forward through the blocks takes: decode and chain verification sizes
 MAX_OPERAND_ROWS = 64  # rows of a product's operand (batch x padded positions): the input tile lives in registers
-BLOCK_S = 64  # cache slots per attention block: a cache's length must be a multiple of it
+BLOCK_S = 64  # cache slots per attention block by default (SLOTS_ENV)
+ATTENTION_BLOCKS = (64, 128, 256)  # the block sizes `cached_attention` runs with
+CACHE_MULTIPLE = 256  # a cache's length must be a multiple of it (of every block size)
+SLOTS_ENV = "SPECDEC_DECODE_BLOCK_SLOTS"  # cache slots per attention block (an A/B knob; read when traced)
 WARPS_ENV = "SPECDEC_DECODE_BLOCK_WARPS"  # "ATTENTION,LINEAR" warps per program (an A/B knob; read when traced)
 # Measured on the H200, the tiny checkpoint's MTP head in bf16, time per chained forward against XLA's (T = 1 / 4 / 5
 # rows): (8, 4) 1.03 / 1.13 / 1.17x, (4, 4) 0.98-1.10x, (8, 8) 0.99-1.14x, (16, 8) 0.91-1.07x, (2, *) 0.74-0.84x,
@@ -45,7 +48,7 @@ def warps() -> tuple[int, int]:
 
 def attention_splits(cache_len: int) -> int:
     """Programs per (batch row, query head) `cached_attention` spreads a cache of cache_len slots over: SPLITS_ENV
-    (else DEFAULT_SPLITS), at most one per block of BLOCK_S slots."""
+    (else DEFAULT_SPLITS), at most one per attention block."""
     raw = os.environ.get(SPLITS_ENV, "").strip()
     try:
         most = int(raw) if raw else DEFAULT_SPLITS
@@ -53,7 +56,15 @@ def attention_splits(cache_len: int) -> int:
         raise ValueError(f"{SPLITS_ENV} must be a positive integer; got {raw!r}") from None
     if most < 1:
         raise ValueError(f"{SPLITS_ENV} must be a positive integer; got {raw!r}")
-    return max(1, min(most, cache_len // BLOCK_S))
+    return max(1, min(most, cache_len // attention_block()))
+
+
+def attention_block() -> int:
+    """Cache slots per attention block: SLOTS_ENV, else BLOCK_S."""
+    raw = os.environ.get(SLOTS_ENV, "").strip()
+    if raw and raw not in {str(b) for b in ATTENTION_BLOCKS}:
+        raise ValueError(f"{SLOTS_ENV} must be one of {ATTENTION_BLOCKS}; got {raw!r}")
+    return int(raw) if raw else BLOCK_S
 
 
 def gather_inputs() -> bool:
@@ -108,13 +119,15 @@ def cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, *, n_h
     (splits > 1: a `Partials`, for a `block_linear` to combine)."""
     kw = dict(n_heads=n_heads, n_new=n_new, eps=eps, mscale=mscale, splits=splits)
     if resolve(implementation) == "reference":
-        return reference.cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, block_s=BLOCK_S, **kw)
+        return reference.cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs,
+                                          block_s=attention_block(), **kw)
     return _kernels().cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs,
-                                       block_s=BLOCK_S, num_warps=warps()[0],
+                                       block_s=attention_block(), num_warps=warps()[0],
                                        interpret=jax.default_backend() != "gpu", **kw)
 
 
 __all__ = ["IMPLEMENTATIONS", "MAX_ROWS", "MAX_OPERAND_ROWS", "BLOCK_S", "EPILOGUES", "block_linear", "cached_attention",
            "rope_frequencies", "Gathered", "Partials", "attention_splits", "SPLITS_ENV",
+           "attention_block", "SLOTS_ENV", "ATTENTION_BLOCKS", "CACHE_MULTIPLE",
            "gather_inputs", "GATHER_ENV",
            "default_implementation", "resolve", "linear_shape_supported", "warps", "WARPS_ENV"]

@@ -89,7 +89,8 @@ class MtpDrafter:
                              "kernels='xla'")
 
     def _blocks_fit(self, params, cfg, rows: int, batch: int = 1) -> bool:
-        return mtp_head.blocks_supported(params, cfg, rows, decode_block.BLOCK_S, self.shortlist_size or None, batch)
+        return mtp_head.blocks_supported(params, cfg, rows, decode_block.CACHE_MULTIPLE, self.shortlist_size or None,
+                                         batch)
 
     def _head(self, params):
         head = qwen35.lm_head_weight(params)
@@ -99,7 +100,7 @@ class MtpDrafter:
         B, T = next_ids.shape
         blocks = self.kernels == "blocks" or (self.kernels == "auto" and jax.default_backend() == "gpu"
                                               and cfg.hidden_size <= AUTO_MAX_HIDDEN and B == 1)
-        if blocks and k.shape[1] % decode_block.BLOCK_S == 0 and self._blocks_fit(params, cfg, T, B):
+        if blocks and k.shape[1] % decode_block.CACHE_MULTIPLE == 0 and self._blocks_fit(params, cfg, T, B):
             return mtp_head.mtp_forward_blocks(params, cfg, hidden, next_ids, k, v, positions,
                                                head=self._head(params))
         _, hout, k, v = mtp_head.mtp_forward(params, cfg, hidden[:, :T], next_ids, k, v, positions,
@@ -111,7 +112,7 @@ class MtpDrafter:
         B, T = prompt.shape
         # Slots past max_len: the decode blocks store a block of new rows from each start (`cached_attention`).
         k, v = mtp_head.init_mtp_cache(cfg, B, max_len + decode_block.MAX_ROWS, params["embed"].dtype,
-                                       round_to=decode_block.BLOCK_S)
+                                       round_to=decode_block.CACHE_MULTIPLE)
         next_ids = jnp.concatenate([prompt[:, 1:], first_token[:, None]], axis=1)  # [B, T]
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T))
         logits, hout, k, v = self._run(params, cfg, hidden, next_ids, k, v, positions)

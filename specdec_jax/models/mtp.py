@@ -41,7 +41,7 @@ def init_mtp_cache(cfg: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat
                    round_to: int = 1) -> tuple[jax.Array, jax.Array]:
     """Empty K and V caches of the MTP layer, each [B, S, NKV, hd] (split over its heads under a mesh, as the
     target's caches); S is max_len rounded up to a multiple of round_to (the decode blocks read whole blocks of
-    slots: `decode_block.BLOCK_S`; slots past the written ones are masked)."""
+    slots: `decode_block.CACHE_MULTIPLE`; slots past the written ones are masked)."""
     shape = (batch, -(-max_len // round_to) * round_to, qwen35.kv_heads(cfg), cfg.head_dim)
     return tuple(sharding.constrain(jnp.zeros(shape, dtype), cfg.mesh, sharding.STATE_PARTITIONS[field])
                  for field in ("keys", "values"))
@@ -93,7 +93,8 @@ def blocks_supported(params: dict, cfg: Qwen35Config, rows: int, cache_len: int,
     vocab = qwen35.lm_head_weight(params).shape[0] if head_rows is None else head_rows
     linears = [(2 * D, D, 2), (D, 2 * (nH + nKV) * hd, 1), (nH * hd, D, 1), (D, F, 1), (F, D, 1), (D, vocab, 1)]
     padded = batch * max(16, 1 << (rows - 1).bit_length())  # the kernels' operand rows
-    return (rows <= decode_block.MAX_ROWS and padded <= decode_block.MAX_OPERAND_ROWS and hd >= 16 and hd & (hd - 1) == 0 and cache_len % decode_block.BLOCK_S == 0
+    return (rows <= decode_block.MAX_ROWS and padded <= decode_block.MAX_OPERAND_ROWS and hd >= 16 and hd & (hd - 1) == 0
+            and cache_len % decode_block.CACHE_MULTIPLE == 0
             and all(decode_block.linear_shape_supported(*shape) for shape in linears))
 
 
