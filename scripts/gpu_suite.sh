@@ -14,14 +14,14 @@
 #                                                  fp32-g16, stash, stash-check, stash-bits, repeat-procs, strict-xla,
 #                                                  exact-options, exact-options-cost, looped-options,
 #                                                  thunks, looped-curve-options, recycle,
-#                                                  mtp-blocks, mtp-final, mtp-splits, mtp-gather
+#                                                  mtp-blocks, mtp-final, mtp-splits, mtp-gather, mtp-defaults
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -792,6 +792,15 @@ mtp-gather)  # issue 12: the fc input gathered by its product (default), attenti
             checkpoints/tiny-qwen35-code --skip-steps --prompts heldout-files --max-new-tokens 128 --num-prompts 4 \
             --prompt-len 1024 --e2e-methods "mtp:3" --tag _mtp_long_s$s --out "$dir"
     done
+    ;;
+mtp-defaults)  # issue 12: the tiny checkpoint end to end at the defaults chosen in mtp-splits / mtp-gather (3 rounds
+    # per prompt), XLA's MTP forward beside them; 1024-token prompts, where auto keeps XLA's forward, beside the blocks
+    e2e=(--model checkpoints/tiny-qwen35-code --skip-steps --max-new-tokens 128)
+    step 240 e2e_default python scripts/bench_spec.py "${e2e[@]}" --prompts benchmarks/prompts/heldout_stdlib.json \
+        --num-prompts 8 --e2e-methods "ngram:4,ngram:8,mtp:3,mtp:4,mtp:3:kernels='xla',mtp-shortlist:4" \
+        --tag _mtp_defaults --out "$dir"
+    step 150 e2e_long python scripts/bench_spec.py "${e2e[@]}" --prompts heldout-files --num-prompts 4 --prompt-len 1024 \
+        --e2e-methods "mtp:3,mtp:3:kernels='blocks'" --tag _mtp_defaults_long --out "$dir"
     ;;
 *)
     echo "unknown part $part" >&2

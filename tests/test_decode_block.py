@@ -135,15 +135,17 @@ def test_block_linear_gathers_its_rows(impl):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_split_and_gather_settings_are_read_and_checked(monkeypatch):
+def test_split_block_and_gather_settings_are_read_and_checked(monkeypatch):
+    assert [db.attention_splits(n, 64) for n in (512, 1024, 1280, 2048, 4096)] == [1, 1, 2, 2, 4]
+    assert [db.attention_block(hd) for hd in (32, 64, 128, 256)] == [256, 256, 128, 64]
     monkeypatch.setenv(db.SPLITS_ENV, "8")
-    assert db.attention_splits(256) == 4 and db.attention_splits(1024) == 8
+    assert db.attention_splits(256, 64) == 1 and db.attention_splits(4096, 64) == 8
     monkeypatch.setenv(db.GATHER_ENV, "0")
     assert db.gather_inputs() is False
-    monkeypatch.setenv(db.SLOTS_ENV, "128")
-    assert db.attention_block() == 128 and db.attention_splits(256) == 2
-    for env, bad, fn in ((db.SPLITS_ENV, "0", lambda: db.attention_splits(256)),
-                         (db.GATHER_ENV, "yes", db.gather_inputs), (db.SLOTS_ENV, "96", db.attention_block)):
+    monkeypatch.setenv(db.SLOTS_ENV, "64")
+    assert db.attention_block(64) == 64 and db.attention_splits(256, 64) == 4
+    for env, bad, fn in ((db.SPLITS_ENV, "0", lambda: db.attention_splits(256, 64)),
+                         (db.GATHER_ENV, "yes", db.gather_inputs), (db.SLOTS_ENV, "96", lambda: db.attention_block(64))):
         monkeypatch.setenv(env, bad)
         with pytest.raises(ValueError, match=env):
             fn()

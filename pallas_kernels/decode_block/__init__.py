@@ -19,17 +19,25 @@ from .reference import EPILOGUES, Gathered, Partials, rope_frequencies
 IMPLEMENTATIONS = ("reference", "pallas")
 MAX_ROWS = 16  # positions per batch row a forward through the blocks takes: decode and chain verification sizes
 MAX_OPERAND_ROWS = 64  # rows of a product's operand (batch x padded positions): the input tile lives in registers
-BLOCK_S = 64  # cache slots per attention block by default (SLOTS_ENV)
-ATTENTION_BLOCKS = (64, 128, 256)  # the block sizes `cached_attention` runs with
+ATTENTION_BLOCKS = (64, 128, 256)  # cache slots per attention block `cached_attention` runs with
 CACHE_MULTIPLE = 256  # a cache's length must be a multiple of it (of every block size)
+# Measurements behind the defaults below: H200, the tiny checkpoint's MTP head (hd 64) in bf16, time per chained
+# forward at cache fills 200 / 400 / 1000 / 3000 (benchmarks/results/mtp_head_tiny-qwen35-code_gather.md;
+# ..._splits.md for the gather). Slots per block 64 / 128 / 256: 29.7 / 28.3 / 28.2 µs at fill 200, 41.3 / 38.7 /
+# 37.8 at 1000: the largest block whose [slots, hd] tile is at most BLOCK_ELEMENTS (hd 64: 256 slots; larger head
+# dims take fewer slots: not measured). Splits over the cache 1 / 2 / 4: 29.7 / 31.8 / 35.3 µs at fill 200, 41.3 /
+# 37.3 / 37.6 at 1000, 71.3 / 52.7 / 47.3 at 3000 (XLA's forward: 33.4, 37.2, 34.9): one program per head up to
+# SPLIT_SLOTS[0] cache slots, 2 up to SPLIT_SLOTS[1], 4 beyond. The fc input gathered by its product: 30.6 -> 29.5 µs
+# (T = 1), 31.6 -> 30.2 (T = 4) at fill 200.
+BLOCK_ELEMENTS = 16384
+SPLIT_SLOTS = (1024, 2048)
 SLOTS_ENV = "SPECDEC_DECODE_BLOCK_SLOTS"  # cache slots per attention block (an A/B knob; read when traced)
 WARPS_ENV = "SPECDEC_DECODE_BLOCK_WARPS"  # "ATTENTION,LINEAR" warps per program (an A/B knob; read when traced)
 # Measured on the H200, the tiny checkpoint's MTP head in bf16, time per chained forward against XLA's (T = 1 / 4 / 5
 # rows): (8, 4) 1.03 / 1.13 / 1.17x, (4, 4) 0.98-1.10x, (8, 8) 0.99-1.14x, (16, 8) 0.91-1.07x, (2, *) 0.74-0.84x,
 # (1, *) 0.41-0.51x (benchmarks/results/mtp_head_tiny-qwen35-code.md, ..._warps.md).
 DEFAULT_WARPS = (8, 4)
-SPLITS_ENV = "SPECDEC_DECODE_BLOCK_SPLITS"  # most programs per (batch row, head) over a cache (an A/B knob; when traced)
-DEFAULT_SPLITS = 1
+SPLITS_ENV = "SPECDEC_DECODE_BLOCK_SPLITS"  # programs per (batch row, head) over a cache (an A/B knob; when traced)
 GATHER_ENV = "SPECDEC_DECODE_BLOCK_GATHER"  # "1": products gather their input rows (`Gathered`); "0": XLA pads them
 DEFAULT_GATHER = True
 
@@ -46,25 +54,28 @@ def warps() -> tuple[int, int]:
     return attention, linear
 
 
-def attention_splits(cache_len: int) -> int:
-    """Programs per (batch row, query head) `cached_attention` spreads a cache of cache_len slots over: SPLITS_ENV
-    (else DEFAULT_SPLITS), at most one per attention block."""
+def attention_splits(cache_len: int, head_dim: int) -> int:
+    """Programs per (batch row, query head) `cached_attention` spreads a cache of cache_len slots over: SPLITS_ENV,
+    else by the cache's length (SPLIT_SLOTS); at most one per attention block."""
     raw = os.environ.get(SPLITS_ENV, "").strip()
     try:
-        most = int(raw) if raw else DEFAULT_SPLITS
+        most = int(raw) if raw else 2 ** sum(cache_len > slots for slots in SPLIT_SLOTS)  # 1, 2, 4
     except ValueError:
         raise ValueError(f"{SPLITS_ENV} must be a positive integer; got {raw!r}") from None
     if most < 1:
         raise ValueError(f"{SPLITS_ENV} must be a positive integer; got {raw!r}")
-    return max(1, min(most, cache_len // attention_block()))
+    return max(1, min(most, cache_len // attention_block(head_dim)))
 
 
-def attention_block() -> int:
-    """Cache slots per attention block: SLOTS_ENV, else BLOCK_S."""
+def attention_block(head_dim: int) -> int:
+    """Cache slots per attention block: SLOTS_ENV, else the largest of ATTENTION_BLOCKS whose [slots, head_dim] tile
+    holds at most BLOCK_ELEMENTS values (at least the smallest)."""
     raw = os.environ.get(SLOTS_ENV, "").strip()
     if raw and raw not in {str(b) for b in ATTENTION_BLOCKS}:
         raise ValueError(f"{SLOTS_ENV} must be one of {ATTENTION_BLOCKS}; got {raw!r}")
-    return int(raw) if raw else BLOCK_S
+    if raw:
+        return int(raw)
+    return max([b for b in ATTENTION_BLOCKS if b * head_dim <= BLOCK_ELEMENTS] or [ATTENTION_BLOCKS[0]])
 
 
 def gather_inputs() -> bool:
@@ -120,9 +131,9 @@ def cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, *, n_h
     kw = dict(n_heads=n_heads, n_new=n_new, eps=eps, mscale=mscale, splits=splits)
     if resolve(implementation) == "reference":
         return reference.cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs,
-                                          block_s=attention_block(), **kw)
+                                          block_s=attention_block(k_cache.shape[-1]), **kw)
     return _kernels().cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs,
-                                       block_s=attention_block(), num_warps=warps()[0],
+                                       block_s=attention_block(k_cache.shape[-1]), num_warps=warps()[0],
                                        interpret=jax.default_backend() != "gpu", **kw)
 
 

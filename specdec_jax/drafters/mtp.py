@@ -40,6 +40,11 @@ KERNELS = ("auto", "xla", "blocks")
 # mtp_head_tiny-qwen35-code.md), at batch 1. Larger heads read their weights at memory speed, where these untuned
 # products have not been measured against cuBLAS, and batches were not measured: XLA there.
 AUTO_MAX_HIDDEN = 1024
+# ... and for caches up to this many slots: per chained forward on the H200 (tiny checkpoint) the blocks took 28.2 /
+# 32.3 / 37.8 µs at cache fills 200 / 400 / 1000 against XLA's 33.4 / 33.6 / 37.2, and at fill 3000 47.3 µs at best
+# (4 splits) against XLA's 34.9: XLA's attention spreads a long cache over the whole GPU
+# (benchmarks/results/mtp_head_tiny-qwen35-code_gather.md).
+AUTO_MAX_CACHE = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +58,7 @@ class MtpDrafter:
     # How the head runs its few-row forwards (each draft, and the update after verification): "xla" (the jnp
     # forward, ~30 launches), "blocks" (pallas_kernels/decode_block: seven launches; refused where
     # `mtp_head.blocks_supported` says no) or "auto" (blocks on the GPU at batch 1 for heads up to AUTO_MAX_HIDDEN
-    # where supported, else xla). The prompt's forward always runs as xla.
+    # and caches up to AUTO_MAX_CACHE slots where supported, else xla). The prompt's forward always runs as xla.
     kernels: str = "auto"
     deterministic = False
     needs_hidden = True
@@ -98,8 +103,8 @@ class MtpDrafter:
 
     def _run(self, params, cfg, hidden, next_ids, k, v, positions):
         B, T = next_ids.shape
-        blocks = self.kernels == "blocks" or (self.kernels == "auto" and jax.default_backend() == "gpu"
-                                              and cfg.hidden_size <= AUTO_MAX_HIDDEN and B == 1)
+        blocks = self.kernels == "blocks" or (self.kernels == "auto" and jax.default_backend() == "gpu" and B == 1
+                                              and cfg.hidden_size <= AUTO_MAX_HIDDEN and k.shape[1] <= AUTO_MAX_CACHE)
         if blocks and k.shape[1] % decode_block.CACHE_MULTIPLE == 0 and self._blocks_fit(params, cfg, T, B):
             return mtp_head.mtp_forward_blocks(params, cfg, hidden, next_ids, k, v, positions,
                                                head=self._head(params))

@@ -127,7 +127,7 @@ def mtp_forward_blocks(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_
     inv_freq = L.rope_inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling_dict)
     freqs = decode_block.rope_frequencies(hd, inv_freq)
     qkv = (qkv if rows == B * tp else qkv[: B * tp]).reshape(B, tp, -1)
-    splits = decode_block.attention_splits(k_cache.shape[1])
+    splits = decode_block.attention_splits(k_cache.shape[1], hd)
     a, k_cache, v_cache = decode_block.cached_attention(
         qkv, positions[:, 0], k_cache, v_cache, p["mixer"]["q_norm"], p["mixer"]["k_norm"], freqs, n_heads=nH,
         n_new=T, mscale=L.rope_attention_factor(cfg.rope_scaling_dict), splits=splits, **kw)
