@@ -64,18 +64,19 @@ def attention_splits(cache_len: int, head_dim: int) -> int:
         raise ValueError(f"{SPLITS_ENV} must be a positive integer; got {raw!r}") from None
     if most < 1:
         raise ValueError(f"{SPLITS_ENV} must be a positive integer; got {raw!r}")
-    return max(1, min(most, cache_len // attention_block(head_dim)))
+    return max(1, min(most, cache_len // attention_block(head_dim, cache_len)))
 
 
-def attention_block(head_dim: int) -> int:
-    """Cache slots per attention block: SLOTS_ENV, else the largest of ATTENTION_BLOCKS whose [slots, head_dim] tile
-    holds at most BLOCK_ELEMENTS values (at least the smallest)."""
+def attention_block(head_dim: int, cache_len: int = CACHE_MULTIPLE) -> int:
+    """Cache slots per attention block: SLOTS_ENV, else the largest of ATTENTION_BLOCKS dividing cache_len whose
+    [slots, head_dim] tile holds at most BLOCK_ELEMENTS values (at least the smallest)."""
     raw = os.environ.get(SLOTS_ENV, "").strip()
     if raw and raw not in {str(b) for b in ATTENTION_BLOCKS}:
         raise ValueError(f"{SLOTS_ENV} must be one of {ATTENTION_BLOCKS}; got {raw!r}")
     if raw:
         return int(raw)
-    return max([b for b in ATTENTION_BLOCKS if b * head_dim <= BLOCK_ELEMENTS] or [ATTENTION_BLOCKS[0]])
+    fits = [b for b in ATTENTION_BLOCKS if b * head_dim <= BLOCK_ELEMENTS and cache_len % b == 0]
+    return max(fits or [ATTENTION_BLOCKS[0]])
 
 
 def gather_inputs() -> bool:
@@ -131,9 +132,10 @@ def cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, *, n_h
     kw = dict(n_heads=n_heads, n_new=n_new, eps=eps, mscale=mscale, splits=splits)
     if resolve(implementation) == "reference":
         return reference.cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs,
-                                          block_s=attention_block(k_cache.shape[-1]), **kw)
+                                          block_s=attention_block(k_cache.shape[-1], k_cache.shape[1]), **kw)
     return _kernels().cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs,
-                                       block_s=attention_block(k_cache.shape[-1]), num_warps=warps()[0],
+                                       block_s=attention_block(k_cache.shape[-1], k_cache.shape[1]),
+                                       num_warps=warps()[0],
                                        interpret=jax.default_backend() != "gpu", **kw)
 
 
