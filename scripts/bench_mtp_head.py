@@ -33,10 +33,11 @@ def form_env(name: str) -> dict:
     if name == "xla":
         return {}
     parts = dict((p[0], p[1:]) for p in name.split("/"))
-    if not {"w", "s", "g"} <= set(parts) <= {"w", "s", "g", "b"}:
-        raise SystemExit(f"--forms: each form is 'wATTENTION,LINEAR/sSPLITS/gGATHER[/bSLOTS]'; got {name!r}")
+    if not {"w", "s", "g"} <= set(parts) <= {"w", "s", "g", "b", "f"}:
+        raise SystemExit(f"--forms: each form is 'wATTENTION,LINEAR/sSPLITS/gGATHER[/bSLOTS][/fFUSE]'; got {name!r}")
     return {decode_block.WARPS_ENV: parts["w"], decode_block.SPLITS_ENV: parts["s"],
-            decode_block.GATHER_ENV: parts["g"], decode_block.SLOTS_ENV: parts.get("b")}
+            decode_block.GATHER_ENV: parts["g"], decode_block.SLOTS_ENV: parts.get("b"),
+            decode_block.FUSE_ENV: parts.get("f")}
 
 
 def main():
@@ -46,8 +47,8 @@ def main():
     ap.add_argument("--rows", default="1,4,5", help="positions per forward, comma-separated")
     ap.add_argument("--cache-fill", default="200", help="cache entries before the timed forwards, comma-separated")
     ap.add_argument("--forms", default="w8,4/s1/g1", help="decode-block forms to try, separated by ':'; each "
-                    "'wATTENTION,LINEAR/sSPLITS/gGATHER[/bSLOTS]' (decode_block.WARPS_ENV, SPLITS_ENV, GATHER_ENV, "
-                    "SLOTS_ENV)")
+                    "'wATTENTION,LINEAR/sSPLITS/gGATHER[/bSLOTS][/fFUSE]' (decode_block.WARPS_ENV, SPLITS_ENV, "
+                    "GATHER_ENV, SLOTS_ENV, FUSE_ENV)")
     ap.add_argument("--chain", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default="benchmarks/results")
@@ -109,7 +110,8 @@ def main():
           f"and cache carried) after a cache of `fill` entries; median of {repeats}.", "",
           "Blocks rows: `wA,L/sS/gG` = warps per program (attention, products), attention splits over the cache (at "
           "most one per attention block), the fc input gathered by its product (g1) or padded by XLA (g0), cache slots "
-          "per attention block (b, default 64). Ratio: XLA's time over the form's.", "",
+          "per attention block (b; default by head dim), the output projection inside the attention (f1) or a product "
+          "of its own (f0, the default). Ratio: XLA's time over the form's.", "",
           "| form | " + " | ".join(f"fill {f}, T = {t}: µs (ratio)" for f, t in cols) + " |",
           "|---|" + "---|" * len(cols)]
     for name in dict.fromkeys(r["form"] for r in rows):

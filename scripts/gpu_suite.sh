@@ -14,14 +14,15 @@
 #                                                  fp32-g16, stash, stash-check, stash-bits, repeat-procs, strict-xla,
 #                                                  exact-options, exact-options-cost, looped-options,
 #                                                  thunks, looped-curve-options, recycle,
-#                                                  mtp-blocks, mtp-final, mtp-splits, mtp-gather, mtp-defaults
+#                                                  mtp-blocks, mtp-final, mtp-splits, mtp-gather, mtp-defaults,
+#                                                  mtp-fuse
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -801,6 +802,18 @@ mtp-defaults)  # issue 12: the tiny checkpoint end to end at the defaults chosen
         --tag _mtp_defaults --out "$dir"
     step 150 e2e_long python scripts/bench_spec.py "${e2e[@]}" --prompts heldout-files --num-prompts 4 --prompt-len 1024 \
         --e2e-methods "mtp:3,mtp:3:kernels='blocks'" --tag _mtp_defaults_long --out "$dir"
+    ;;
+mtp-fuse)  # issue 12: the attention projecting each head's output (summed by the SwiGLU product: one launch fewer
+    # per forward) against the output projection as a product of its own: the head alone, then end to end, each form in
+    # its own process beside its own AR
+    step 200 mtp_head python scripts/bench_mtp_head.py --cache-fill 200,1000 --rows 1,4 \
+        --forms "w8,4/s1/g1:w8,4/s1/g1/f1:w8,4/s1/g1/b128/f1:w8,4/s1/g1/b128" --out "$dir"
+    e2e=(--model checkpoints/tiny-qwen35-code --skip-steps --max-new-tokens 128
+         --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --e2e-methods "mtp:3,mtp:4")
+    for f in 1 0; do
+        SPECDEC_DECODE_BLOCK_FUSE_OUT_PROJ=$f step 150 e2e_f$f python scripts/bench_spec.py "${e2e[@]}" \
+            --tag _mtp_fuse$f --out "$dir"
+    done
     ;;
 *)
     echo "unknown part $part" >&2

@@ -121,6 +121,31 @@ def test_attention_splits_combine_to_the_whole_attention(impl, splits):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_attention_projects_each_head_for_a_head_sum(impl):
+    """Each head's output projection from the attention, summed onto a residual by the SwiGLU product (which also
+    returns that sum): the same as the attention, then a product of its own."""
+    B, Tp, n_new, NH, NKV, hd, S, D = 1, 16, 2, 4, 2, 32, 128, 48
+    inv_freq = 1.0 / 10000 ** (np.arange(0, 8, 2) / 8)
+    qkv = _rand(0, (B, Tp, (2 * NH + 2 * NKV) * hd))
+    kc, vc = _rand(1, (B, S, NKV, hd)), _rand(2, (B, S, NKV, hd))
+    qn, kn, wo = _rand(3, (hd,), 0.1), _rand(4, (hd,), 0.1), _rand(5, (D, NH * hd), 0.1)
+    res, w, nw = _rand(6, (B * Tp, D)), _rand(7, (64, D), 0.1), _rand(8, (D,), 0.1)
+    args = (qkv, jnp.array([40], jnp.int32), kc, vc, qn, kn, db.rope_frequencies(hd, inv_freq))
+    kw = dict(n_heads=NH, n_new=n_new, implementation=impl)
+    parts, kc2, _ = db.cached_attention(*args, out_proj=wo, **kw)
+    out, kc_want, _ = db.cached_attention(*args, **kw)
+    assert parts.shape == (NH, B * Tp, D)
+    x_want = out.reshape(B * Tp, NH * hd) @ wo.T + res
+    np.testing.assert_allclose(jnp.sum(parts, axis=0) + res, x_want, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(kc2, kc_want, rtol=0, atol=0)
+    h, x = db.block_linear(db.HeadSum(parts, res), w, norms=(nw,), epilogue="silu_mul", want_input=True,
+                           implementation=impl)
+    np.testing.assert_allclose(x, x_want, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(h, db.block_linear(x_want, w, norms=(nw,), epilogue="silu_mul",
+                                                  implementation="reference"), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_block_linear_gathers_its_rows(impl):
     """[table[ids] ; rest] at padded rows (rest passed with padding rows of its own), normed per part."""
     B, T, V, D = 2, 3, 40, 32
@@ -141,11 +166,13 @@ def test_split_block_and_gather_settings_are_read_and_checked(monkeypatch):
     monkeypatch.setenv(db.SPLITS_ENV, "8")
     assert db.attention_splits(256, 64) == 1 and db.attention_splits(4096, 64) == 8
     monkeypatch.setenv(db.GATHER_ENV, "0")
-    assert db.gather_inputs() is False
+    monkeypatch.setenv(db.FUSE_ENV, "1")
+    assert db.gather_inputs() is False and db.fuse_out_proj() is True
     monkeypatch.setenv(db.SLOTS_ENV, "64")
     assert db.attention_block(64) == 64 and db.attention_splits(256, 64) == 4
     for env, bad, fn in ((db.SPLITS_ENV, "0", lambda: db.attention_splits(256, 64)),
-                         (db.GATHER_ENV, "yes", db.gather_inputs), (db.SLOTS_ENV, "96", lambda: db.attention_block(64))):
+                         (db.GATHER_ENV, "yes", db.gather_inputs), (db.FUSE_ENV, "on", db.fuse_out_proj),
+                         (db.SLOTS_ENV, "96", lambda: db.attention_block(64))):
         monkeypatch.setenv(env, bad)
         with pytest.raises(ValueError, match=env):
             fn()
@@ -167,14 +194,17 @@ def tiny():
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("splits,gather,slots", [("1", "1", "64"), ("3", "0", "64"), ("2", "1", "128")])
-def test_mtp_head_from_blocks_matches_its_forward(tiny, impl, splits, gather, slots, monkeypatch):
+@pytest.mark.parametrize("splits,gather,slots,fuse", [("1", "1", "64", "0"), ("3", "0", "64", "0"),
+                                                      ("2", "1", "128", "0"), ("1", "1", "256", "1")])
+def test_mtp_head_from_blocks_matches_its_forward(tiny, impl, splits, gather, slots, fuse, monkeypatch):
     """Prompt entries through the head's own forward, then a 4-position update and a 1-position draft through both
     forms: logits, hidden states and the cache they leave agree (float32); attention in one program per head or split
-    over the cache, the fc input gathered by the product or padded by XLA."""
+    over the cache, the fc input gathered by the product or padded by XLA, the output projection in the attention or
+    a product of its own."""
     monkeypatch.setenv(db.SPLITS_ENV, splits)
     monkeypatch.setenv(db.GATHER_ENV, gather)
     monkeypatch.setenv(db.SLOTS_ENV, slots)
+    monkeypatch.setenv(db.FUSE_ENV, fuse)
     cfg, params = tiny.config, tiny.params
     B, P = 2, 70
     rng = np.random.default_rng(0)

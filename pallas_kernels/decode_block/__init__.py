@@ -14,7 +14,7 @@ import os
 import jax
 
 from . import reference
-from .reference import EPILOGUES, Gathered, Partials, rope_frequencies
+from .reference import EPILOGUES, Gathered, HeadSum, Partials, rope_frequencies
 
 IMPLEMENTATIONS = ("reference", "pallas")
 MAX_ROWS = 16  # positions per batch row a forward through the blocks takes: decode and chain verification sizes
@@ -40,6 +40,8 @@ DEFAULT_WARPS = (8, 4)
 SPLITS_ENV = "SPECDEC_DECODE_BLOCK_SPLITS"  # programs per (batch row, head) over a cache (an A/B knob; when traced)
 GATHER_ENV = "SPECDEC_DECODE_BLOCK_GATHER"  # "1": products gather their input rows (`Gathered`); "0": XLA pads them
 DEFAULT_GATHER = True
+FUSE_ENV = "SPECDEC_DECODE_BLOCK_FUSE_OUT_PROJ"  # "1": attention projects each head (`HeadSum`); "0": a product
+DEFAULT_FUSE_OUT_PROJ = False
 
 
 def warps() -> tuple[int, int]:
@@ -87,6 +89,15 @@ def gather_inputs() -> bool:
     return DEFAULT_GATHER if not raw else raw == "1"
 
 
+def fuse_out_proj() -> bool:
+    """Whether a forward through the blocks projects the attention's output per head inside the attention (summed by
+    the next product: one launch fewer) or in a product of its own (FUSE_ENV, else DEFAULT_FUSE_OUT_PROJ)."""
+    raw = os.environ.get(FUSE_ENV, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"{FUSE_ENV} must be 0 or 1; got {raw!r}")
+    return DEFAULT_FUSE_OUT_PROJ if not raw else raw == "1"
+
+
 def _kernels():
     from . import kernels
     return kernels
@@ -113,23 +124,24 @@ def linear_shape_supported(din: int, dout: int, segments: int = 1) -> bool:
 
 
 def block_linear(x, w, *, norms=(), eps=1e-6, residual=None, epilogue="none", want_normed=False, out_dtype=None,
-                 implementation="auto"):
+                 want_input=False, implementation="auto"):
     """y = epilogue(norm(x) @ w^T) (+ residual): reference.block_linear. x [M, Din], M a power of two >= 16, or a
-    `Gathered` (rows gathered as they load) or `Partials` (an attention combined as it loads)."""
+    `Gathered` (rows gathered as they load), `Partials` (an attention combined as it loads) or `HeadSum` (summed as it
+    loads; want_input: that sum is a second output)."""
     if epilogue not in EPILOGUES:
         raise ValueError(f"block_linear: epilogue must be one of {EPILOGUES}; got {epilogue!r}")
     kw = dict(norms=tuple(norms), eps=eps, residual=residual, epilogue=epilogue, want_normed=want_normed,
-              out_dtype=out_dtype)
+              out_dtype=out_dtype, want_input=want_input)
     if resolve(implementation) == "reference":
         return reference.block_linear(x, w, **kw)
     return _kernels().block_linear(x, w, num_warps=warps()[1], interpret=jax.default_backend() != "gpu", **kw)
 
 
 def cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, *, n_heads, n_new, eps=1e-6,
-                     mscale=1.0, splits=1, implementation="auto"):
+                     mscale=1.0, splits=1, out_proj=None, implementation="auto"):
     """Gated attention of a few new rows over a KV cache, the new keys / values written: reference.cached_attention
-    (splits > 1: a `Partials`, for a `block_linear` to combine)."""
-    kw = dict(n_heads=n_heads, n_new=n_new, eps=eps, mscale=mscale, splits=splits)
+    (splits > 1: a `Partials`, for a `block_linear` to combine; out_proj: each head's projection, for a `HeadSum`)."""
+    kw = dict(n_heads=n_heads, n_new=n_new, eps=eps, mscale=mscale, splits=splits, out_proj=out_proj)
     if resolve(implementation) == "reference":
         return reference.cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs,
                                           block_s=attention_block(k_cache.shape[-1], k_cache.shape[1]), **kw)
@@ -139,8 +151,8 @@ def cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, *, n_h
                                        interpret=jax.default_backend() != "gpu", **kw)
 
 
-__all__ = ["IMPLEMENTATIONS", "MAX_ROWS", "MAX_OPERAND_ROWS", "BLOCK_S", "EPILOGUES", "block_linear", "cached_attention",
-           "rope_frequencies", "Gathered", "Partials", "attention_splits", "SPLITS_ENV",
-           "attention_block", "SLOTS_ENV", "ATTENTION_BLOCKS", "CACHE_MULTIPLE",
-           "gather_inputs", "GATHER_ENV",
-           "default_implementation", "resolve", "linear_shape_supported", "warps", "WARPS_ENV"]
+__all__ = ["IMPLEMENTATIONS", "MAX_ROWS", "MAX_OPERAND_ROWS", "EPILOGUES", "block_linear", "cached_attention",
+           "rope_frequencies", "Gathered", "Partials", "HeadSum", "default_implementation", "resolve",
+           "linear_shape_supported", "warps", "WARPS_ENV", "attention_splits", "SPLITS_ENV", "attention_block",
+           "SLOTS_ENV", "ATTENTION_BLOCKS", "CACHE_MULTIPLE", "gather_inputs", "GATHER_ENV", "fuse_out_proj",
+           "FUSE_ENV"]

@@ -18,7 +18,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from .reference import NEG, Gathered, Partials, operand_rows, rotate_half_matrix
+from .reference import NEG, Gathered, HeadSum, Partials, operand_rows, rotate_half_matrix
 
 F32 = jnp.float32
 PRELOAD_BYTES = 64 * 1024  # a program's tiles up to this size are all loaded before its arithmetic
@@ -54,6 +54,17 @@ def _input_tiles(x_refs, x_kind, m, block_k, meta):
             g = table_ref[ids, pl.ds(k0, block_k)] if k0 < de else rest_ref[src, pl.ds(k0 - de, block_k)]
             return jnp.where(valid, g.astype(rest_ref.dtype), 0).astype(rest_ref.dtype)
         return tile
+    if x_kind == "headsum":  # parts [NH, Mp, D] float32, residual [Mp, D]
+        parts_ref, res_ref = x_refs
+        mp = res_ref.shape[0]
+        at = slice(None) if mp == m else jnp.minimum(lax.broadcasted_iota(jnp.int32, (m,), 0), mp - 1)
+
+        def tile(k0):
+            y = res_ref[at, pl.ds(k0, block_k)].astype(F32)
+            for h in range(parts_ref.shape[0]):
+                y = y + parts_ref[h, at, pl.ds(k0, block_k)]
+            return y.astype(res_ref.dtype)
+        return tile
     out_ref, lse_ref = x_refs  # Partials: out [P, Mp, NH * hd], lse [P, Mp, NH] (Mp <= M: rows past it repeat row Mp-1)
     (hd,) = meta  # block_k divides hd: a tile lies in one head
     mp = out_ref.shape[1]
@@ -71,13 +82,15 @@ def _input_tiles(x_refs, x_kind, m, block_k, meta):
     return tile
 
 
-def _linear_kernel(*refs, x_kind, x_count, x_meta, n_norms, eps, epilogue, has_residual, want_normed, block_k):
+def _linear_kernel(*refs, x_kind, x_count, x_meta, n_norms, eps, epilogue, has_residual, want_normed, want_input,
+                   block_k):
     x_refs, refs = refs[:x_count], refs[x_count:]
     w_refs, refs = (refs[:2], refs[2:]) if epilogue == "silu_mul" else (refs[:1], refs[1:])
     norm_refs, refs = refs[:n_norms], refs[n_norms:]
     res_ref, refs = (refs[0], refs[1:]) if has_residual else (None, refs)
     y_ref = refs[0]
     normed_ref = refs[1] if want_normed else None
+    input_ref = refs[1] if want_input else None
     m, din = y_ref.shape[0], w_refs[0].shape[1]
     seg = din // max(n_norms, 1)
     starts = range(0, din, block_k)
@@ -101,6 +114,8 @@ def _linear_kernel(*refs, x_kind, x_count, x_meta, n_norms, eps, epilogue, has_r
     accs = [0.0 for _ in w_refs]
     for k0 in starts:
         a = x_tile(k0)
+        if want_input:
+            input_ref[:, pl.ds(k0, block_k)] = a
         if n_norms:
             s = k0 // seg
             nw = norm_refs[s][pl.ds(k0 - s * seg, block_k)].astype(F32)
@@ -127,7 +142,7 @@ def pow2_block(n: int, most: int) -> int:
 
 
 def block_linear(x, w, *, norms=(), eps=1e-6, residual=None, epilogue="none", want_normed=False, out_dtype=None,
-                 block_n=64, block_k=256, num_warps=4, interpret=False):
+                 want_input=False, block_n=64, block_k=256, num_warps=4, interpret=False):
     """reference.block_linear as one launch; x [M, Din] with M a power of two >= 16, or a `Gathered` / `Partials`
     (gathered / combined by every program as it loads its input); Din (per norm segment) and Dout need a power-of-two
     divisor >= 16 (`pow2_block`)."""
@@ -148,6 +163,9 @@ def block_linear(x, w, *, norms=(), eps=1e-6, residual=None, epilogue="none", wa
         hd = x.out.shape[2] // x.lse.shape[2]
         x_args, x_kind, x_meta = [x.out, x.lse], "partials", (hd,)
         block_k = pow2_block(hd, block_k) if block_k else 0  # a tile within one head
+    elif isinstance(x, HeadSum):
+        m, dtype = operand_rows(1, x.residual.shape[0]), x.residual.dtype
+        x_args, x_kind, x_meta = [x.parts, x.residual], "headsum", ()
     else:
         m, dtype = x.shape[0], x.dtype
         x_args, x_kind, x_meta = [x], "dense", ()
@@ -168,25 +186,26 @@ def block_linear(x, w, *, norms=(), eps=1e-6, residual=None, epilogue="none", wa
         args.append(residual)
     out_specs = [pl.BlockSpec((m, block_n), lambda j: (0, j))]
     out_shape = [jax.ShapeDtypeStruct((m, dout), out_dtype or dtype)]
-    if want_normed:  # every program writes the same normed input (no program-dependent branch)
+    if want_normed or want_input:  # every program writes the same (normed) input (no program-dependent branch)
         out_specs.append(pl.BlockSpec((m, din), lambda j: (0, 0)))
         out_shape.append(jax.ShapeDtypeStruct((m, din), dtype))
     outs = pl.pallas_call(
         functools.partial(_linear_kernel, x_kind=x_kind, x_count=len(x_args), x_meta=x_meta, n_norms=len(norms),
                           eps=eps, epilogue=epilogue, has_residual=residual is not None, want_normed=want_normed,
-                          block_k=block_k),
+                          want_input=want_input, block_k=block_k),
         grid=(nb,), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
         compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret, name="block_linear",
     )(*args)
-    return (outs[0], outs[1]) if want_normed else outs[0]
+    return (outs[0], outs[1]) if want_normed or want_input else outs[0]
 
 
-def _attention_kernel(start_ref, qkv_ref, kc_ref, vc_ref, qn_ref, kn_ref, freq_ref, o_ref, *refs, n_heads, n_kv,
-                      n_new, eps, mscale, block_s, half, splits):
-    lse_ref, kc_out, vc_out = refs if splits > 1 else (None, *refs)
+def _attention_kernel(start_ref, qkv_ref, kc_ref, vc_ref, qn_ref, kn_ref, freq_ref, *refs, n_heads, n_kv, n_new, eps,
+                      mscale, block_s, half, splits, out_proj):
+    wo_ref, refs = (refs[0], refs[1:]) if out_proj else (None, refs)
+    o_ref, lse_ref, kc_out, vc_out = refs if splits > 1 else (refs[0], None, *refs[1:])
     b, h, part = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    tp, hd = o_ref.shape
+    tp, hd = qkv_ref.shape[0], kc_ref.shape[1]
     group = n_heads // n_kv
     start = start_ref[b]
     dtype = qkv_ref.dtype
@@ -203,6 +222,7 @@ def _attention_kernel(start_ref, qkv_ref, kc_ref, vc_ref, qn_ref, kn_ref, freq_r
 
     # Loads first (the first cache block included): the arithmetic before the loop hides their latency.
     kv0 = kv_block(jnp.minimum(lo, n_blocks - 1))
+    wo = wo_ref[:, pl.ds(h * hd, hd)] if out_proj else None  # [D, hd]: this head's columns of the projection
     q_raw, gate = qkv_ref[:, pl.ds(h * 2 * hd, hd)], qkv_ref[:, pl.ds(h * 2 * hd + hd, hd)].astype(F32)
     k_raw = qkv_ref[:, pl.ds((2 * n_heads + 0) * hd + (h // group) * hd, hd)]
     v_new = qkv_ref[:, pl.ds((2 * n_heads + n_kv) * hd + (h // group) * hd, hd)]
@@ -239,7 +259,8 @@ def _attention_kernel(start_ref, qkv_ref, kc_ref, vc_ref, qn_ref, kn_ref, freq_r
 
     m, l, acc, _ = lax.fori_loop(lo, hi, block, (*carry, kv0))
     seen = l > 0.0
-    o_ref[...] = (acc / jnp.where(seen, l, 1.0) * jax.nn.sigmoid(gate)).astype(o_ref.dtype)
+    out = (acc / jnp.where(seen, l, 1.0) * jax.nn.sigmoid(gate)).astype(dtype)
+    o_ref[...] = _dot(out, wo, trans_b=True) if out_proj else out  # [Tp, D] float32 / [Tp, hd]
     if lse_ref is not None:
         lse_ref[...] = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), NEG).reshape(tp)
     # The new keys and values into the cache, as one masked block from slot start (the caller leaves Tp slots past
@@ -250,13 +271,15 @@ def _attention_kernel(start_ref, qkv_ref, kc_ref, vc_ref, qn_ref, kn_ref, freq_r
 
 
 def cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, *, n_heads, n_new, eps=1e-6,
-                     mscale=1.0, block_s=64, splits=1, num_warps=4, interpret=False):
+                     mscale=1.0, block_s=64, splits=1, out_proj=None, num_warps=4, interpret=False):
     """reference.cached_attention as one launch of (B, NH, splits) programs; the caches are updated in place (aliased).
 
     qkv [B, Tp, ...] with Tp a power of two >= 16; the cache length S a multiple of block_s (a block read past S would
     be out of bounds), with Tp slots from every start (the new rows are stored as one block of Tp rows, masked; on the
     CPU, interpret mode would clamp a block running past S onto the wrong slots). splits > 1: a `Partials` over
-    [splits, B * Tp] instead of the output."""
+    [splits, B * Tp] instead of the output; out_proj [D, NH * hd] (splits 1): each head's projection [NH, B * Tp, D]."""
+    if out_proj is not None and splits > 1:
+        raise ValueError("cached_attention: out_proj takes one split")
     if k_cache.shape[1] % block_s:
         raise ValueError(f"cached_attention: cache length {k_cache.shape[1]} is not a multiple of block_s={block_s}")
     b, tp, width = qkv.shape
@@ -269,7 +292,14 @@ def cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, *, n_h
     vec = lambda n: pl.BlockSpec((n,), lambda i, h, p: (0,))
     in_specs = [vec(starts.shape[0]), pl.BlockSpec((None, tp, width), lambda i, h, p: (i, 0, 0)), cache_spec,
                 cache_spec, vec(hd), vec(hd), vec(hd)]
-    if splits == 1:
+    args = [starts, qkv, k_cache, v_cache, q_norm, k_norm, jnp.asarray(freqs, F32)]
+    if out_proj is not None:  # [NH, B * Tp, D] float32
+        d = out_proj.shape[0]
+        in_specs.append(pl.BlockSpec(out_proj.shape, lambda i, h, p: (0, 0)))
+        args.append(out_proj.astype(qkv.dtype))
+        out_specs = [pl.BlockSpec((None, tp, d), lambda i, h, p: (h, i, 0))]
+        out_shape = [jax.ShapeDtypeStruct((n_heads, b * tp, d), F32)]
+    elif splits == 1:
         out_specs = [pl.BlockSpec((None, tp, hd), lambda i, h, p: (i, 0, h))]
         out_shape = [jax.ShapeDtypeStruct((b, tp, n_heads * hd), qkv.dtype)]
     else:  # Partials: out [P, B * Tp, NH * hd], lse [P, B * Tp, NH]
@@ -279,13 +309,14 @@ def cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, *, n_h
                      jax.ShapeDtypeStruct((splits, b * tp, n_heads), F32)]
     outs = pl.pallas_call(
         functools.partial(_attention_kernel, n_heads=n_heads, n_kv=n_kv, n_new=n_new, eps=eps, mscale=mscale,
-                          block_s=block_s, half=int(np.count_nonzero(np.asarray(freqs))) // 2, splits=splits),
+                          block_s=block_s, half=int(np.count_nonzero(np.asarray(freqs))) // 2, splits=splits,
+                          out_proj=out_proj is not None),
         grid=(b, n_heads, splits), in_specs=in_specs, out_specs=out_specs + [cache_spec, cache_spec],
         out_shape=out_shape + [jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
                                jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)],
         input_output_aliases={2: len(out_shape), 3: len(out_shape) + 1},  # read below start, written from start
         compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret, name="cached_attention",
-    )(starts, qkv, k_cache, v_cache, q_norm, k_norm, jnp.asarray(freqs, F32))
+    )(*args)
     out = outs[0] if splits == 1 else Partials(outs[0], outs[1])
     return out, outs[-2], outs[-1]

@@ -39,6 +39,15 @@ class Partials(NamedTuple):
     lse: jax.Array
 
 
+class HeadSum(NamedTuple):
+    """A product's input as the residual stream plus an attention's per-head output projections
+    (`cached_attention(out_proj=...)`), summed by the product as it loads them: x = residual + sum_h parts[h], the sum
+    in float32, cast to residual's dtype. parts [NH, Mp, D] float32, residual [Mp, D] (Mp <= the operand's rows: rows
+    past it repeat row Mp - 1)."""
+    parts: jax.Array
+    residual: jax.Array
+
+
 def operand_rows(batch: int, rows_per: int) -> int:
     """Rows of a product's operand for batch x rows_per positions: a power of two (Triton)."""
     return 1 << (batch * rows_per - 1).bit_length()
@@ -51,6 +60,13 @@ def gathered_rows(g: Gathered) -> jax.Array:
     x = jnp.concatenate([g.table[g.ids].astype(g.rest.dtype), g.rest[:, :T]], axis=-1)
     x = jnp.pad(x, ((0, 0), (0, g.rows_per - T), (0, 0))).reshape(B * g.rows_per, -1)
     return jnp.pad(x, ((0, rows - B * g.rows_per), (0, 0)))
+
+
+def head_sum(x: HeadSum) -> jax.Array:
+    """The [operand_rows, D] input a `HeadSum` stands for."""
+    y = x.residual.astype(F32) + jnp.sum(x.parts, axis=0)
+    rows = operand_rows(1, y.shape[0])
+    return jnp.concatenate([y, jnp.broadcast_to(y[-1:], (rows - y.shape[0], y.shape[1]))]).astype(x.residual.dtype)
 
 
 def combine(parts: Partials) -> jax.Array:
@@ -76,19 +92,21 @@ def _product(a: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def block_linear(x, w: jax.Array, *, norms: tuple = (), eps: float = 1e-6, residual=None,
-                 epilogue: str = "none", want_normed: bool = False, out_dtype=None):
+                 epilogue: str = "none", want_normed: bool = False, out_dtype=None, want_input: bool = False):
     """y = epilogue(norm(x) @ w^T) (+ residual), in x.dtype.
 
     x [M, Din]; w [Dout, Din] (epilogue "silu_mul": [2F, Din], gate rows then up rows; y = silu(gate) * up, [M, F]);
     norms: () or one weight per equal segment of Din (each segment normed on its own: the MTP head's fc reads
     [embedding ; hidden], each normed with its weight); residual [M, Dout] or None.
     x may also be a `Gathered` (materialized first) or a `Partials` (combined first).
-    Returns y (in out_dtype, default x.dtype), or (y, norm(x)) with want_normed.
+    Returns y (in out_dtype, default x.dtype), or (y, norm(x)) with want_normed, or (y, x) with want_input.
     """
     if isinstance(x, Gathered):
         x = gathered_rows(x)
     elif isinstance(x, Partials):
         x = combine(x)
+    elif isinstance(x, HeadSum):
+        x = head_sum(x)
     a = x
     if norms:
         parts = jnp.split(x, len(norms), axis=-1)
@@ -100,7 +118,7 @@ def block_linear(x, w: jax.Array, *, norms: tuple = (), eps: float = 1e-6, resid
     if residual is not None:
         y = y + residual.astype(F32)
     y = y.astype(out_dtype or x.dtype)
-    return (y, a) if want_normed else y
+    return (y, a) if want_normed else (y, x) if want_input else y
 
 
 def rope_frequencies(hd: int, inv_freq) -> np.ndarray:
@@ -133,7 +151,7 @@ def _qk(x, w, positions, freqs, eps, dtype, mscale):
 
 def cached_attention(qkv: jax.Array, start: jax.Array, k_cache: jax.Array, v_cache: jax.Array, q_norm: jax.Array,
                      k_norm: jax.Array, freqs: np.ndarray, *, n_heads: int, n_new: int,
-                     eps: float = 1e-6, mscale: float = 1.0, splits: int = 1, block_s: int = 64):
+                     eps: float = 1e-6, mscale: float = 1.0, splits: int = 1, block_s: int = 64, out_proj=None):
     """Qwen3.5's gated attention for a few new positions continuing a KV cache.
 
     qkv [B, Tp, 2 * NH * hd + 2 * NKV * hd]: per head (query ; gate), then keys, then values (rows past n_new are
@@ -143,7 +161,8 @@ def cached_attention(qkv: jax.Array, start: jax.Array, k_cache: jax.Array, v_cac
     new rows <= t.
     Returns (out [B, Tp, NH * hd] = attention * sigmoid(gate), k_cache, v_cache); with splits > 1, out is a
     `Partials` over [P = splits, B * Tp]: split p reads the cached blocks (of block_s slots) `split_of_slot` gives it,
-    the last split also the new rows.
+    the last split also the new rows. out_proj [D, NH * hd] (splits 1): instead of out, each head's output projection
+    [NH, B * Tp, D] float32 (sum over heads: out @ out_proj^T), for a `HeadSum`.
     """
     B, Tp, _ = qkv.shape
     NKV, hd = k_cache.shape[2], k_cache.shape[3]
@@ -173,7 +192,12 @@ def cached_attention(qkv: jax.Array, start: jax.Array, k_cache: jax.Array, v_cac
         scores = jnp.where(mask[:, None, None], scores, -jnp.inf)
         probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
         out = jnp.einsum("bngts,bsnd->btngd", probs, v_cache.astype(dtype), preferred_element_type=F32)
-        return (out.reshape(B, Tp, n_heads * hd) * sig).astype(dtype), k_cache, v_cache
+        out = (out.reshape(B, Tp, n_heads * hd) * sig).astype(dtype)
+        if out_proj is not None:
+            per_head = out.reshape(B * Tp, n_heads, hd)
+            out = jnp.einsum("mhd,ehd->hme", per_head, out_proj.astype(dtype).reshape(-1, n_heads, hd),
+                             preferred_element_type=F32)
+        return out, k_cache, v_cache
     split = jnp.where(slots[:, 0] < start[:, None], split_of_slot(start, S, splits, block_s), splits - 1)  # [B, S]
     mask = mask[None] & (split[None, :, None, :] == jnp.arange(splits)[:, None, None, None])  # [P, B, Tp, S]
     scores = jnp.where(mask[:, :, None, None], scores[None], -jnp.inf)  # [P, B, NKV, group, Tp, S]

@@ -19,7 +19,7 @@ from pallas_kernels import decode_block
 
 MAX_ENTRIES = 32
 _ENV_KEYS = ("SPECDEC_GDN_IMPLEMENTATION", "SPECDEC_MATVEC", "SPECDEC_GDN_REPLAY_STASH", decode_block.WARPS_ENV,
-             decode_block.SPLITS_ENV, decode_block.GATHER_ENV, decode_block.SLOTS_ENV)
+             decode_block.SPLITS_ENV, decode_block.GATHER_ENV, decode_block.SLOTS_ENV, decode_block.FUSE_ENV)
 _cache: collections.OrderedDict = collections.OrderedDict()
 
 # XLA options every family's generation programs compile with on the GPU, for exactness. The exact path compiles AR's

@@ -93,8 +93,8 @@ def blocks_supported(params: dict, cfg: Qwen35Config, rows: int, cache_len: int,
     vocab = qwen35.lm_head_weight(params).shape[0] if head_rows is None else head_rows
     linears = [(2 * D, D, 2), (D, 2 * (nH + nKV) * hd, 1), (nH * hd, D, 1), (D, F, 1), (F, D, 1), (D, vocab, 1)]
     padded = batch * max(16, 1 << (rows - 1).bit_length())  # the kernels' operand rows
-    return (rows <= decode_block.MAX_ROWS and padded <= decode_block.MAX_OPERAND_ROWS and hd >= 16 and hd & (hd - 1) == 0
-            and cache_len % decode_block.CACHE_MULTIPLE == 0
+    return (rows <= decode_block.MAX_ROWS and padded <= decode_block.MAX_OPERAND_ROWS and hd >= 16
+            and hd & (hd - 1) == 0 and cache_len % decode_block.CACHE_MULTIPLE == 0
             and all(decode_block.linear_shape_supported(*shape) for shape in linears))
 
 
@@ -128,14 +128,19 @@ def mtp_forward_blocks(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_
     freqs = decode_block.rope_frequencies(hd, inv_freq)
     qkv = (qkv if rows == B * tp else qkv[: B * tp]).reshape(B, tp, -1)
     splits = decode_block.attention_splits(k_cache.shape[1], hd)
+    fused = splits == 1 and decode_block.fuse_out_proj()
     a, k_cache, v_cache = decode_block.cached_attention(
         qkv, positions[:, 0], k_cache, v_cache, p["mixer"]["q_norm"], p["mixer"]["k_norm"], freqs, n_heads=nH,
-        n_new=T, mscale=L.rope_attention_factor(cfg.rope_scaling_dict), splits=splits, **kw)
-    if splits == 1:  # (a Partials is combined at the product's padded rows)
-        a = pad_rows(a.reshape(B * tp, nH * hd))
-    x = decode_block.block_linear(a, p["mixer"]["o_proj"].astype(dtype), residual=x, **kw)
-    h = decode_block.block_linear(x, p["mlp"]["gate_up_proj"].astype(dtype), norms=(p["post_norm"],),
-                                  epilogue="silu_mul", **kw)
+        n_new=T, mscale=L.rope_attention_factor(cfg.rope_scaling_dict), splits=splits,
+        out_proj=p["mixer"]["o_proj"].astype(dtype) if fused else None, **kw)
+    gate_up = dict(norms=(p["post_norm"],), epilogue="silu_mul", **kw)
+    if fused:  # the heads' projections summed onto the residual stream as the SwiGLU product loads them
+        h, x = decode_block.block_linear(decode_block.HeadSum(a, x[: B * tp]), p["mlp"]["gate_up_proj"].astype(dtype),
+                                         want_input=True, **gate_up)
+    else:  # (a Partials is combined at the product's padded rows)
+        a = pad_rows(a.reshape(B * tp, nH * hd)) if splits == 1 else a
+        x = decode_block.block_linear(a, p["mixer"]["o_proj"].astype(dtype), residual=x, **kw)
+        h = decode_block.block_linear(x, p["mlp"]["gate_up_proj"].astype(dtype), **gate_up)
     x = decode_block.block_linear(h, p["mlp"]["down_proj"].astype(dtype), residual=x, **kw)
     head = qwen35.lm_head_weight(params) if head is None else head
     logits, hidden_out = decode_block.block_linear(x, head.astype(dtype), norms=(mp["norm"],), want_normed=True,
