@@ -103,7 +103,8 @@ def mtp_forward_blocks(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_
                        implementation: str = "auto"):
     """`mtp_forward` for a few rows (`blocks_supported`) in seven launches: fc (the embedding gathered as it loads),
     qkv, attention (with the cache write; over `decode_block.attention_splits` programs per head), output projection
-    (combining them), SwiGLU, down projection, output head (pallas_kernels/decode_block). Same math; the float32
+    (combining them; or inside the attention, per head, with `decode_block.fuse_out_proj`: six launches), SwiGLU,
+    down projection, output head (pallas_kernels/decode_block). Same math; the float32
     rounding order differs, so it drafts, it does not decide. hidden [B, Th, D] with Th >= T (rows past T unread: a
     previous call's padded hidden_out may be passed). Returns (logits [B, T, N], hidden_out [B, Tp, D] with Tp >= T
     (rows past T are padding), k, v)."""
