@@ -66,8 +66,8 @@ def main():
         k, v = mtp_head.init_mtp_cache(cfg, 1, fill + 64, params["embed"].dtype, round_to=decode_block.CACHE_MULTIPLE)
         ids = jnp.asarray(rng.integers(0, model.vocab_size, (1, fill)), jnp.int32)
         hidden = jnp.asarray(rng.standard_normal((1, fill, cfg.hidden_size)), params["embed"].dtype)
-        _, _, k, v = jax.jit(lambda p, h, i, k, v: mtp_head.mtp_forward(p, cfg, h, i, k, v,
-                                                                        jnp.arange(fill)[None]))(params, hidden, ids, k, v)
+        prompt_forward = jax.jit(lambda p, h, i, k, v: mtp_head.mtp_forward(p, cfg, h, i, k, v, jnp.arange(fill)[None]))
+        _, _, k, v = prompt_forward(params, hidden, ids, k, v)
         for t in [int(x) for x in args.rows.split(",")]:
             pos = jnp.arange(fill, fill + t, dtype=jnp.int32)[None]
             # the hidden state as a chained forward hands it on: padded to the kernels' rows (read up to T)

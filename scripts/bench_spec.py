@@ -587,7 +587,8 @@ def main():
                 ratios = [t / a for t, a in zip(tps[label(*c)], ar_tps)]
                 row[label(*c)] = {"tps": float(np.median(tps[label(*c)])), "speedup": float(np.median(ratios)),
                                   "speedup_rounds": ratios, "mean_accepted": sp.stats["mean_accepted"],
-                                  "verify_steps": sp.stats["verify_steps"], "equal_to_ar": bool((sp.tokens == ref).all())}
+                                  "verify_steps": sp.stats["verify_steps"],
+                                  "equal_to_ar": bool((sp.tokens == ref).all())}
             result["e2e"].append(row)
             print(json.dumps(row), flush=True)
             rows = result["e2e"]
