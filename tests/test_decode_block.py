@@ -193,9 +193,9 @@ def tiny():
     return sj.load(TINY, dtype="float32")
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("splits,gather,slots,fuse", [("1", "1", "64", "0"), ("3", "0", "64", "0"),
-                                                      ("2", "1", "128", "0"), ("1", "1", "256", "1")])
+@pytest.mark.parametrize("impl,splits,gather,slots,fuse", [("reference", "1", "1", "64", "0")] + [
+    ("pallas", *form) for form in (("1", "1", "64", "0"), ("3", "0", "64", "0"), ("2", "1", "128", "0"),
+                                   ("1", "1", "256", "1"))])
 def test_mtp_head_from_blocks_matches_its_forward(tiny, impl, splits, gather, slots, fuse, monkeypatch):
     """Prompt entries through the head's own forward, then a 4-position update and a 1-position draft through both
     forms: logits, hidden states and the cache they leave agree (float32); attention in one program per head or split
@@ -225,9 +225,7 @@ def test_mtp_head_from_blocks_matches_its_forward(tiny, impl, splits, gather, sl
         k, v = want[2], want[3]
 
 
-@pytest.mark.parametrize("splits", ["1", "2"])
-def test_mtp_drafting_with_blocks_is_exact(tiny, splits, monkeypatch):
-    monkeypatch.setenv(db.SPLITS_ENV, splits)
+def test_mtp_drafting_with_blocks_is_exact(tiny):
     ids = np.asarray([[1542, 12, 290, 1239, 11, 2023, 198, 220, 220, 220, 422]]) % tiny.vocab_size
     ar = sj.generate(tiny, ids, 40, eos_token_id=False).tokens
     res = sj.generate(tiny, ids, 40, method="mtp", gamma=3, kernels="blocks", eos_token_id=False)
