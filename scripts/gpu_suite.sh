@@ -15,14 +15,14 @@
 #                                                  exact-options, exact-options-cost, looped-options,
 #                                                  thunks, looped-curve-options, recycle,
 #                                                  mtp-blocks, mtp-final, mtp-splits, mtp-gather, mtp-defaults,
-#                                                  mtp-fuse
+#                                                  mtp-fuse, mtp-chain
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -814,6 +814,38 @@ mtp-fuse)  # issue 12: the attention projecting each head's output (summed by th
         SPECDEC_DECODE_BLOCK_FUSE_OUT_PROJ=$f step 150 e2e_f$f python scripts/bench_spec.py "${e2e[@]}" \
             --tag _mtp_fuse$f --out "$dir"
     done
+    ;;
+mtp-chain)  # issues 12 and 15: the corpus (the shipped tokenizer), then side by side on the GPU: the shipped MTP head
+    # fine-tuned for chained drafting with the model fixed (train_mtp_head.py, depth 4), and two Huginn layouts with less
+    # depth per core application (1+1+1 with a wider MLP, 1+2+1), whose held-out loss should fall further with r.
+    # The checkpoints come back as tar parts of <= 15 MiB.
+    step 200 corpus python scripts/build_corpus.py --out build/corpus --tokenizer checkpoints/tiny-qwen35-code \
+        ${CORPUS_ARGS:-}
+    end=${TRAIN_END_S:-470}
+    budget=$(( end - SECONDS - 60 ))
+    (( budget < 30 )) && budget=30
+    echo "training budget ${budget} s per run" | tee -a "$dir/suite.log"
+    limit=$(( ${LIMIT_END_S:-565} - SECONDS ))
+    export XLA_PYTHON_CLIENT_MEM_FRACTION=0.3
+    step "$limit" train_head python scripts/train_mtp_head.py --model checkpoints/tiny-qwen35-code --corpus build/corpus \
+        --out "$dir/ck/tiny-qwen35-code" --depth 4 --time-budget-s $(( budget - 60 )) --eval-every 300 ${HEAD_ARGS:-} &
+    common=(--arch huginn --corpus build/corpus --batch 128 --seq-len 512 --lr 3e-3 --steps 200000
+            --time-budget-s "$budget" --eval-every 400 --eval-max-tokens 262144 --keep-best --log-every 100
+            --mean-recurrence 16 --backprop-depth 8 ${TRAIN_ARGS:-})
+    step "$limit" train_huginn_111 python scripts/train_tiny.py --prelude 1 --core 1 --coda 1 --intermediate 2048 \
+        --out "$dir/ck/tiny-huginn-code-111" "${common[@]}" &
+    step "$limit" train_huginn_121 python scripts/train_tiny.py --prelude 1 --core 2 --coda 1 --intermediate 1024 \
+        --out "$dir/ck/tiny-huginn-code-121" "${common[@]}" &
+    wait
+    unset XLA_PYTHON_CLIENT_MEM_FRACTION
+    for run in 111 121; do
+        cp "$dir/ck/tiny-huginn-code-$run/train_log.json" "$dir/train_log_huginn_$run.json" 2>/dev/null
+    done
+    cp "$dir/ck/tiny-qwen35-code/mtp_head_log.json" "$dir/" 2>/dev/null
+    cp build/corpus/manifest.json "$dir/"
+    tar czf "$out/ck.tgz" -C "$dir" ck && split -b 15m -d "$out/ck.tgz" "$out/ck.tgz.part" && rm "$out/ck.tgz" \
+        && rm -rf "$dir/ck"
+    ls -la "$out" | tee -a "$dir/suite.log"
     ;;
 *)
     echo "unknown part $part" >&2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -253,6 +254,95 @@ def test_mtp_cached_forward_equals_full(mtp_setup):
         hiddens.append(ho)
     assert H.rel_err(jnp.concatenate(pieces, axis=1), full) <= 1e-5
     assert H.rel_err(jnp.concatenate(hiddens, axis=1), full_hidden) <= 1e-5
+
+
+def test_mtp_chain_equals_the_drafters_cached_chain(mtp_setup):
+    """mtp_chain_train's depth k of origin t is the drafter's k-th chained forward after committing positions
+    0..t: the cached head on the target's hiddens, then fed its own hidden_out with the next token, one row at a
+    time (the provisional entries past the committed ones). Checked at several origins and depths."""
+    cfg, params, hidden, ids = mtp_setup
+    depth, T = 3, hidden.shape[1] - 2
+    chain = jax.jit(mtp.mtp_chain_train, static_argnums=(1, 4))(params, cfg, jnp.asarray(hidden[:, :T]),
+                                                                  jnp.asarray(ids), depth)
+    assert len(chain) == depth and chain[0][0].shape == (2, T, VOCAB)
+    for t in (0, 4, T - 1):
+        k_cache, v_cache = mtp.init_mtp_cache(cfg, 2, 16, jnp.float32)
+        pos = jnp.broadcast_to(jnp.arange(t + 1, dtype=jnp.int32)[None], (2, t + 1))
+        lg, ho, k_cache, v_cache = _mtp_forward(params, cfg, jnp.asarray(hidden[:, :t + 1]),
+                                                jnp.asarray(ids[:, :t + 1]), k_cache, v_cache, pos)
+        lg, ho = lg[:, -1:], ho[:, -1:]
+        for k in range(1, depth + 1):
+            if k > 1:
+                pos = jnp.full((2, 1), t + k - 1, jnp.int32)
+                lg, ho, k_cache, v_cache = _mtp_forward(params, cfg, ho, jnp.asarray(ids[:, t + k - 1:t + k]),
+                                                        k_cache, v_cache, pos)
+            assert H.rel_err(chain[k - 1][0][:, t], lg[:, 0]) <= 1e-5, (t, k)
+            assert H.rel_err(chain[k - 1][1][:, t], ho[:, 0]) <= 1e-5, (t, k)
+    # Depth 1 is the plain head; depth 2 differs from it (it reads its own hidden state), so the test can fail.
+    full, _ = _mtp_forward_train(params, cfg, jnp.asarray(hidden[:, :T]), jnp.asarray(ids[:, :T]))
+    assert H.rel_err(chain[0][0], full) <= 1e-5
+    assert H.rel_err(chain[1][0][:, :T - 1], full[:, 1:]) > 1e-2
+
+
+def test_mtp_chain_metrics_count_leading_agreements(qwen_run):
+    """mtp_accepted counts, per origin, the depths agreeing with the model before the first that does not; each
+    depth's agreement compares with the model's logits k positions on (its token's prediction)."""
+    model = sj.load(qwen_run[0], dtype="float32")
+    cfg, params = model.config, model.params
+    depth, tokens = 3, jnp.asarray(bigram_tokens(2 * 12, seed=2).reshape(2, 12), jnp.int32)
+    T = tokens.shape[1] - depth - 1
+    out = jax.jit(training.mtp_chain_outputs, static_argnames=("cfg", "depth", "compute_dtype"))(
+        params, cfg, tokens, depth=depth, compute_dtype=jnp.float32)
+
+    @jax.jit
+    def reference(params, tokens):
+        logits, _, extras = qwen35.forward(params, cfg, qwen35.init_state(cfg, 2, T + depth, jnp.float32),
+                                           tokens[:, :T + depth], impl="reference", collect=True)
+        return logits, mtp.mtp_chain_train(params, cfg, extras["hidden"][:, :T], tokens[:, 1:T + depth], depth)
+
+    logits, chain = reference(params, tokens)
+    match = np.stack([np.asarray(jnp.argmax(c[0], -1) == jnp.argmax(logits[:, k:k + T], -1))
+                      for k, c in enumerate(chain, start=1)])  # [depth, B, T]
+    np.testing.assert_allclose(out["mtp2_agree"], match[1].mean(-1), atol=1e-6)
+    np.testing.assert_allclose(out["mtp_accepted"], np.cumprod(match, axis=0).sum(0).mean(-1), atol=1e-6)
+    assert float(out["mtp1_agree"].mean()) >= 0.5  # the trained toy head agrees with its model
+
+
+def test_train_mtp_head_changes_the_head_alone(qwen_run, tmp_path):
+    """scripts/train_mtp_head.py: held-out accepted drafts rise on the toy language, every tensor but mtp.* is the
+    input checkpoint's bit for bit, the folder loads, and bad input is refused before any training."""
+    from safetensors.numpy import load_file as load_np
+    from scripts import train_mtp_head
+
+    folder = tmp_path / "model"
+    shutil.copytree(qwen_run[0], folder)
+    (folder / "tokenizer.json").write_text('{"toy": true}')
+    corpus = tmp_path / "corpus"
+    (corpus / "tokenizer").mkdir(parents=True)
+    (corpus / "tokenizer" / "tokenizer.json").write_text('{"toy": true}')
+    data = bigram_tokens(12_000, seed=0)
+    np.save(corpus / "train.npy", data[:10_000])
+    np.save(corpus / "heldout.npy", data[10_000:])
+    out = tmp_path / "chain"
+    argv = ["--model", str(folder), "--corpus", str(corpus), "--out", str(out), "--depth", "3", "--steps", "60",
+            "--batch", "8", "--seq-len", "32", "--lr", "1e-2", "--warmup-steps", "5", "--eval-every", "0",
+            "--compute-dtype", "float32", "--log-every", "20"]
+    assert train_mtp_head.main(argv) == 0
+    log = json.loads((out / train_mtp_head.LOG_NAME).read_text())
+    assert log["final"]["mtp_accepted"] > log["baseline"]["mtp_accepted"] + 0.05, (log["baseline"], log["final"])
+    before, after = load_np(str(folder / "model.safetensors")), load_np(str(out / "model.safetensors"))
+    assert set(before) == set(after)
+    changed = {k for k in before if not np.array_equal(before[k], after[k])}
+    assert changed and all(k.startswith("mtp.") for k in changed), changed
+    assert "chained drafting" in (out / "README.md").read_text()
+    assert sj.load(out, dtype="float32").config == sj.load(folder, dtype="float32").config
+    for bad, needle in ((["--distill", "1.5"], "--distill"), (["--depth", "0"], "--depth"),
+                        (["--out", str(folder)], "--out")):
+        with pytest.raises(SystemExit):
+            train_mtp_head.parse_args(argv + bad)
+    (corpus / "tokenizer" / "tokenizer.json").write_text('{"other": true}')
+    with pytest.raises(SystemExit):
+        train_mtp_head.parse_args(argv)
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen35-code", "tiny-huginn-code"])

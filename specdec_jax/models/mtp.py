@@ -163,6 +163,61 @@ def mtp_forward_train(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_i
     return logits, hidden_out
 
 
+def mtp_chain_train(params: dict, cfg: Qwen35Config, hidden: jax.Array, ids: jax.Array, depth: int,
+                    ) -> list[tuple[jax.Array, jax.Array]]:
+    """The head chained `depth` times from every position at once, as the drafter chains it (training, tests).
+
+    hidden [B, T, D]: the target's final-normed hidden states at positions 0..T-1 (each row t is a chain's
+    origin); ids [B, T + depth - 1]: the tokens at positions 1..T+depth-1. Depth k (1-based) of origin t is the
+    head's k-th forward of a draft chain whose last committed position is t: it consumes depth k-1's
+    hidden_out (depth 1: the target's h_t) and the token at t + k, sits at position t + k - 1 and predicts
+    the token at t + k + 1. Its attention sees what the drafter's cache holds then: depth-1 entries of
+    origins <= t (the committed ones, computed from the target's hiddens) and the chain's own entries of
+    depths 2..k (origin t only). Returns [(logits [B, T, vocab] float32, hidden_out [B, T, D])] per depth.
+    """
+    mp, p = params["mtp"], params["mtp"]["layers"][0]
+    dtype = params["embed"].dtype
+    B, T, _ = hidden.shape
+    head = qwen35.lm_head_weight(params).astype(dtype)
+    keys, values, outs = [], [], []
+    h_in = hidden.astype(dtype)
+    for k in range(1, depth + 1):
+        e = _norm(params["embed"][ids[:, k - 1:k - 1 + T]].astype(dtype), mp["pre_fc_norm_embedding"], cfg)
+        x = L.linear(jnp.concatenate([e, _norm(h_in, mp["pre_fc_norm_hidden"], cfg)], axis=-1), mp["fc"])
+        positions = jnp.broadcast_to(jnp.arange(k - 1, k - 1 + T, dtype=jnp.int32)[None], (B, T))
+        q, kk, v, gate = qwen35.attention_projections(p["mixer"], cfg, _norm(x, p["input_norm"], cfg), positions)
+        keys.append(kk)
+        values.append(v)
+        attn = _chain_attention(q, keys, values, cfg.head_dim ** -0.5)
+        x = x + qwen35.attention_output(p["mixer"], attn, gate)
+        x = x + qwen35.mlp(p["mlp"], cfg, _norm(x, p["post_norm"], cfg))
+        h_in = _norm(x, mp["norm"], cfg)
+        logits = lax.dot_general(h_in, head, (((2,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        outs.append((logits, h_in))
+    return outs
+
+
+def _chain_attention(q: jax.Array, keys: list, values: list, scale: float) -> jax.Array:
+    """q [B, T, NH, hd] of depth len(keys); keys / values [B, T, NKV, hd] per depth 1..len(keys). Row t attends
+    to depth 1 at rows <= t (causal) and to depths 2.. at row t alone. Scores and softmax in float32, as
+    layers.attention. Returns [B, T, NH, hd] in q.dtype."""
+    B, T, NH, hd = q.shape
+    NKV = keys[0].shape[2]
+    qg = q.reshape(B, T, NKV, NH // NKV, hd)
+    committed = jnp.einsum("btngd,bsnd->bngts", qg, keys[0].astype(q.dtype), preferred_element_type=jnp.float32)
+    causal = jnp.tril(jnp.ones((T, T), bool))
+    committed = jnp.where(causal, committed * scale, -jnp.inf)  # [B, NKV, G, T, T]
+    own = [jnp.einsum("btngd,btnd->bngt", qg, kk.astype(q.dtype), preferred_element_type=jnp.float32)[..., None]
+           * scale for kk in keys[1:]]  # each [B, NKV, G, T, 1]
+    probs = jax.nn.softmax(jnp.concatenate([committed, *own], axis=-1), axis=-1)
+    out = jnp.einsum("bngts,bsnd->btngd", probs[..., :T].astype(values[0].dtype), values[0],
+                     preferred_element_type=jnp.float32)
+    for m, vv in enumerate(values[1:]):
+        out = out + jnp.einsum("bngt,btnd->btngd", probs[..., T + m].astype(vv.dtype), vv,
+                               preferred_element_type=jnp.float32)
+    return out.reshape(B, T, NH, hd).astype(q.dtype)
+
+
 def init_mtp_params(cfg: Qwen35Config, key: jax.Array, dtype=jnp.float32, *, num_layers: int = 1,
                     std: float = 0.02) -> dict:
     """Fresh `params["mtp"]`: matrices ~ N(0, std) (output projections scaled by 1/sqrt(2)), norms zero

@@ -276,9 +276,9 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
     return out, new_conv, new_states, extras
 
 
-def attention_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
-                    positions: jax.Array, mask: jax.Array):
-    """Gated full attention. positions [B, T]; mask [B, T, S]. Returns out and the updated caches."""
+def attention_projections(p: dict, cfg: Qwen35Config, x: jax.Array, positions: jax.Array):
+    """The gated attention's inputs for rows at `positions` [B, T]: q [B, T, nH, hd] and k [B, T, nKV, hd]
+    (head-normed, RoPE applied), v [B, T, nKV, hd] and the output gate's pre-activation [B, T, nH * hd]."""
     B, T, _ = x.shape
     nH, nKV, hd = cfg.num_attention_heads, kv_heads(cfg), cfg.head_dim
     qkv = L.linear(x, p["qkv_proj"])  # [B, T, 2*nH*hd + 2*nKV*hd]: (q_h ; gate_h) per head | k | v
@@ -294,11 +294,23 @@ def attention_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, k_cache: jax.Array
     if (mscale := L.rope_attention_factor(cfg.rope_scaling_dict)) != 1.0:  # YaRN's attention temperature
         cos, sin = cos * mscale, sin * mscale
     q, k = L.apply_rope_half(q, cos, sin), L.apply_rope_half(k, cos, sin)
+    return q, k, v, gate.reshape(B, T, nH * hd)
+
+
+def attention_output(p: dict, attn: jax.Array, gate: jax.Array) -> jax.Array:
+    """attn [B, T, nH, hd] (the heads' weighted values), gate [B, T, nH * hd] -> o_proj(attn * sigmoid(gate))."""
+    B, T = attn.shape[:2]
+    return L.linear(attn.reshape(B, T, -1) * jax.nn.sigmoid(gate), p["o_proj"])
+
+
+def attention_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
+                    positions: jax.Array, mask: jax.Array):
+    """Gated full attention. positions [B, T]; mask [B, T, S]. Returns out and the updated caches."""
+    q, k, v, gate = attention_projections(p, cfg, x, positions)
     k_cache = L.write_cache(k_cache, k, positions[:, 0])
     v_cache = L.write_cache(v_cache, v, positions[:, 0])
-    attn = L.attention(q, k_cache, v_cache, mask, hd ** -0.5)  # [B, T, nH, hd]
-    attn = attn.reshape(B, T, nH * hd) * jax.nn.sigmoid(gate.reshape(B, T, nH * hd))
-    return L.linear(attn, p["o_proj"]), k_cache, v_cache
+    attn = L.attention(q, k_cache, v_cache, mask, cfg.head_dim ** -0.5)  # [B, T, nH, hd]
+    return attention_output(p, attn, gate), k_cache, v_cache
 
 
 @functools.cache

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..models import looped
-from .recipe import TrainOptions, cast, ce_rows, qwen35_outputs
+from .recipe import TrainOptions, cast, ce_rows, mtp_chain_outputs, qwen35_outputs
 
 
 def sample_windows(rng: np.random.Generator, data: np.ndarray, batch: int, width: int) -> np.ndarray:
@@ -73,6 +73,18 @@ def evaluate_qwen35(params, cfg, windows, batch, o: TrainOptions) -> dict[str, f
                                         compute_dtype=jnp.dtype(o.compute_dtype)), windows, batch)
     m["ppl"] = math.exp(m["ce"])
     return m
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "depth", "compute_dtype"))
+def _mtp_chain_eval_batch(params, tokens, *, cfg, depth, compute_dtype):
+    return mtp_chain_outputs(params, cfg, tokens, depth=depth, compute_dtype=compute_dtype)
+
+
+def evaluate_mtp_chain(params, cfg, windows, batch, depth: int, compute_dtype) -> dict[str, float]:
+    """Held-out means of `mtp_chain_outputs` (windows [N, T + depth + 1]): per depth agreement, accuracy and
+    cross-entropies, and mtp_accepted."""
+    return _mean_metrics(functools.partial(_mtp_chain_eval_batch, params, cfg=cfg, depth=depth,
+                                           compute_dtype=jnp.dtype(compute_dtype)), windows, batch)
 
 
 def evaluate_huginn(params, cfg, windows, batch, o: TrainOptions, depths) -> dict[str, Any]:

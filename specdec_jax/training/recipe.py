@@ -230,6 +230,50 @@ def qwen35_loss(params: dict, cfg: Qwen35Config, tokens: jax.Array, *, mtp_weigh
     return metrics["ce"] + mtp_weight * mtp_loss, metrics
 
 
+def mtp_chain_outputs(params: dict, cfg: Qwen35Config, tokens: jax.Array, *, depth: int,
+                      compute_dtype) -> dict[str, jax.Array]:
+    """tokens [B, T + depth + 1] -> per-row metrics [B] of the MTP head chained `depth` times from each of the
+    first T positions as a draft chain runs it (`mtp.mtp_chain_train`), on the target's hidden states held fixed
+    (stop-gradient). For each depth k: mtp{k}_ce / mtp{k}_acc against the true token t + k + 1, mtp{k}_agree
+    (the head's top-1 equals the model's own for that token after the same true prefix), mtp{k}_distill_ce
+    (cross-entropy against the model's distribution there); and mtp_accepted, the mean count of leading depths
+    that agree: what a greedy step at gamma = depth would accept, with the true tokens as the chain's inputs
+    (a draft chain feeds its own drafts, which equal the model's top-1 while it is being accepted)."""
+    p = cast(params, compute_dtype)
+    B, W = tokens.shape
+    T = W - depth - 1
+    n = T + depth  # the target runs on positions 0..n-1; its logits at t + k predict token t + k + 1
+    state = qwen35.init_state(cfg, B, n, compute_dtype)
+    logits, _, extras = qwen35.forward(p, cfg, state, tokens[:, :n], impl="reference", collect=True)
+    logits, hidden = lax.stop_gradient(logits), lax.stop_gradient(extras["hidden"])
+    chain = mtp.mtp_chain_train(p, cfg, hidden[:, :T], tokens[:, 1:n], depth)
+    out, leading, accepted = {}, jnp.ones((B, T), jnp.float32), jnp.zeros((B, T), jnp.float32)
+    for k, (head, _) in enumerate(chain, start=1):
+        model = logits[:, k:k + T].astype(jnp.float32)
+        out[f"mtp{k}_ce"], out[f"mtp{k}_acc"] = ce_rows(head, tokens[:, k + 1:k + 1 + T])
+        match = (jnp.argmax(head, -1) == jnp.argmax(model, -1)).astype(jnp.float32)  # [B, T]
+        out[f"mtp{k}_agree"] = jnp.mean(match, axis=-1)
+        out[f"mtp{k}_distill_ce"] = jnp.mean(optax.softmax_cross_entropy(head, jax.nn.softmax(model, axis=-1)),
+                                             axis=-1)
+        leading = leading * match
+        accepted = accepted + leading
+    out["mtp_accepted"] = jnp.mean(accepted, axis=-1)
+    return out
+
+
+def mtp_chain_loss(mtp_params: dict, trunk_params: dict, cfg: Qwen35Config, tokens: jax.Array, *, depth: int,
+                   distill: float, compute_dtype):
+    """The MTP head alone trained for chained drafting, the model fixed: the mean over depths 1..depth of
+    distill * (cross-entropy against the model's distribution) + (1 - distill) * (cross-entropy against the
+    true token). Returns (loss, mean metrics); differentiate with respect to mtp_params only."""
+    per_row = mtp_chain_outputs(dict(trunk_params, mtp=mtp_params), cfg, tokens, depth=depth,
+                                compute_dtype=compute_dtype)
+    metrics = {k: jnp.mean(v) for k, v in per_row.items()}
+    loss = sum(distill * metrics[f"mtp{k}_distill_ce"] + (1.0 - distill) * metrics[f"mtp{k}_ce"]
+               for k in range(1, depth + 1)) / depth
+    return loss, metrics
+
+
 def huginn_loss(params: dict, cfg: looped.LoopedConfig, tokens: jax.Array, n_no_grad: jax.Array,
                 n_grad: jax.Array, init_key: jax.Array | None = None, *, backprop_depth: int, compute_dtype,
                 init_state_scale: float = 0.0):
