@@ -132,8 +132,10 @@ def write_readme_section(folder: Path, log: dict) -> None:
              f"After the training above, the MTP head alone was trained further with the model fixed "
              f"(`scripts/train_mtp_head.py`, commit {log['commit'][:7]}): the head chained {d} times from every "
              f"position as a draft chain runs it (from the second draft on it consumes its own output hidden "
-             f"state), each depth toward the model's own distribution ({o['distill']:g} of the loss; the rest "
-             f"against the true token). {log['steps']} steps x batch {o['batch']} x {o['seq_len']} origins, "
+             f"state), each depth toward the model's own distribution"
+             + (" (the whole loss)" if o["distill"] == 1 else f" ({o['distill']:g} of the loss; the rest against "
+                                                               f"the true token)")
+             + f". {log['steps']} steps x batch {o['batch']} x {o['seq_len']} origins, "
              f"{log['train_seconds']:.0f} s on {log['device']} (jax {log['jax_version']}); the evaluation with the "
              f"most accepted drafts was kept (step {log['selected_step']}). The model's tensors are unchanged; "
              f"log: `{LOG_NAME}`.", "",

@@ -129,12 +129,14 @@ _TREE_OPTIONS = frozenset({"tree", "rollback", "exact"})
 # (benchmarks/results/selfdraft_projection_qwen35_9b.md, from acceptance_tiny-qwen35-code_selfdraft.md and
 # spec_cost_curve_qwen35_9b_random_selfdraft.md).
 SELF_DRAFT_GAMMA = 2
-# MTP drafts 3 tokens per step by default. Each draft is a head forward that also reads the output head (at the 9B
-# shape 2 GB), so shorter chains win; on the shipped checkpoint, 20 held-out prompts end to end on the H200, gamma
-# 2 / 3 / 4 gave 1.58x / 1.62x / 1.52x over AR (MTP-shortlist 1.51x / 1.53x / 1.42x), and gamma 3 beat gamma 4 in
-# each of four runs (benchmarks/results/spec_tiny-qwen35-code_gammas.md, _loops20, _unroll, _convstack); with the drafts
-# through the decode blocks, gamma 3 / 4 1.70x / 1.65x (spec_tiny-qwen35-code_mtp_final.md).
-MTP_GAMMA = 3
+# MTP drafts 4 tokens per step by default. On the shipped checkpoint, whose head is trained for chained drafting
+# (scripts/train_mtp_head.py), 8 held-out prompts end to end on the H200 (3 rounds each) gave gamma 3 / 4 / 5 / 6
+# 1.85x / 1.95x / 1.98x over AR in one run and gamma 4 / 5 / 6 1.97x / 1.98x / 2.00x in another (MTP-shortlist gamma
+# 4 / 5: 1.99x-2.00x / 2.04x) (benchmarks/results/spec_tiny-qwen35-code_mtp_chain.md, _mtp_chain_gammas.md): past 4
+# the gain is within run-to-run spread, while each draft is a head forward that also reads the output head (at the
+# 9B shape 2 GB). Before the head was trained for chaining, gamma 3 beat 4 (1.75x / 1.58x in the same session,
+# spec_tiny-qwen35-code-joint_mtp_joint.md).
+MTP_GAMMA = 4
 REGISTRY: tuple[MethodSpec, ...] = (
     MethodSpec("ar", "qwen3_5", AR, frozenset({"exact", "decode_rows"})),
     MethodSpec("ngram", "qwen3_5", CHAIN, CHAIN_OPTIONS | {"max_n", "min_n"}, drafter=_ngram),

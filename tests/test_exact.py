@@ -171,7 +171,7 @@ def test_every_decode_forward_runs_at_the_decode_shape(monkeypatch):
     qwen, huginn = _model(QWEN), _model(HUGINN)
     q_ids, h_ids = _prompts(QWEN)[0][:, :7], _prompts(HUGINN)[0][:, :7]  # 7: not a decode row count
     R = huginn.config.mean_recurrence
-    for method, live in (("ar", 1), ("ngram", 5), ("mtp", 4)):  # default gammas: n-gram 4, MTP 3
+    for method, live in (("ar", 1), ("ngram", 5), ("mtp", 5)):  # default gammas: n-gram 4, MTP 4
         decode = {(t, rows) for name, t, rows in traced(qwen, q_ids, method) if name == "qwen" and t != 7}
         # AR steps and verifications at 8 rows; the GDN recurrence on the rows that can be valid only
         assert {t for t, _ in decode} == {8}, f"{method}: decode forwards at {decode}"

@@ -44,7 +44,7 @@ def test_chain_default_gammas_keep_the_default_decode_rows():
     default decode row count (so its exact output is default AR's)."""
     from specdec_jax.decoding.decode_shape import choose_decode_rows
     chain = {s.name: s.default_gamma for s in methods.REGISTRY if s.kind == methods.CHAIN}
-    assert chain["mtp"] == chain["mtp-shortlist"] == methods.MTP_GAMMA == 3
+    assert chain["mtp"] == chain["mtp-shortlist"] == methods.MTP_GAMMA == 4
     assert chain["layer-skip"] == chain["partial-mlp"] == methods.SELF_DRAFT_GAMMA == 2
     assert chain["ngram"] == chain["ngram-table"] == 4
     for name, gamma in chain.items():
