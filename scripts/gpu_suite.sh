@@ -15,14 +15,14 @@
 #                                                  exact-options, exact-options-cost, looped-options,
 #                                                  thunks, looped-curve-options, recycle,
 #                                                  mtp-blocks, mtp-final, mtp-splits, mtp-gather, mtp-defaults,
-#                                                  mtp-fuse, mtp-chain
+#                                                  mtp-fuse, mtp-chain, mtp-chain-check
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -846,6 +846,17 @@ mtp-chain)  # issues 12 and 15: the corpus (the shipped tokenizer), then side by
     tar czf "$out/ck.tgz" -C "$dir" ck && split -b 15m -d "$out/ck.tgz" "$out/ck.tgz.part" && rm "$out/ck.tgz" \
         && rm -rf "$dir/ck"
     ls -la "$out" | tee -a "$dir/suite.log"
+    ;;
+mtp-chain-check)  # issue 12: the chain-trained MTP head at the defaults (MTP gamma 4): bf16 equality of every chain
+    # method with AR, end to end beside n-gram, gamma 3 and XLA's head forward, and 1024-token prompts (auto / blocks)
+    step 120 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 8 --prompt-len 64 \
+        --modes exact --tag _qwen_chain_head --out "$dir"
+    e2e=(--model checkpoints/tiny-qwen35-code --skip-steps --max-new-tokens 128)
+    step 200 e2e_default python scripts/bench_spec.py "${e2e[@]}" --prompts benchmarks/prompts/heldout_stdlib.json \
+        --num-prompts 8 --e2e-methods "ngram:4,ngram:8,mtp:4,mtp:3,mtp:4:kernels='xla',mtp-shortlist:4" \
+        --tag _mtp_chain_defaults --out "$dir"
+    step 130 e2e_long python scripts/bench_spec.py "${e2e[@]}" --prompts heldout-files --num-prompts 4 --prompt-len 1024 \
+        --e2e-methods "mtp:4,mtp:4:kernels='blocks'" --tag _mtp_chain_long --out "$dir"
     ;;
 *)
     echo "unknown part $part" >&2
