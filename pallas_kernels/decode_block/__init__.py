@@ -41,6 +41,9 @@ SPLITS_ENV = "SPECDEC_DECODE_BLOCK_SPLITS"  # programs per (batch row, head) ove
 GATHER_ENV = "SPECDEC_DECODE_BLOCK_GATHER"  # "1": products gather their input rows (`Gathered`); "0": XLA pads them
 DEFAULT_GATHER = True
 FUSE_ENV = "SPECDEC_DECODE_BLOCK_FUSE_OUT_PROJ"  # "1": attention projects each head (`HeadSum`); "0": a product
+# Off: on the H200 (tiny checkpoint's head, cache fill 200 / 1000, T = 1 and 4) the fused form took 29.6 / 30.9 / 37.4 /
+# 38.0 us per chained forward against 29.1 / 31.1 / 38.0 / 38.9 with the product of its own: within +-2%, one launch
+# fewer buys nothing measurable (benchmarks/results/mtp_head_tiny-qwen35-code_fuse.md).
 DEFAULT_FUSE_OUT_PROJ = False
 
 
