@@ -15,14 +15,14 @@
 #                                                  exact-options, exact-options-cost, looped-options,
 #                                                  thunks, looped-curve-options, recycle,
 #                                                  mtp-blocks, mtp-final, mtp-splits, mtp-gather, mtp-defaults,
-#                                                  mtp-fuse, mtp-chain, mtp-chain-check
+#                                                  mtp-fuse, mtp-chain, mtp-chain-check, compile
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -857,6 +857,15 @@ mtp-chain-check)  # issue 12: the chain-trained MTP head at the defaults (MTP ga
         --tag _mtp_chain_defaults --out "$dir"
     step 130 e2e_long python scripts/bench_spec.py "${e2e[@]}" --prompts heldout-files --num-prompts 4 --prompt-len 1024 \
         --e2e-methods "mtp:4,mtp:4:kernels='blocks'" --tag _mtp_chain_long --out "$dir"
+    ;;
+compile)  # issue 12: what one generate() call compiles for, per method at its defaults (caches cleared before each),
+    # beside the decode speed it then runs at: tiny Qwen, tiny Huginn, and the 9B shape as far as time allows
+    step 150 compile_qwen python scripts/bench_compile.py --model checkpoints/tiny-qwen35-code --time-budget-s 110 \
+        --out "$dir"
+    step 80 compile_huginn python scripts/bench_compile.py --model checkpoints/tiny-huginn-code --time-budget-s 50 \
+        --out "$dir"
+    step $(( ${COMPILE_END_S:-330} - SECONDS )) compile_9b python scripts/bench_compile.py --random-9b \
+        --methods ar,ngram,layer-skip --time-budget-s 40 --out "$dir"
     ;;
 *)
     echo "unknown part $part" >&2
