@@ -57,6 +57,24 @@ def _prompt(args, model) -> np.ndarray:
     return np.asarray([prompts[0][-args.prompt_len:]])
 
 
+def write(args, header, name, rows, skipped) -> list[str]:
+    """The JSON + Markdown of the rows so far (rewritten after each method: a run cut short keeps what it measured)."""
+    md = [f"# Compile time of one generate() call per method ({name})", "",
+          f"{header['device']} · jax {header['jax']} · commit {header['git_commit']} · {header['date']}", "",
+          f"`{header['command']}`", "",
+          f"Each method at its defaults, one after another in one process, with the library's and JAX's compile caches "
+          f"cleared before each: its first call ({args.prompt_len}-token prompt, {args.max_new_tokens} new tokens, greedy) "
+          f"compiles its prefill and decode programs; a second call gives the decode speed.", "",
+          "| method | compile s (first call) | first call s | decode tok/s (second call) |", "|---|---|---|---|"]
+    md += [f"| {r['method']} | {r['compile_seconds']:.1f} | {r['first_call_seconds']:.1f} | "
+           f"{r['decode_tokens_per_second']:.0f} |" for r in rows]
+    if skipped:
+        md += ["", f"Not run (past --time-budget-s {args.time_budget_s:g}): {', '.join(skipped)}."]
+    write_results(args.out, f"compile_{name}{args.tag}", {**header, "model": name, "rows": rows, "skipped": skipped},
+                  "\n".join(md) + "\n")
+    return md
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import specdec_jax as sj
@@ -93,20 +111,9 @@ def main(argv=None) -> int:
                                                        or s["new_tokens"] / s["decode_seconds"]),
                      "recompiled_on_second_call": float(s["compile_seconds"]) > 0.0})
         print(rows[-1], flush=True)
-    md = [f"# Compile time of one generate() call per method ({name})", "",
-          f"{header['device']} · jax {header['jax']} · commit {header['git_commit']} · {header['date']}", "",
-          f"`{header['command']}`", "",
-          f"Each method at its defaults, one after another in one process, with the library's and JAX's compile caches "
-          f"cleared before each: its first call ({args.prompt_len}-token prompt, {args.max_new_tokens} new tokens, greedy) "
-          f"compiles its prefill and decode programs; a second call gives the decode speed.", "",
-          "| method | compile s (first call) | first call s | decode tok/s (second call) |", "|---|---|---|---|"]
-    md += [f"| {r['method']} | {r['compile_seconds']:.1f} | {r['first_call_seconds']:.1f} | "
-           f"{r['decode_tokens_per_second']:.0f} |" for r in rows]
-    if skipped:
-        md += ["", f"Not run (past --time-budget-s {args.time_budget_s:g}): {', '.join(skipped)}."]
-    write_results(args.out, f"compile_{name}{args.tag}", {**header, "model": name, "rows": rows, "skipped": skipped},
-                  "\n".join(md) + "\n")
-    print("\n".join(md[-len(rows) - 3:]), flush=True)
+        write(args, header, name, rows, skipped)
+    md = write(args, header, name, rows, skipped)
+    print("\n".join(md[8:]), flush=True)
     return 0
 
 

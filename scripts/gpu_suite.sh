@@ -865,7 +865,7 @@ compile)  # issue 12: what one generate() call compiles for, per method at its d
     step 80 compile_huginn python scripts/bench_compile.py --model checkpoints/tiny-huginn-code --time-budget-s 50 \
         --out "$dir"
     step $(( ${COMPILE_END_S:-330} - SECONDS )) compile_9b python scripts/bench_compile.py --random-9b \
-        --methods ar,ngram,layer-skip --time-budget-s 40 --out "$dir"
+        --methods ar,ngram,layer-skip --time-budget-s 100 --out "$dir"
     ;;
 *)
     echo "unknown part $part" >&2
