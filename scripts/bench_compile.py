@@ -41,6 +41,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error(f"--prompt-len and --max-new-tokens must be >= 1, got {args.prompt_len} and {args.max_new_tokens}")
     if args.tiny and not args.random_9b:
         ap.error("--tiny goes with --random-9b")
+    from specdec_jax import methods
+    known = {m.name for m in methods.REGISTRY}
+    if unknown := [m for m in args.methods.split(",") if m and m not in known]:
+        ap.error(f"--methods: no method named {unknown} (known: {', '.join(sorted(known))})")
     return args
 
 

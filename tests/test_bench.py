@@ -314,3 +314,20 @@ def test_prefill_into_writes_the_new_state_over_the_old_buffers():
     assert [a.unsafe_buffer_pointer() for a in state] == addresses
     np.testing.assert_array_equal(np.asarray(state[0]), np.tile(np.arange(4.0), (3, 1)))  # the new values, not 7s
     assert float(total) == 6.0 and all(a.is_deleted() for a in old)
+
+
+def test_bench_compile_measures_each_method_cold_and_refuses_bad_input(tmp_path, capsys):
+    """scripts/bench_compile.py: a method's first call compiles (caches cleared before it), its second reuses the
+    programs; an unknown method or an option without its partner is one clear error before any model is made."""
+    from scripts import bench_compile
+
+    argv = ["--random-9b", "--tiny", "--methods", "ar", "--prompt-len", "8", "--max-new-tokens", "4",
+            "--out", str(tmp_path)]
+    assert bench_compile.main(argv) == 0
+    rows = json.loads((tmp_path / "compile_qwen35_tiny_random.json").read_text())["rows"]
+    assert [r["method"] for r in rows] == ["ar"]
+    assert rows[0]["compile_seconds"] > 0 and not rows[0]["recompiled_on_second_call"], rows
+    for bad, needle in ((["--model", "x", "--tiny"], "--tiny"), (["--random-9b", "--methods", "ar,nope"], "nope")):
+        with pytest.raises(SystemExit):
+            bench_compile.parse_args(bad)
+        assert needle in capsys.readouterr().err
