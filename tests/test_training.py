@@ -324,7 +324,7 @@ def test_train_mtp_head_changes_the_head_alone(qwen_run, tmp_path):
     np.save(corpus / "train.npy", data[:10_000])
     np.save(corpus / "heldout.npy", data[10_000:])
     out = tmp_path / "chain"
-    argv = ["--model", str(folder), "--corpus", str(corpus), "--out", str(out), "--depth", "3", "--steps", "60",
+    argv = ["--model", str(folder), "--corpus", str(corpus), "--out", str(out), "--depth", "2", "--steps", "40",
             "--batch", "8", "--seq-len", "32", "--lr", "1e-2", "--warmup-steps", "5", "--eval-every", "0",
             "--compute-dtype", "float32", "--log-every", "20"]
     assert train_mtp_head.main(argv) == 0
