@@ -55,6 +55,14 @@ huginn_layouts() {  # END_S LIMIT_END LOG_PREFIX CK_PREFIX [train args...]: buil
         --backprop-depth 4 --out "$dir/ck/$ck_prefix-141" "${common[@]}" &
     wait
 }
+tiny_e2e_short_long() {  # LIMIT_SHORT LIMIT_LONG SHORT_TAG LONG_TAG SHORT_METHODS LONG_METHODS: the shipped tiny Qwen end
+    # to end on 8 held-out 64-token prompts and on 4 held-out 1024-token files, 128 new tokens each
+    local e2e=(--model checkpoints/tiny-qwen35-code --skip-steps --max-new-tokens 128)
+    step "$1" e2e_default python scripts/bench_spec.py "${e2e[@]}" --prompts benchmarks/prompts/heldout_stdlib.json \
+        --num-prompts 8 --e2e-methods "$5" --tag "$3" --out "$dir"
+    step "$2" e2e_long python scripts/bench_spec.py "${e2e[@]}" --prompts heldout-files --num-prompts 4 --prompt-len 1024 \
+        --e2e-methods "$6" --tag "$4" --out "$dir"
+}
 process_waves() {  # LETTER TAG ODD_OPTIONS EVEN_OPTIONS: eight fresh processes, four at a time on the one GPU (their
     # autotuning timed under contention), each generating 4 prompts twice by AR and by n-gram speculation with its
     # loops' optimized HLO dumped (odd / even processes with SPECDEC_XLA_OPTIONS set as given); then the loops' GEMM and
@@ -796,12 +804,8 @@ mtp-gather)  # issue 12: the fc input gathered by its product (default), attenti
     ;;
 mtp-defaults)  # issue 12: the tiny checkpoint end to end at the defaults chosen in mtp-splits / mtp-gather (3 rounds
     # per prompt), XLA's MTP forward beside them; 1024-token prompts, where auto keeps XLA's forward, beside the blocks
-    e2e=(--model checkpoints/tiny-qwen35-code --skip-steps --max-new-tokens 128)
-    step 240 e2e_default python scripts/bench_spec.py "${e2e[@]}" --prompts benchmarks/prompts/heldout_stdlib.json \
-        --num-prompts 8 --e2e-methods "ngram:4,ngram:8,mtp:3,mtp:4,mtp:3:kernels='xla',mtp-shortlist:4" \
-        --tag _mtp_defaults --out "$dir"
-    step 150 e2e_long python scripts/bench_spec.py "${e2e[@]}" --prompts heldout-files --num-prompts 4 --prompt-len 1024 \
-        --e2e-methods "mtp:3,mtp:3:kernels='blocks'" --tag _mtp_defaults_long --out "$dir"
+    tiny_e2e_short_long 240 150 _mtp_defaults _mtp_defaults_long \
+        "ngram:4,ngram:8,mtp:3,mtp:4,mtp:3:kernels='xla',mtp-shortlist:4" "mtp:3,mtp:3:kernels='blocks'"
     ;;
 mtp-fuse)  # issue 12: the attention projecting each head's output (summed by the SwiGLU product: one launch fewer
     # per forward) against the output projection as a product of its own: the head alone, then end to end, each form in
@@ -851,12 +855,8 @@ mtp-chain-check)  # issue 12: the chain-trained MTP head at the defaults (MTP ga
     # method with AR, end to end beside n-gram, gamma 3 and XLA's head forward, and 1024-token prompts (auto / blocks)
     step 120 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 8 --prompt-len 64 \
         --modes exact --tag _qwen_chain_head --out "$dir"
-    e2e=(--model checkpoints/tiny-qwen35-code --skip-steps --max-new-tokens 128)
-    step 200 e2e_default python scripts/bench_spec.py "${e2e[@]}" --prompts benchmarks/prompts/heldout_stdlib.json \
-        --num-prompts 8 --e2e-methods "ngram:4,ngram:8,mtp:4,mtp:3,mtp:4:kernels='xla',mtp-shortlist:4" \
-        --tag _mtp_chain_defaults --out "$dir"
-    step 130 e2e_long python scripts/bench_spec.py "${e2e[@]}" --prompts heldout-files --num-prompts 4 --prompt-len 1024 \
-        --e2e-methods "mtp:4,mtp:4:kernels='blocks'" --tag _mtp_chain_long --out "$dir"
+    tiny_e2e_short_long 200 130 _mtp_chain_defaults _mtp_chain_long \
+        "ngram:4,ngram:8,mtp:4,mtp:3,mtp:4:kernels='xla',mtp-shortlist:4" "mtp:4,mtp:4:kernels='blocks'"
     ;;
 compile)  # issue 12: what one generate() call compiles for, per method at its defaults (caches cleared before each),
     # beside the decode speed it then runs at: tiny Qwen, tiny Huginn, and the 9B shape as far as time allows
