@@ -15,14 +15,15 @@
 #                                                  exact-options, exact-options-cost, looped-options,
 #                                                  thunks, looped-curve-options, recycle,
 #                                                  mtp-blocks, mtp-final, mtp-splits, mtp-gather, mtp-defaults,
-#                                                  mtp-fuse, mtp-chain, mtp-chain-check, compile
+#                                                  mtp-fuse, mtp-chain, mtp-chain-check, compile, pseudo-replay,
+#                                                  pseudo-replay-check
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-check}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -866,6 +867,24 @@ compile)  # issue 12: what one generate() call compiles for, per method at its d
         --out "$dir"
     step $(( ${COMPILE_END_S:-330} - SECONDS )) compile_9b python scripts/bench_compile.py --random-9b \
         --methods ar,ngram,layer-skip --time-budget-s 100 --out "$dir"
+    ;;
+pseudo-replay)  # issue 12: the commit replays each layer from the pseudo-values its verification computed (no reduction
+    # in the chain): bit by bit against the full replay and AR at the 9B shape, the 9B steps kernel by kernel, the curve
+    step 200 stash_bits python scripts/check_stash_bits.py --steps 48 --ar-steps 32 --out "$dir"
+    step 150 profile_9b python scripts/bench_spec.py --random-9b --forced-acceptance 1.0 --exact on --curve-method ngram \
+        --rollbacks replay --gammas 2,8,16 --repeats 1 --max-new-tokens 64 --prompt-len 256 --kernel-profile \
+        --tag _pseudo_replay_profile --out "$dir"
+    step $(( ${CURVE_END_S:-560} - SECONDS )) curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.8,1.0 \
+        --exact on --rollbacks replay --gammas 2,4,8,16 --repeats 2 --max-new-tokens 128 --prompt-len 256 \
+        --time-budget-s 150 --tag _pseudo_replay --out "$dir"
+    ;;
+pseudo-replay-check)  # issue 12: bf16 equality with AR under the pseudo-value replay: every chain method on the shipped
+    # Qwen, the 9B shape at gamma 16 (n-gram and forced drafts); the shipped Qwen end to end
+    step 120 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 8 --prompt-len 64 \
+        --modes exact --tag _qwen_pseudo_replay --out "$dir"
+    step 230 exact_9b_g16 python scripts/bench_exact.py --part 9b --num-prompts 2 --gamma 16 --ar-rows 17 --repeats 1 \
+        --tag _pseudo_replay_g16 --out "$dir"
+    tiny_e2e_short_long 150 100 _pseudo_replay _pseudo_replay_long "ngram:4,ngram:8,mtp:4,mtp-shortlist:4" "mtp:4"
     ;;
 *)
     echo "unknown part $part" >&2

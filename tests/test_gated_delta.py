@@ -209,16 +209,18 @@ def test_replay_equals_the_recurrence_bit_for_bit(impl, case):
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     # Both jitted, as in the model (eager op-by-op dispatch rounds the q/k normalisation differently).
     run = jax.jit(functools.partial(gd.fused_recurrent_gated_delta_rule, return_all_states=True, use_qk_l2norm=True,
-                                    **_kw(impl)))(*args, initial_state=x["s0"])
+                                    return_pseudo_values=True, **_kw(impl)))(*args, initial_state=x["s0"])
     states = jnp.concatenate([x["s0"][:, None], run.all_states], axis=1)  # [B, T+1, HV, K, V]: after n steps
     replay = jax.jit(functools.partial(gd.replay_state, use_qk_l2norm=True, **_kw(impl)))
+    # The pseudo-value replay: the recurrence's own update on the u it computed (no reduction in the chain).
+    pseudo = jax.jit(functools.partial(gd.replay_pseudo_values, use_qk_l2norm=True, **_kw(impl)))
     for a in range(t + 1):
         n = jnp.asarray([(a + i) % (t + 1) for i in range(b)], jnp.int32)
-        got = replay(x["s0"], x["k"], x["v"], x["g"], x["beta"], n)
         want = states[jnp.arange(b), n]
-        assert bool(jnp.all(jnp.isfinite(got))), "unwritten elements"
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=f"n={n.tolist()}")
-    assert replay._cache_size() == 1, "n_steps must be traced: one compilation for every n"
+        for got in (replay(x["s0"], x["k"], x["v"], x["g"], x["beta"], n), pseudo(x["s0"], x["k"], x["g"], run.v_new, n)):
+            assert bool(jnp.all(jnp.isfinite(got))), "unwritten elements"
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=f"n={n.tolist()}")
+    assert replay._cache_size() == 1 and pseudo._cache_size() == 1, "n_steps must be traced: one compilation"
     np.testing.assert_array_equal(np.asarray(run.final_state), np.asarray(states[:, t]))
 
 
@@ -269,29 +271,33 @@ def test_replay_stash_switch_default_and_bad_values(monkeypatch):
 
 @pytest.mark.parametrize("impl", ["reference", "pallas"])
 def test_replay_inputs_are_copied_into_their_layers_rows(impl):
-    """With `replay_inputs` (the replay rollback's stacks of every layer's k, v, g, beta) a stacked-state call returns
-    the stacks with its own inputs, as given, in layer `state_layer`'s rows and every other row untouched (with "new",
-    new stacks holding its rows); its
-    outputs and state are those of the call without them; one compilation serves every layer; the replay of those
+    """With `replay_inputs` (the replay rollback's stacks of every layer's keys, gates and pseudo-values) a
+    stacked-state call returns the stacks with its own k and g, as given, and the pseudo-values its steps computed in
+    layer `state_layer`'s rows and every other row untouched (with "new", new stacks holding its rows); its outputs and
+    state are those of the call without them; one compilation serves every layer; the pseudo-value replay of those
     stacks as L * B batch rows gives each layer its own replay's bits. Bad stacks are one clear error."""
     from specdec_jax.models import qwen35
     b, t, h, hv, k_dim, v_dim, n_layers = 2, 3, 1, 2, 16, 16, 3
     x = make_inputs(b, t, h, hv, k_dim, v_dim, jnp.bfloat16, seed=43, normalize_k=False)
     args = (x["q"], x["k"], x["v"], x["g"].astype(jnp.float32), x["beta"])
     stack = jnp.stack([x["s0"] * (1 + 0.5 * i) for i in range(n_layers)])
-    filler = tuple(jnp.full((n_layers,) + a.shape, 7, a.dtype) for a in args[1:])
+    stash_like = (args[1], args[3], jnp.zeros(args[2].shape, jnp.float32))  # k, g, u
+    filler = tuple(jnp.full((n_layers,) + a.shape, 7, a.dtype) for a in stash_like)
     for options in (dict(output_final_state=False), dict(state_steps=jnp.asarray([1, 3], jnp.int32))):
         op = functools.partial(gd.fused_recurrent_gated_delta_rule, *args, use_qk_l2norm=True, **_kw(impl), **options)
         with_stash = jax.jit(lambda s, st, layer: op(initial_state=s, state_layer=layer, replay_inputs=st))
         without = jax.jit(lambda s, layer: op(initial_state=s, state_layer=layer))
+        pseudo = jax.jit(lambda s, layer: op(initial_state=s, state_layer=layer, return_pseudo_values=True))
         compiled = []
         for layer in (0, 2, 1):
             got, want = with_stash(stack, filler, jnp.int32(layer)), without(stack, jnp.int32(layer))
             np.testing.assert_array_equal(np.asarray(got.o, np.float32), np.asarray(want.o, np.float32))
+            assert got.v_new is None
             if want.final_state is not None:
                 np.testing.assert_array_equal(np.asarray(got.final_state), np.asarray(want.final_state))
-            for name, st, a, fill in zip("kvgb", got.replay_inputs, args[1:], filler):
-                assert st.dtype == a.dtype, name
+            rows = (args[1], args[3], pseudo(stack, jnp.int32(layer)).v_new)
+            for name, st, a, fill in zip("kgu", got.replay_inputs, rows, filler):
+                assert st.dtype == fill.dtype, name
                 np.testing.assert_array_equal(np.asarray(st, np.float32),
                                               np.asarray(fill.at[layer].set(a), np.float32), err_msg=name)
             compiled.append(with_stash._cache_size())
@@ -299,21 +305,28 @@ def test_replay_inputs_are_copied_into_their_layers_rows(impl):
         assert compiled[2] == compiled[1], "the layer index must be traced: one compilation for every layer"
         fresh = jax.jit(lambda s, layer: op(initial_state=s, state_layer=layer, replay_inputs="new"))(stack, jnp.int32(1))
         np.testing.assert_array_equal(np.asarray(fresh.o, np.float32), np.asarray(want.o, np.float32))
-        for name, st, a in zip("kvgb", fresh.replay_inputs, args[1:]):  # "new": only the call's own rows are defined
-            assert st.shape == (n_layers,) + a.shape and st.dtype == a.dtype, name
+        rows = (args[1], args[3], pseudo(stack, jnp.int32(1)).v_new)
+        for name, st, a, fill in zip("kgu", fresh.replay_inputs, rows, filler):  # "new": the call's own rows defined
+            assert st.shape == fill.shape and st.dtype == fill.dtype, name
             np.testing.assert_array_equal(np.asarray(st[1], np.float32), np.asarray(a, np.float32), err_msg=name)
-    stacks = tuple(jnp.stack([a * (1 + 0.25 * i) for i in range(n_layers)]).astype(a.dtype) for a in args[1:])
+    stacks = (filler[0].at[:].set(args[1]), filler[1].at[:].set(args[3]),
+              jnp.stack([0.1 * (i + 1) * x["v"].astype(jnp.float32) for i in range(n_layers)]))
     n = jnp.asarray([1, 3], jnp.int32)
-    replay = functools.partial(gd.replay_state, use_qk_l2norm=True, **_kw(impl))
+    replay = functools.partial(gd.replay_pseudo_values, use_qk_l2norm=True, **_kw(impl))
     got = jax.jit(lambda s, st: qwen35.stacked_state_rule(None, replay, s, st, n))(stack, stacks)
     for i in range(n_layers):
         want = jax.jit(replay)(stack[i], *(st[i] for st in stacks), n)
         np.testing.assert_array_equal(np.asarray(got[i]), np.asarray(want), err_msg=f"layer {i}")
-    with pytest.raises(ValueError, match=r"replay_inputs v must be \[L, \*v.shape\]"):
+    with pytest.raises(ValueError, match=r"replay_inputs u must be \[3, 2, 3, 2, 16\] in float32"):
         gd.fused_recurrent_gated_delta_rule(*args, initial_state=stack, state_layer=0, **_kw(impl),
-                                            replay_inputs=(filler[0], filler[1][:, :, :2]) + filler[2:])
+                                            replay_inputs=filler[:2] + (filler[2].astype(jnp.bfloat16),))
+    with pytest.raises(ValueError, match=r"replay_inputs must be a tuple \(k, g, u\)"):
+        gd.fused_recurrent_gated_delta_rule(*args, initial_state=stack, state_layer=0, **_kw(impl),
+                                            replay_inputs=filler[:2])
     with pytest.raises(ValueError, match="replay_inputs needs state_layer"):
         gd.fused_recurrent_gated_delta_rule(*args, initial_state=x["s0"], **_kw(impl), replay_inputs=filler)
+    with pytest.raises(ValueError, match=r"replay_pseudo_values: v_new must be \[B=2, T=3, HV, V\]"):
+        gd.replay_pseudo_values(x["s0"], args[1], args[3], stacks[2][0, :, :2], n, implementation=impl)
 
 
 @pytest.mark.parametrize("rule", ["replay", "pseudo"])
@@ -356,13 +369,15 @@ def test_replay_forms_equal_the_recurrence(form, skip, case, monkeypatch, reques
     x = make_inputs(b, t, h, hv, k_dim, v_dim, dtype, seed=350 + t, normalize_k=False)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     run = jax.jit(functools.partial(gd.fused_recurrent_gated_delta_rule, return_all_states=True, use_qk_l2norm=True,
-                                    **_kw("pallas")))(*args, initial_state=x["s0"])
+                                    return_pseudo_values=True, **_kw("pallas")))(*args, initial_state=x["s0"])
     states = jnp.concatenate([x["s0"][:, None], run.all_states], axis=1)
     replay = jax.jit(functools.partial(gd.replay_state, use_qk_l2norm=True, **_kw("pallas")))
+    pseudo = jax.jit(functools.partial(gd.replay_pseudo_values, use_qk_l2norm=True, **_kw("pallas")))
     for a in range(t + 1):
         n = jnp.asarray([(a + i) % (t + 1) for i in range(b)], jnp.int32)
-        np.testing.assert_array_equal(np.asarray(replay(x["s0"], x["k"], x["v"], x["g"], x["beta"], n)),
-                                      np.asarray(states[jnp.arange(b), n]), err_msg=f"n={n.tolist()}")
+        for got in (replay(x["s0"], x["k"], x["v"], x["g"], x["beta"], n), pseudo(x["s0"], x["k"], x["g"], run.v_new, n)):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(states[jnp.arange(b), n]),
+                                          err_msg=f"n={n.tolist()}")
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -138,16 +138,18 @@ def _recurrent(q, k, v, g, beta, initial_state, state_steps, state_layer, stash,
             g_cumsum=jnp.cumsum(g.astype(F32), axis=1) if return_pseudo_values else None)
     kp, vp = next_pow2(k_dim), next_pow2(v_dim)
     q, k, v, s0 = _pad_kv(q, k, v, initial_state, kp, vp)
-    if new_stash:  # new stacks of every layer's inputs, this call's rows written (no zero-fill)
-        stash = tuple(jax.ShapeDtypeStruct((initial_state.shape[0],) + x.shape, x.dtype) for x in (k, v, g, beta))
-    elif stash is not None:  # keys and values padded as the kernel reads them (a copy only where K, V are not 2^n)
-        stash = (pad_axis(stash[0], 4, kp), pad_axis(stash[1], 4, vp)) + tuple(stash[2:])
+    if new_stash:  # new stacks of every layer's keys, gates and pseudo-values, this call's rows written (no zero-fill)
+        n_layers = initial_state.shape[0]
+        stash = (jax.ShapeDtypeStruct((n_layers,) + k.shape, k.dtype), jax.ShapeDtypeStruct((n_layers,) + g.shape, g.dtype),
+                 jax.ShapeDtypeStruct((n_layers,) + v.shape, F32))
+    elif stash is not None:  # keys and pseudo-values padded as the kernel writes them (a copy only where not 2^n)
+        stash = (pad_axis(stash[0], 4, kp), stash[1], pad_axis(stash[2], 4, vp))
     o, final, u, states, stash = recurrent_kernel.recurrent_fwd(
         q, k, v, g, beta, s0, scale=scale, l2norm=use_qk_l2norm, want_vnew=return_pseudo_values,
         want_states=return_all_states, block_v=block_v, interpret=interpret, num_warps=num_warps, preload=preload,
         counts=counts, want_state=output_final_state, layer=layer, stash=stash)
     if stash is not None:
-        stash = (stash[0][..., :k_dim], stash[1][..., :v_dim]) + tuple(stash[2:])
+        stash = (stash[0][..., :k_dim], stash[1], stash[2][..., :v_dim])
     return GatedDeltaOutput(
         o=o[..., :v_dim],
         final_state=final[..., :k_dim, :v_dim] if output_final_state else None,
@@ -177,8 +179,8 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
     [L, B, HV, K, V]; the run starts from layer `state_layer`'s and `final_state` is the stack with that layer's
     state replaced, written in place (reference.check_stacked_state).
     `replay_inputs` (with `state_layer`) or None: the stacks reference.check_replay_inputs_stack describes, or "new";
-    the kernel stores this call's k, v, g, beta into layer `state_layer`'s rows, in place (output field
-    `replay_inputs`; with "new", new stacks whose other layers' rows are unwritten).
+    the kernel stores this call's k, g and the pseudo-values its steps compute into layer `state_layer`'s rows, in
+    place (output field `replay_inputs`; with "new", new stacks whose other layers' rows are unwritten).
     """
     if state_layer is None:
         check_gated_delta_inputs(q, k, v, g, beta, initial_state)
@@ -247,3 +249,28 @@ def replay_state(initial_state, k, v, g, beta, n_steps, *, use_qk_l2norm=False, 
     check_replay_inputs(initial_state, k, v, g, beta, n_steps)
     return _replay(initial_state, k, v, g, beta, n_steps, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
                    block_v=check_block_v(block_v), num_warps=num_warps, preload=preload)
+
+
+@functools.partial(jax.jit, static_argnames=("use_qk_l2norm", "interpret", "block_v", "num_warps", "preload"))
+def _replay_pseudo(initial_state, k, g, v_new, n_steps, *, use_qk_l2norm, interpret, block_v, num_warps, preload):
+    b, _, _, k_dim = k.shape
+    v_dim = v_new.shape[3]
+    kp, vp = next_pow2(k_dim), next_pow2(v_dim)
+    s0 = pad_axis(pad_axis(initial_state.astype(F32), 2, kp), 3, vp)
+    k, u = pad_axis(k, 3, kp), pad_axis(v_new.astype(F32), 3, vp)
+    n = jnp.broadcast_to(jnp.asarray(n_steps, jnp.int32).reshape(-1), (b,))
+    n = pad_axis(n, 0, next_pow2(b, 1))  # Triton blocks are powers of two
+    out = recurrent_kernel.replay_pseudo_fwd(k, g, u, s0, n, l2norm=use_qk_l2norm, block_v=block_v,
+                                             interpret=interpret, num_warps=num_warps, preload=preload)
+    return out[:, :, :k_dim, :v_dim]
+
+
+def replay_pseudo_values(initial_state, k, g, v_new, n_steps, *, use_qk_l2norm=False, interpret=False, block_v=8,
+                         num_warps=1, preload=None):
+    """State after the first `n_steps` [B] positions (traced), from the pseudo-values `v_new` [B, T, HV, V] fp32 that the
+    recurrent kernel's steps computed (its `replay_inputs`): each kept step is that kernel's own update on the same
+    values, with its grid, block and warps (`block_v`, `num_warps` must match the call whose states it reproduces).
+    Returns [B, HV, K, V] fp32."""
+    check_commit_inputs(initial_state, k, g, v_new, n_steps, name="replay_pseudo_values")
+    return _replay_pseudo(initial_state, k, g, v_new, n_steps, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
+                          block_v=check_block_v(block_v), num_warps=num_warps, preload=preload)

@@ -83,21 +83,39 @@ def _preload(preload, t: int, replay: bool = False) -> bool:
     return 1 < t <= bound if preload is None else bool(preload)
 
 
+def decayed_state(state, g):
+    """e^{g} S on a [K, BV] fp32 state block."""
+    return state * jnp.exp(g)
+
+
+def rank_one_update(decayed, k, u):
+    """decayed + k u^T: a step's state from its decayed state, key [K] and pseudo-value u [BV]."""
+    return decayed + k[:, None] * u[None, :]
+
+
 def gated_delta_step(state, k, v, g, beta):
     """One step of the recurrence on a [K, BV] fp32 state block: (new state, u). Shared by decode,
-    verification and replay, so the three compute every state with the same instructions."""
-    decayed = state * jnp.exp(g)
-    u = beta * (v - jnp.sum(decayed * k[:, None], axis=0))  # [BV]
-    return decayed + k[:, None] * u[None, :], u
+    verification and replay, so the three compute every state with the same instructions (the pseudo-value
+    replay runs its `decayed_state` and `rank_one_update` on the u this step computed)."""
+    # The prediction reads the undecayed state and scales the sum: (e^g S)^T k = e^g (S^T k) in exact arithmetic.
+    # So the decayed state's one use is the update, as in the pseudo-value replay, and the compiler contracts the
+    # update into the same fused multiply-add in both kernels (with a second use here it fused k u^T instead, and
+    # a replay from u would have differed in the last bit; PTX checked locally, kernel README).
+    u = beta * (v - jnp.exp(g) * jnp.sum(state * k[:, None], axis=0))  # [BV]
+    return rank_one_update(decayed_state(state, g), k, u), u
 
 
 def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2norm, unroll, replay, n_heads,
-                      preload, counted=False, want_state=True, stacked=False, stash_group=0, stash_aliased=True):
+                      preload, counted=False, want_state=True, stacked=False, stash_group=0, stash_aliased=True,
+                      pseudo=False):
     """want_state: False when no final state is written (outputs only). stacked: the state refs hold every layer's
     block [L, K, BV]; a layer index ref (after the counts) says which one this call reads and writes.
-    stash_group > 0 (with stacked): four more refs after the state's, the replay inputs of every layer (k [L, T, Kp],
-    v [L, T, BV], g and beta [L, T]); this call copies its own inputs into layer `layer`'s rows (stash_group: value
-    heads per key head, so one program of each key head writes the keys)."""
+    stash_group > 0 (with stacked): three more refs after the state's, the pseudo-value replay's inputs of every
+    layer (k [L, T, Kp] as read, g [L, T] as read, u [L, T, BV] fp32); this call copies its keys and gates and the
+    pseudo-values it computes into layer `layer`'s rows (stash_group: value heads per key head, so one program of
+    each key head writes the keys).
+    replay with pseudo: the refs after the counts are k, g, u (the pseudo-values a verification computed), and each
+    kept step is `rank_one_update(decayed_state(S, g_t), k_t, u_t)`: the verification's own update, no reduction."""
     n_valid = None
     if replay or counted:
         n_ref, refs = refs[0], refs[1:]
@@ -106,10 +124,14 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
     if stacked:
         layer_ref, refs = refs[0], refs[1:]
         layer = layer_ref[0]
+    q_ref = v_ref = beta_ref = u_ref = None
     if replay:
-        q_ref = None
-        k_ref, v_ref, g_ref, beta_ref = refs[:4]
-        rest = list(refs[4:])
+        if pseudo:
+            k_ref, g_ref, u_ref = refs[:3]
+            rest = list(refs[3:])
+        else:
+            k_ref, v_ref, g_ref, beta_ref = refs[:4]
+            rest = list(refs[4:])
         s0_ref = rest.pop(0)
         st_ref = rest.pop(0)
         o_ref = vnew_ref = states_ref = None
@@ -118,7 +140,7 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         rest = list(refs[5:])
         s0_ref = rest.pop(0) if has_s0 else None
         if stash_group and stash_aliased:
-            del rest[:4]  # the stash's input buffers: aliased to its outputs below, never read
+            del rest[:3]  # the stash's input buffers: aliased to its outputs below, never read
         o_ref = rest.pop(0)
         st_ref = rest.pop(0) if want_state else None
         vnew_ref = rest.pop(0) if want_vnew else None
@@ -130,7 +152,7 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         first_block = pl.program_id(1) == 0
         key_writer = first_block & ((pl.program_id(0) % n_heads) % stash_group == 0)
         stash_row = functools.partial(_stash_row, rest, layer, first_block, key_writer)
-    kdim, bv = k_ref.shape[-1], v_ref.shape[-1]
+    kdim, bv = k_ref.shape[-1], (u_ref if pseudo else v_ref).shape[-1]
     if s0_ref is None:
         state = jnp.zeros((kdim, bv), F32)
     else:
@@ -143,18 +165,22 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         if l2norm:
             k = l2norm_vec(k)
             q = None if replay else l2norm_vec(q)
-        v_raw = v_ref[t, :]
-        v = v_raw.astype(F32)
         g_raw = g_ref[t]
         g = g_raw.astype(F32)
-        beta_raw = beta_ref[t]
-        return q, k, v, g, beta_raw.astype(F32), (k_raw, v_raw, g_raw, beta_raw) if stash_row else None
+        if pseudo:  # (k, g, u): the update's inputs
+            return None, k, g, u_ref[t, :], None
+        v = v_ref[t, :].astype(F32)
+        return q, k, g, v, beta_ref[t].astype(F32), (k_raw, g_raw) if stash_row else None
 
     skip = replay and _skip_unkept()
 
-    def step(t, state, x):  # state [K, BV] fp32
-        q, k, v, g, beta = x[:5]
-        new, u = gated_delta_step(state, k, v, g, beta)
+    def step(t, state, x):  # state [K, BV] fp32 -> (state after position t, its pseudo-value or None)
+        if pseudo:
+            _, k, g, u, _ = x
+            new, u = rank_one_update(decayed_state(state, g), k, u), None
+        else:
+            q, k, g, v, beta = x[:5]
+            new, u = gated_delta_step(state, k, v, g, beta)
         if not replay:
             o_ref[t, :] = jnp.sum(new * (q * scale)[:, None], axis=0).astype(o_ref.dtype)
             if want_vnew:
@@ -162,35 +188,34 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
             if want_states:
                 states_ref[t, :, :] = new
         # Past n_valid the state stays (a counted verification still computes every row's output).
-        return new if n_valid is None or skip else jnp.where(t < n_valid, new, state)
+        return (new if n_valid is None or skip else jnp.where(t < n_valid, new, state)), u
 
     def kept(t, state, x):
         # With `skip` the replay runs only the steps it keeps (the state after them is the same bits as running
         # all T and keeping the first n_valid): at partial acceptance a commit costs its accepted positions.
         if not skip:
             return step(t, state, x)
-        return lax.cond(t < n_valid, lambda s: step(t, s, x), lambda s: s, state)
+        return lax.cond(t < n_valid, lambda s: step(t, s, x)[0], lambda s: s, state), None
 
-    if unroll and preload:
-        # Every position's loads (and key / query normalisation) are issued before the chain of state
+    us = []
+    if unroll:
+        # Preloaded: every position's loads (and key / query normalisation) are issued before the chain of state
         # updates starts, so the memory latency is paid once, not once per step.
-        xs = [load(t) for t in range(n_steps)]
+        xs = [load(t) for t in range(n_steps)] if preload else []
         for t in range(n_steps):
-            state = kept(t, state, xs[t])
-    elif unroll:
-        xs = []
-        for t in range(n_steps):
-            xs.append(load(t))
-            state = kept(t, state, xs[-1])
+            if not preload:
+                xs.append(load(t))
+            state, u = kept(t, state, xs[t])
+            us.append(u)
     else:
         # One step's code in a loop; the next position's inputs are loaded before this step's update, so their
         # latency overlaps it (the arithmetic is the unrolled form's). The replay's loop ends at n_valid.
         def body(t, carry):
             state, x = carry
             x_next = load(jnp.minimum(t + 1, n_steps - 1))
-            state = step(t, state, x)
+            state, u = step(t, state, x)
             if stash_row:  # after the step: stores issued behind it, from values already held
-                stash_row(t, x[5])
+                stash_row(t, x[5], u)
             return state, x_next
 
         upper = jnp.clip(n_valid, 0, n_steps) if skip else n_steps
@@ -202,25 +227,25 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         else:
             st_ref[...] = state
     if stash_row:
-        # After the chain, from the values the loads above brought in: stores only. (Loading them again before the
-        # chain, as a first form did, put a load's latency and three branches ahead of it: +5-10 us per 9B layer,
-        # kernel_profile_qwen35_9b_random_stash_profile.md.)
-        for t, x in enumerate(xs):
-            stash_row(t, x[5])
+        # After the chain, from the values the loads above brought in and the pseudo-values the chain computed:
+        # stores only. (Loading inputs again before the chain, as a first form did, put a load's latency and three
+        # branches ahead of it: +5-10 us per 9B layer, kernel_profile_qwen35_9b_random_stash_profile.md.)
+        for t, (x, u) in enumerate(zip(xs, us)):
+            stash_row(t, x[5], u)
 
 
-def _stash_row(stash_refs, layer, first_block, key_writer, t, raw) -> None:
-    """Store position t's inputs `raw` = (k [Kp], v [BV], g, beta), as read, into layer `layer` of the replay's input
-    stacks: values by every program (its own block), gates by the first value block of each head, keys by the first
-    value head of each key head (the programs sharing a block hold the same values; one writes). Stores only: the
-    arithmetic is untouched, and a commit replays every layer from these stacks in one launch without stacking 24
-    layers' inputs first (16-21 us per 9B step: kernel_profile_qwen35_9b_random_convstack_profile.md)."""
-    ks_ref, vs_ref, gs_ref, bs_ref = stash_refs[-4:]
-    k, v, g, beta = raw
-    vs_ref[layer, t, :] = v
+def _stash_row(stash_refs, layer, first_block, key_writer, t, raw, u) -> None:
+    """Store position t's key and gate `raw` = (k [Kp], g), as read, and its pseudo-value u [BV] (fp32) into layer
+    `layer` of the pseudo-value replay's input stacks: pseudo-values by every program (its own block), gates by the
+    first value block of each head, keys by the first value head of each key head (the programs sharing a block hold
+    the same values; one writes). Stores only: the arithmetic is untouched, and a commit replays every layer from
+    these stacks in one launch without stacking 24 layers' inputs first (16-21 us per 9B step:
+    kernel_profile_qwen35_9b_random_convstack_profile.md)."""
+    ks_ref, gs_ref, us_ref = stash_refs[-3:]
+    k, g = raw
+    us_ref[layer, t, :] = u
     # Masked stores, not branches: straight-line code after the chain.
     plt.store(gs_ref.at[layer, t], g, mask=first_block)
-    plt.store(bs_ref.at[layer, t], beta, mask=first_block)
     plt.store(ks_ref.at[layer, t, :], k, mask=jnp.broadcast_to(key_writer, k.shape))
 
 
@@ -244,10 +269,11 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     layer: None, or int32 [1]: s0 is then the stack of every layer's state [L, B, HV, Kp, Vp], the run starts from
     layer[0]'s, and the final state returned is the whole stack with that layer's state written in place (the other
     layers' blocks are neither read nor written: no copy of the stack, one kernel for every layer).
-    stash: None, or (with layer) the replay's input stacks (k [L, B, T, H, Kp], v [L, B, T, HV, Vp], g and beta
-    [L, B, T, HV], the inputs' dtypes): returned last, with layer layer[0]'s rows replaced by this call's k, v, g,
-    beta (written in place: the other layers' rows are untouched); as ShapeDtypeStructs, new stacks are returned
-    whose other layers' rows are unwritten (what the first layer of a forward asks for: no zero-fill).
+    stash: None, or (with layer) the pseudo-value replay's input stacks (k [L, B, T, H, Kp] and g [L, B, T, HV] in
+    the inputs' dtypes, u [L, B, T, HV, Vp] fp32): returned last, with layer layer[0]'s rows replaced by this call's
+    k, g and the pseudo-values u its steps computed (written in place: the other layers' rows are untouched); as
+    ShapeDtypeStructs, new stacks are returned whose other layers' rows are unwritten (what the first layer of a
+    forward asks for: no zero-fill).
 
     Returns o [B, T, HV, Vp] (v.dtype), final state [B, HV, Kp, Vp] fp32 (written over s0's buffer: each
     program reads its block before writing it; XLA copies s0 first where the caller still needs it) or
@@ -284,9 +310,8 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
         n_layers = stash[0].shape[0]
         stash_specs = [
             pl.BlockSpec((n_layers, None, t, None, kp), lambda i, j: (0, i // hv, 0, (i % hv) // group, 0)),
-            pl.BlockSpec((n_layers, None, t, None, bv), lambda i, j: (0, i // hv, 0, i % hv, j)),
             pl.BlockSpec((n_layers, None, t, None), lambda i, j: (0, i // hv, 0, i % hv)),
-            pl.BlockSpec((n_layers, None, t, None), lambda i, j: (0, i // hv, 0, i % hv))]
+            pl.BlockSpec((n_layers, None, t, None, bv), lambda i, j: (0, i // hv, 0, i % hv, j))]
         stash_aliased = not all(isinstance(x, jax.ShapeDtypeStruct) for x in stash)
         first_stash = len(args)
         if stash_aliased:
@@ -308,7 +333,7 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
         out_shape.append(jax.ShapeDtypeStruct((b, t, hv, kp, vp), F32))
     if stash is not None:
         if stash_aliased:
-            aliases.update({first_stash + i: len(out_shape) + i for i in range(4)})
+            aliases.update({first_stash + i: len(out_shape) + i for i in range(len(stash))})
         out_specs += stash_specs
         out_shape += [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in stash]
     outs = pl.pallas_call(
@@ -362,3 +387,33 @@ def replay_fwd(k, v, g, beta, s0, counts, *, l2norm, block_v, interpret, num_war
         interpret=interpret,
         name="gdn_replay",
     )(counts, k, v, g, beta, s0)
+
+
+def replay_pseudo_fwd(k, g, u, s0, counts, *, l2norm, block_v, interpret, num_warps=1, num_stages=2, preload=None):
+    """State after the first counts[b] positions from the pseudo-values u the verification's steps computed: each
+    kept step is the recurrence's own `rank_one_update(decayed_state(S, g_t), k_t, u_t)`, on the same values, so
+    the state is the recurrence's bit for bit, with no reduction in the chain (a step is elementwise: the chain's
+    latency is a few instructions, not a cross-thread sum).
+
+    k [B, T, H, Kp] (as given to the verification: normalised here as there); g [B, T, HV]; u [B, T, HV, Vp] fp32;
+    s0 [B, HV, Kp, Vp] fp32; counts [B] int32. Returns [B, HV, Kp, Vp] fp32, written over s0's buffer. Same grid,
+    block shape and warps as `recurrent_fwd`.
+    """
+    b, t, h, kp = k.shape
+    hv, vp = u.shape[2], u.shape[3]
+    group = hv // h
+    bv = min(block_v, vp)
+    key_spec, val_spec, gate_spec, state_spec = _block_specs(t, hv, group, kp, bv)
+    return pl.pallas_call(
+        functools.partial(_recurrent_kernel, n_steps=t, scale=1.0, has_s0=True, want_vnew=False,
+                          want_states=False, l2norm=l2norm, replay=True, pseudo=True, n_heads=hv,
+                          preload=_preload(preload, t, replay=True), unroll=_unroll(t, interpret)),
+        grid=(b * hv, vp // bv),
+        in_specs=[pl.BlockSpec((counts.shape[0],), lambda i, j: (0,)), key_spec, gate_spec, val_spec, state_spec],
+        out_specs=state_spec,
+        out_shape=jax.ShapeDtypeStruct((b, hv, kp, vp), F32),
+        input_output_aliases={4: 0},
+        compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="gdn_replay_pseudo",
+    )(counts, k, g, u, s0)

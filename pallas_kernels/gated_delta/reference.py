@@ -41,7 +41,8 @@ class GatedDeltaOutput(NamedTuple):
     v_new: jax.Array | None = None  # [B, T, HV, V] float32 pseudo-values u_t
     g_cumsum: jax.Array | None = None  # [B, T, HV] float32 cumulative gates from the start
     all_states: jax.Array | None = None  # [B, T, HV, K, V] float32 per-position snapshots
-    # (k, v, g, beta) stacks [L, B, T, ...] with this call's inputs in its layer's rows (see check_replay_inputs_stack)
+    # (k, g, u) stacks [L, B, T, ...] with this call's keys, gates and pseudo-values in its layer's rows
+    # (see check_replay_inputs_stack)
     replay_inputs: tuple | None = None
 
 
@@ -90,20 +91,22 @@ def check_accepted_counts(n_accepted, b: int, limit: int, name: str = "n_accepte
         raise ValueError(f"gated_delta: {name} must lie in [{low}, {limit}]; got {values.tolist()}")
 
 
-def check_commit_inputs(initial_state, k, g, v_new, n_accepted) -> tuple[int, int, int, int, int, int]:
-    """Validate `commit_state` arguments; return (B, T, H, HV, K, V). Raises ValueError naming the argument."""
+def check_commit_inputs(initial_state, k, g, v_new, n_accepted,
+                        name: str = "commit_state") -> tuple[int, int, int, int, int, int]:
+    """Validate `commit_state` (or `name`: a rule of the same arguments) arguments; return (B, T, H, HV, K, V).
+    Raises ValueError naming the argument."""
     if k.ndim != 4:
-        raise ValueError(f"commit_state: k must be [B, T, H, K]; got {k.shape}")
+        raise ValueError(f"{name}: k must be [B, T, H, K]; got {k.shape}")
     B, T, H, K = k.shape
     if v_new.ndim != 4 or v_new.shape[:2] != (B, T):
-        raise ValueError(f"commit_state: v_new must be [B={B}, T={T}, HV, V]; got {v_new.shape}")
+        raise ValueError(f"{name}: v_new must be [B={B}, T={T}, HV, V]; got {v_new.shape}")
     HV, V = v_new.shape[2:]
     if HV % H:
-        raise ValueError(f"commit_state: value heads HV={HV} must be a multiple of key heads H={H}")
+        raise ValueError(f"{name}: value heads HV={HV} must be a multiple of key heads H={H}")
     if g.shape != (B, T, HV):
-        raise ValueError(f"commit_state: g must be [B, T, HV] = {(B, T, HV)}; got {g.shape}")
+        raise ValueError(f"{name}: g must be [B, T, HV] = {(B, T, HV)}; got {g.shape}")
     if initial_state.shape != (B, HV, K, V):
-        raise ValueError(f"commit_state: initial_state must be [B, HV, K, V] = {(B, HV, K, V)}; "
+        raise ValueError(f"{name}: initial_state must be [B, HV, K, V] = {(B, HV, K, V)}; "
                          f"got {initial_state.shape}")
     check_accepted_counts(n_accepted, B, T)
     return B, T, H, HV, K, V
@@ -123,13 +126,21 @@ def prepare_inputs(q, k, v, g, beta, scale, initial_state, use_qk_l2norm):
     return (q * scale, k, v.astype(jnp.float32), g.astype(jnp.float32), beta.astype(jnp.float32), s0)
 
 
+def _decayed(state, g_t):
+    return state * jnp.exp(g_t)[..., None, None]
+
+
+def _rank_one(decayed, k_t, u_t):
+    return decayed + k_t[..., :, None] * u_t[..., None, :]
+
+
 def _step(state, k_t, v_t, g_t, b_t):
     """One step for every (batch, head): state [B, HV, K, V] -> (new state, u_t [B, HV, V]). Shared by
-    the recurrence and the replay, so both compute each state by the same operations."""
-    decayed = state * jnp.exp(g_t)[..., None, None]
-    pred = jnp.einsum("bhkv,bhk->bhv", decayed, k_t, precision=_HIGHEST)
+    the recurrence and the replays, so all compute each state by the same operations. The prediction
+    scales the undecayed state's product (as the Pallas kernel does: recurrent_kernel.gated_delta_step)."""
+    pred = jnp.exp(g_t)[..., None] * jnp.einsum("bhkv,bhk->bhv", state, k_t, precision=_HIGHEST)
     u_t = b_t[..., None] * (v_t - pred)  # [B, HV, V]
-    return decayed + k_t[..., :, None] * u_t[..., None, :], u_t
+    return _rank_one(_decayed(state, g_t), k_t, u_t), u_t
 
 
 def check_stacked_state(states, layer, shapes: tuple[int, int, int, int, int, int]) -> None:
@@ -150,36 +161,44 @@ def check_stacked_state(states, layer, shapes: tuple[int, int, int, int, int, in
 
 
 def check_replay_inputs_stack(stacks, inputs: tuple, n_layers: int) -> None:
-    """The replay's input stacks (k [L, B, T, H, K], v [L, B, T, HV, V], g [L, B, T, HV], beta [L, B, T, HV], each in
-    the dtype of the input it holds) for a recurrent call on inputs (q, k, v, g, beta) with a stack of L states.
+    """The pseudo-value replay's input stacks (k [L, B, T, H, K] and g [L, B, T, HV] in the dtypes of the inputs they
+    hold, u [L, B, T, HV, V] float32) for a recurrent call on inputs (q, k, v, g, beta) with a stack of L states.
     Or "new": new stacks, whose rows of other layers than the call's are unspecified (zeros here; unwritten by the
     Pallas kernel), for the first layer of a forward. Raises ValueError naming the bad stack."""
     if isinstance(stacks, str) and stacks == "new":
         return
-    if not isinstance(stacks, (tuple, list)) or len(stacks) != 4:
-        raise ValueError("gated_delta: replay_inputs must be a tuple (k, v, g, beta) of stacks [L, B, T, ...]; got "
+    if not isinstance(stacks, (tuple, list)) or len(stacks) != 3:
+        raise ValueError("gated_delta: replay_inputs must be a tuple (k, g, u) of stacks [L, B, T, ...]; got "
                          f"{type(stacks).__name__}")
-    for name, stack, x in zip(("k", "v", "g", "beta"), stacks, inputs[1:]):
-        want = (n_layers,) + tuple(x.shape)
-        if tuple(stack.shape) != want or stack.dtype != x.dtype:
-            raise ValueError(f"gated_delta: replay_inputs {name} must be [L, *{name}.shape] = {list(want)} in "
-                             f"{jnp.dtype(x.dtype).name}; got {list(stack.shape)} {jnp.dtype(stack.dtype).name}")
+    _, k, v, g, _ = inputs
+    for name, stack, (shape, dtype) in zip(("k", "g", "u"), stacks,
+                                           ((k.shape, k.dtype), (g.shape, g.dtype), (v.shape, jnp.float32))):
+        want = (n_layers,) + tuple(shape)
+        if tuple(stack.shape) != want or stack.dtype != dtype:
+            raise ValueError(f"gated_delta: replay_inputs {name} must be {list(want)} in {jnp.dtype(dtype).name}; "
+                             f"got {list(stack.shape)} {jnp.dtype(stack.dtype).name}")
 
 
 def stacked_rule(rule, q, k, v, g, beta, *, initial_state, state_layer, replay_inputs=None,
                  **kwargs) -> GatedDeltaOutput:
     """`rule` (a recurrent op of one state) run from layer `state_layer` of the stack `initial_state`
     [L, B, HV, K, V]; final_state is the stack with that layer's state replaced (None if not asked for), and
-    replay_inputs (None, or the stacks of check_replay_inputs_stack) those stacks with this call's k, v, g, beta in
-    that layer's rows."""
+    replay_inputs (None, or the stacks of check_replay_inputs_stack) those stacks with this call's k, g and
+    pseudo-values in that layer's rows."""
     layer = jnp.asarray(state_layer, jnp.int32).reshape(())
     s0 = lax.dynamic_index_in_dim(initial_state, layer, axis=0, keepdims=False)
-    out = rule(q, k, v, g, beta, initial_state=s0, **kwargs)
-    if isinstance(replay_inputs, str):  # "new"
-        replay_inputs = tuple(jnp.zeros((initial_state.shape[0],) + x.shape, x.dtype) for x in (k, v, g, beta))
+    want_u = kwargs.get("return_pseudo_values", False)
     if replay_inputs is not None:
+        kwargs = kwargs | {"return_pseudo_values": True}
+    out = rule(q, k, v, g, beta, initial_state=s0, **kwargs)
+    if replay_inputs is not None:
+        rows = (k, g, out.v_new)
+        if isinstance(replay_inputs, str):  # "new"
+            replay_inputs = tuple(jnp.zeros((initial_state.shape[0],) + x.shape, x.dtype) for x in rows)
         out = out._replace(replay_inputs=tuple(lax.dynamic_update_index_in_dim(stack, x, layer, axis=0)
-                                               for stack, x in zip(replay_inputs, (k, v, g, beta))))
+                                               for stack, x in zip(replay_inputs, rows)))
+        if not want_u:
+            out = out._replace(v_new=None, g_cumsum=None)
     if out.final_state is None:
         return out
     return out._replace(final_state=lax.dynamic_update_index_in_dim(
@@ -242,6 +261,26 @@ def replay_state_reference(initial_state, k, v, g, beta, n_steps, *, use_qk_l2no
 
     xs = (jnp.arange(T),) + tuple(jnp.moveaxis(x, 1, 0) for x in (k, v, g, beta))
     final, _ = lax.scan(step, s0, xs)
+    return final
+
+
+def replay_pseudo_values_reference(initial_state, k, g, v_new, n_steps, *, use_qk_l2norm=False):
+    """State after the first n_steps [B] positions from the pseudo-values v_new [B, T, HV, V] the recurrence computed
+    there: each kept step is the recurrence's own update (`_rank_one(_decayed(S, g_t), k_t, u_t)`) on the same
+    values, so the state is the recurrence's, with no reduction. Returns fp32 [B, HV, K, V]."""
+    B, T, H, HV, K, V = check_commit_inputs(initial_state, k, g, v_new, n_steps, name="replay_pseudo_values")
+    if use_qk_l2norm:
+        k = l2_normalize(k)
+    k = jnp.repeat(k.astype(jnp.float32), HV // H, axis=2)
+    n = jnp.broadcast_to(jnp.asarray(n_steps, jnp.int32).reshape(-1), (B,))
+
+    def step(state, xs):
+        t, k_t, g_t, u_t = xs
+        new = _rank_one(_decayed(state, g_t), k_t, u_t)
+        return jnp.where((t < n)[:, None, None, None], new, state), None
+
+    xs = (jnp.arange(T),) + tuple(jnp.moveaxis(x, 1, 0) for x in (k, g.astype(jnp.float32), v_new.astype(jnp.float32)))
+    final, _ = lax.scan(step, initial_state.astype(jnp.float32), xs)
     return final
 
 

@@ -192,8 +192,9 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
     n_valid [B] or None: rows past it are padding (decode shape); the new states are those after n_valid.
     live_rows (static, with n_valid) or None: no valid row lies past the first live_rows, so the recurrence
     runs on those only and the rest get a zero GDN output (see `forward`).
-    replay_inputs: under replay rollback on one device, the (k, v, g, beta) stacks [n_gdn, B, T, ...] of the layers
-    before (None: created here), returned in extras with this layer's rows copied in by the step kernel."""
+    replay_inputs: under replay rollback on one device, the (k, g, u) stacks [n_gdn, B, T, ...] of the layers before
+    (None: created here), returned in extras with this layer's keys, gates and pseudo-values stored by the step
+    kernel."""
     B, T, _ = x.shape
     HV, V, W = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
     qkv, z, b, a = gdn_projections(p, cfg, x)
@@ -387,7 +388,7 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     new_state = Qwen35State(keys=tuple(keys), values=tuple(values), conv=conv, recurrent=rec,
                             length=state.length + (T if n_valid is None else n_valid))
     extras = {"gdn": gdn_extras, "hidden": hidden} if collect else {}
-    if replay_inputs is not None:  # (k, v, g, beta) [n_gdn, B, T, ...]: every GDN layer's, for the replay commit
+    if replay_inputs is not None:  # (k, g, u) [n_gdn, B, T, ...]: every GDN layer's, for the replay commit
         extras["replay_inputs"] = replay_inputs
     if record:
         extras["deltas"] = jnp.stack(deltas, axis=2)  # [B, T, len(record), D]
@@ -449,9 +450,9 @@ def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax
             else before.conv)
     if not gdn:
         rec = before.recurrent
-    elif "replay_inputs" in extras:  # every layer's k, v, g, beta, already stacked by the verification's kernels
-        rec = stacked_state_rule(mesh, gated_delta.replay_state, before.recurrent, extras["replay_inputs"], n_keep,
-                                 use_qk_l2norm=True, implementation=impl)
+    elif "replay_inputs" in extras:  # every layer's k, g and pseudo-values, stacked by the verification's kernels
+        rec = stacked_state_rule(mesh, gated_delta.replay_pseudo_values, before.recurrent, extras["replay_inputs"],
+                                 n_keep, use_qk_l2norm=True, implementation=impl)
     elif "beta" in gdn[0]:
         rec = stacked_state_rule(mesh, gated_delta.replay_state, before.recurrent,
                                  tuple([ex[name] for ex in gdn] for name in ("k", "v", "g", "beta")), n_keep,
