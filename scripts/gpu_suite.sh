@@ -16,14 +16,14 @@
 #                                                  thunks, looped-curve-options, recycle,
 #                                                  mtp-blocks, mtp-final, mtp-splits, mtp-gather, mtp-defaults,
 #                                                  mtp-fuse, mtp-chain, mtp-chain-check, compile, pseudo-replay,
-#                                                  pseudo-replay-check
+#                                                  pseudo-replay-tune, pseudo-replay-check
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-check}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -877,6 +877,18 @@ pseudo-replay)  # issue 12: the commit replays each layer from the pseudo-values
     step $(( ${CURVE_END_S:-560} - SECONDS )) curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.8,1.0 \
         --exact on --rollbacks replay --gammas 2,4,8,16 --repeats 2 --max-new-tokens 128 --prompt-len 256 \
         --time-budget-s 150 --tag _pseudo_replay --out "$dir"
+    ;;
+pseudo-replay-tune)  # issue 12: the pseudo-value replay's block and warps (free: elementwise), each checked bit for bit
+    # against the verification's own states; the stash bit by bit at the 9B shape; the 9B curve with the fastest
+    step 200 tune python scripts/tune_pseudo_replay.py --out "$dir"
+    best=$(python -c "import json,sys; r=[x for x in json.load(open(sys.argv[1]))['rows'] if x['equal'] and x['T']==9]; \
+b=min(r,key=lambda x:x['us']); print(f\"{b['block_v']}:{b['num_warps']}\")" "$dir/tune_pseudo_replay.json")
+    echo "fastest at T = 9 with equal states: $best" | tee -a "$dir/suite.log"
+    SPECDEC_GDN_PSEUDO_REPLAY=$best step 90 stash_bits python scripts/check_stash_bits.py --steps 32 --ar-steps 16 \
+        --out "$dir"
+    SPECDEC_GDN_PSEUDO_REPLAY=$best step $(( ${CURVE_END_S:-570} - SECONDS )) curve_9b python scripts/bench_spec.py \
+        --random-9b --forced-acceptance 0.8,1.0 --exact on --rollbacks replay --gammas 2,4,8,16 --repeats 2 \
+        --max-new-tokens 128 --prompt-len 256 --time-budget-s 150 --tag _pseudo_replay_tuned --out "$dir"
     ;;
 pseudo-replay-check)  # issue 12: bf16 equality with AR under the pseudo-value replay: every chain method on the shipped
     # Qwen, the 9B shape at gamma 16 (n-gram and forced drafts); the shipped Qwen end to end

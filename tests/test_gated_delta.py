@@ -194,6 +194,18 @@ def test_commit_every_accepted_count(impl, case):
     assert commit._cache_size() == 1, "n_accepted must be traced: one compilation for every a"
 
 
+def _pseudo_replay_inputs(impl, args, s0):
+    """((keys as the steps used them, gates, pseudo-values), the state after each position [B, T, HV, K, V]) from one
+    recurrent call: what its kernel stores for the pseudo-value replay (a one-layer stack, replay_inputs="new")
+    beside the states that replay must reproduce (the same call, so the same keys: on the jnp path a separately
+    compiled call may normalise them with other rounding)."""
+    run = jax.jit(lambda s: gd.fused_recurrent_gated_delta_rule(
+        *args, initial_state=s[None], state_layer=0, use_qk_l2norm=True, output_final_state=False,
+        return_all_states=True, replay_inputs="new", **_kw(impl)))
+    out = run(s0)
+    return tuple(x[0] for x in out.replay_inputs), out.all_states
+
+
 REPLAY_CASES = [(2, 9, 2, 4, 32, 32, jnp.float32), (2, 9, 2, 4, 32, 32, jnp.bfloat16),
                 (3, 17, 1, 3, 48, 40, jnp.bfloat16), (1, 1, 1, 1, 16, 16, jnp.float32)]
 
@@ -209,15 +221,17 @@ def test_replay_equals_the_recurrence_bit_for_bit(impl, case):
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     # Both jitted, as in the model (eager op-by-op dispatch rounds the q/k normalisation differently).
     run = jax.jit(functools.partial(gd.fused_recurrent_gated_delta_rule, return_all_states=True, use_qk_l2norm=True,
-                                    return_pseudo_values=True, **_kw(impl)))(*args, initial_state=x["s0"])
+                                    **_kw(impl)))(*args, initial_state=x["s0"])
     states = jnp.concatenate([x["s0"][:, None], run.all_states], axis=1)  # [B, T+1, HV, K, V]: after n steps
     replay = jax.jit(functools.partial(gd.replay_state, use_qk_l2norm=True, **_kw(impl)))
-    # The pseudo-value replay: the recurrence's own update on the u it computed (no reduction in the chain).
-    pseudo = jax.jit(functools.partial(gd.replay_pseudo_values, use_qk_l2norm=True, **_kw(impl)))
+    # The pseudo-value replay: the recurrence's own update on the keys it used and the u it computed.
+    pseudo = jax.jit(functools.partial(gd.replay_pseudo_values, **_kw(impl)))
+    stash, stash_states = _pseudo_replay_inputs(impl, args, x["s0"])
+    stash_states = jnp.concatenate([x["s0"][:, None], stash_states], axis=1)
     for a in range(t + 1):
         n = jnp.asarray([(a + i) % (t + 1) for i in range(b)], jnp.int32)
-        want = states[jnp.arange(b), n]
-        for got in (replay(x["s0"], x["k"], x["v"], x["g"], x["beta"], n), pseudo(x["s0"], x["k"], x["g"], run.v_new, n)):
+        for got, want in ((replay(x["s0"], x["k"], x["v"], x["g"], x["beta"], n), states[jnp.arange(b), n]),
+                          (pseudo(x["s0"], *stash, n), stash_states[jnp.arange(b), n])):
             assert bool(jnp.all(jnp.isfinite(got))), "unwritten elements"
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=f"n={n.tolist()}")
     assert replay._cache_size() == 1 and pseudo._cache_size() == 1, "n_steps must be traced: one compilation"
@@ -281,8 +295,19 @@ def test_replay_inputs_are_copied_into_their_layers_rows(impl):
     x = make_inputs(b, t, h, hv, k_dim, v_dim, jnp.bfloat16, seed=43, normalize_k=False)
     args = (x["q"], x["k"], x["v"], x["g"].astype(jnp.float32), x["beta"])
     stack = jnp.stack([x["s0"] * (1 + 0.5 * i) for i in range(n_layers)])
-    stash_like = (args[1], args[3], jnp.zeros(args[2].shape, jnp.float32))  # k, g, u
+    stash_like = (jnp.zeros(args[1].shape, jnp.float32), args[3], jnp.zeros(args[2].shape, jnp.float32))  # k, g, u
     filler = tuple(jnp.full((n_layers,) + a.shape, 7, a.dtype) for a in stash_like)
+    # The keys as the steps used them: normalised in float32 (in the kernel's program, or the rule's fusion: to the
+    # last bit their rounding is the compiled call's, so they are compared within 1e-6 here; gates and pseudo-values
+    # bit for bit).
+    used_keys = gd.l2_normalize(args[1])
+
+    def same(got, want, name):
+        if name == "k":
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7, err_msg=name)
+        else:
+            np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32), err_msg=name)
+
     for options in (dict(output_final_state=False), dict(state_steps=jnp.asarray([1, 3], jnp.int32))):
         op = functools.partial(gd.fused_recurrent_gated_delta_rule, *args, use_qk_l2norm=True, **_kw(impl), **options)
         with_stash = jax.jit(lambda s, st, layer: op(initial_state=s, state_layer=layer, replay_inputs=st))
@@ -295,24 +320,23 @@ def test_replay_inputs_are_copied_into_their_layers_rows(impl):
             assert got.v_new is None
             if want.final_state is not None:
                 np.testing.assert_array_equal(np.asarray(got.final_state), np.asarray(want.final_state))
-            rows = (args[1], args[3], pseudo(stack, jnp.int32(layer)).v_new)
+            rows = (used_keys, args[3], pseudo(stack, jnp.int32(layer)).v_new)
             for name, st, a, fill in zip("kgu", got.replay_inputs, rows, filler):
                 assert st.dtype == fill.dtype, name
-                np.testing.assert_array_equal(np.asarray(st, np.float32),
-                                              np.asarray(fill.at[layer].set(a), np.float32), err_msg=name)
+                same(st, fill.at[layer].set(a), name)
             compiled.append(with_stash._cache_size())
         # (interpret mode's first call of some Pallas ops changes JAX's tracing context once: one retrace, then none)
         assert compiled[2] == compiled[1], "the layer index must be traced: one compilation for every layer"
         fresh = jax.jit(lambda s, layer: op(initial_state=s, state_layer=layer, replay_inputs="new"))(stack, jnp.int32(1))
         np.testing.assert_array_equal(np.asarray(fresh.o, np.float32), np.asarray(want.o, np.float32))
-        rows = (args[1], args[3], pseudo(stack, jnp.int32(1)).v_new)
+        rows = (used_keys, args[3], pseudo(stack, jnp.int32(1)).v_new)
         for name, st, a, fill in zip("kgu", fresh.replay_inputs, rows, filler):  # "new": the call's own rows defined
             assert st.shape == fill.shape and st.dtype == fill.dtype, name
-            np.testing.assert_array_equal(np.asarray(st[1], np.float32), np.asarray(a, np.float32), err_msg=name)
-    stacks = (filler[0].at[:].set(args[1]), filler[1].at[:].set(args[3]),
+            same(st[1], a, name)
+    stacks = (filler[0].at[:].set(used_keys), filler[1].at[:].set(args[3]),
               jnp.stack([0.1 * (i + 1) * x["v"].astype(jnp.float32) for i in range(n_layers)]))
     n = jnp.asarray([1, 3], jnp.int32)
-    replay = functools.partial(gd.replay_pseudo_values, use_qk_l2norm=True, **_kw(impl))
+    replay = functools.partial(gd.replay_pseudo_values, **_kw(impl))
     got = jax.jit(lambda s, st: qwen35.stacked_state_rule(None, replay, s, st, n))(stack, stacks)
     for i in range(n_layers):
         want = jax.jit(replay)(stack[i], *(st[i] for st in stacks), n)
@@ -358,24 +382,30 @@ def test_replay_forms_equal_the_recurrence(form, skip, case, monkeypatch, reques
     it does not keep (SPECDEC_GDN_REPLAY_SKIP=1): the state after n steps is the recurrence's, bit for bit, for
     every n."""
     from pallas_kernels.gated_delta import recurrent_kernel
+    b, t, h, hv, k_dim, v_dim, dtype = case
+    x = make_inputs(b, t, h, hv, k_dim, v_dim, dtype, seed=350 + t, normalize_k=False)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    # The pseudo-value replay's inputs from the loop form (interpret mode cannot lower the unrolled form's masked
+    # stores; on this CPU both forms compute the same values, as the assertions below check for the states).
+    jax.clear_caches()
+    request.addfinalizer(jax.clear_caches)
+    stash, _ = _pseudo_replay_inputs("pallas", args, x["s0"])
     if form == "unrolled":
         monkeypatch.setattr(recurrent_kernel, "_unroll", lambda t, interpret: True)
     monkeypatch.setenv("SPECDEC_GDN_REPLAY_SKIP", skip)
     # Both settings are read when a kernel is traced: no trace of the same shapes may be reused from another case,
     # nor this case's traces by later tests.
     jax.clear_caches()
-    request.addfinalizer(jax.clear_caches)
-    b, t, h, hv, k_dim, v_dim, dtype = case
-    x = make_inputs(b, t, h, hv, k_dim, v_dim, dtype, seed=350 + t, normalize_k=False)
-    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     run = jax.jit(functools.partial(gd.fused_recurrent_gated_delta_rule, return_all_states=True, use_qk_l2norm=True,
-                                    return_pseudo_values=True, **_kw("pallas")))(*args, initial_state=x["s0"])
+                                    **_kw("pallas")))(*args, initial_state=x["s0"])
     states = jnp.concatenate([x["s0"][:, None], run.all_states], axis=1)
     replay = jax.jit(functools.partial(gd.replay_state, use_qk_l2norm=True, **_kw("pallas")))
-    pseudo = jax.jit(functools.partial(gd.replay_pseudo_values, use_qk_l2norm=True, **_kw("pallas")))
+    # The pseudo-value replay is elementwise: every block width and warp count gives the recurrence's bits.
+    pseudos = [jax.jit(functools.partial(pallas_ops.replay_pseudo_values, interpret=True, block_v=bv, num_warps=w))
+               for bv, w in ((8, 1), (16, 4), (64, 2))]
     for a in range(t + 1):
         n = jnp.asarray([(a + i) % (t + 1) for i in range(b)], jnp.int32)
-        for got in (replay(x["s0"], x["k"], x["v"], x["g"], x["beta"], n), pseudo(x["s0"], x["k"], x["g"], run.v_new, n)):
+        for got in [replay(x["s0"], x["k"], x["v"], x["g"], x["beta"], n)] + [p(x["s0"], *stash, n) for p in pseudos]:
             np.testing.assert_array_equal(np.asarray(got), np.asarray(states[jnp.arange(b), n]),
                                           err_msg=f"n={n.tolist()}")
 

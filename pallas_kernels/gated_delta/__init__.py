@@ -162,8 +162,8 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
     [L, B, HV, K, V], the run starts from that layer's, and `final_state` is the stack with that layer's state
     replaced (the Pallas kernel reads and writes that layer's blocks in place: a model keeps its GDN states in
     one array, so that a commit can replay every layer in one launch).
-    `replay_inputs` (with `state_layer`) or None: stacks (k, g, u) of every layer's keys, gates and pseudo-values
-    [L, B, T, ...] (reference.check_replay_inputs_stack), or "new" (new stacks, other layers' rows unspecified: no
+    `replay_inputs` (with `state_layer`) or None: stacks (k, g, u) of every layer's keys (fp32, as the steps used
+    them), gates and pseudo-values [L, B, T, ...] (reference.check_replay_inputs_stack), or "new" (new stacks, other layers' rows unspecified: no
     zero-fill on the GPU, for the first layer of a forward); the output's `replay_inputs` are those stacks with this
     call's keys, gates and pseudo-values in layer `state_layer`'s rows (the Pallas kernel stores them in place), so
     that a commit replays every layer from them in one launch (`replay_pseudo_values`) with nothing stacked first.
@@ -210,18 +210,16 @@ def replay_state(initial_state, k, v, g, beta, n_steps, *, use_qk_l2norm=False, 
                                          interpret=_interpret(interpret))
 
 
-def replay_pseudo_values(initial_state, k, g, v_new, n_steps, *, use_qk_l2norm=False, implementation="auto",
-                         interpret=False):
-    """State after the first `n_steps` [B] positions (traced) from the pseudo-values `v_new` [B, T, HV, V] fp32 that
-    `fused_recurrent_gated_delta_rule` of the same implementation computed on these keys and gates (its
-    `replay_inputs`): each kept step is the recurrence's own update on the same values, so the state is the one
-    it reached there, bit for bit, with no reduction in the chain (the replay commit's fast form)."""
+def replay_pseudo_values(initial_state, k, g, v_new, n_steps, *, implementation="auto", interpret=False):
+    """State after the first `n_steps` [B] positions (traced) from the keys `k` [B, T, H, K] (fp32, as the steps used
+    them: normalised where they normalise) and pseudo-values `v_new` [B, T, HV, V] fp32 that
+    `fused_recurrent_gated_delta_rule` of the same implementation used and computed (its `replay_inputs`): each kept
+    step is the recurrence's own update on the same values, so the state is the one it reached there, bit for bit,
+    with no reduction in the chain (the replay commit's fast form)."""
     impl = _resolve(implementation, "replay")
     if impl in ("reference", "naive"):
-        return reference.replay_pseudo_values_reference(initial_state, k, g, v_new, n_steps,
-                                                        use_qk_l2norm=use_qk_l2norm)
-    return _pallas_module().replay_pseudo_values(initial_state, k, g, v_new, n_steps, use_qk_l2norm=use_qk_l2norm,
-                                                 interpret=_interpret(interpret))
+        return reference.replay_pseudo_values_reference(initial_state, k, g, v_new, n_steps)
+    return _pallas_module().replay_pseudo_values(initial_state, k, g, v_new, n_steps, interpret=_interpret(interpret))
 
 
 __all__ = ["GatedDeltaOutput", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "commit_state",

@@ -16,6 +16,7 @@ measured best on an H200 where a measurement exists (README.md, "Benchmarks").
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -140,7 +141,7 @@ def _recurrent(q, k, v, g, beta, initial_state, state_steps, state_layer, stash,
     q, k, v, s0 = _pad_kv(q, k, v, initial_state, kp, vp)
     if new_stash:  # new stacks of every layer's keys, gates and pseudo-values, this call's rows written (no zero-fill)
         n_layers = initial_state.shape[0]
-        stash = (jax.ShapeDtypeStruct((n_layers,) + k.shape, k.dtype), jax.ShapeDtypeStruct((n_layers,) + g.shape, g.dtype),
+        stash = (jax.ShapeDtypeStruct((n_layers,) + k.shape, F32), jax.ShapeDtypeStruct((n_layers,) + g.shape, g.dtype),
                  jax.ShapeDtypeStruct((n_layers,) + v.shape, F32))
     elif stash is not None:  # keys and pseudo-values padded as the kernel writes them (a copy only where not 2^n)
         stash = (pad_axis(stash[0], 4, kp), stash[1], pad_axis(stash[2], 4, vp))
@@ -251,26 +252,49 @@ def replay_state(initial_state, k, v, g, beta, n_steps, *, use_qk_l2norm=False, 
                    block_v=check_block_v(block_v), num_warps=num_warps, preload=preload)
 
 
-@functools.partial(jax.jit, static_argnames=("use_qk_l2norm", "interpret", "block_v", "num_warps", "preload"))
-def _replay_pseudo(initial_state, k, g, v_new, n_steps, *, use_qk_l2norm, interpret, block_v, num_warps, preload):
+# The pseudo-value replay's block and warps (free: every operation is elementwise, so every setting gives the same
+# bits). Measured on an H200 at the 9B shape, 24 layers in one launch (benchmarks/results/tune_pseudo_replay.md).
+PSEUDO_REPLAY_BLOCK_V = 8
+PSEUDO_REPLAY_WARPS = 1
+PSEUDO_REPLAY_ENV = "SPECDEC_GDN_PSEUDO_REPLAY"  # "BLOCK_V:WARPS" overrides both (an A/B knob; read when traced)
+
+
+def pseudo_replay_setting(block_v=None, num_warps=None) -> tuple[int, int]:
+    """(block_v, num_warps) of the pseudo-value replay: the arguments where given, else SPECDEC_GDN_PSEUDO_REPLAY, else
+    the measured default. A bad value is one clear error."""
+    env = os.environ.get(PSEUDO_REPLAY_ENV, "").strip()
+    default = (PSEUDO_REPLAY_BLOCK_V, PSEUDO_REPLAY_WARPS)
+    if env:
+        parts = env.split(":")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"{PSEUDO_REPLAY_ENV} must be BLOCK_V:WARPS (positive integers); got {env!r}")
+        default = (check_block_v(int(parts[0])), int(parts[1]))
+    return (default[0] if block_v is None else check_block_v(block_v),
+            default[1] if num_warps is None else int(num_warps))
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "block_v", "num_warps", "preload"))
+def _replay_pseudo(initial_state, k, g, v_new, n_steps, *, interpret, block_v, num_warps, preload):
     b, _, _, k_dim = k.shape
     v_dim = v_new.shape[3]
     kp, vp = next_pow2(k_dim), next_pow2(v_dim)
     s0 = pad_axis(pad_axis(initial_state.astype(F32), 2, kp), 3, vp)
-    k, u = pad_axis(k, 3, kp), pad_axis(v_new.astype(F32), 3, vp)
+    k, u = pad_axis(k.astype(F32), 3, kp), pad_axis(v_new.astype(F32), 3, vp)
     n = jnp.broadcast_to(jnp.asarray(n_steps, jnp.int32).reshape(-1), (b,))
     n = pad_axis(n, 0, next_pow2(b, 1))  # Triton blocks are powers of two
-    out = recurrent_kernel.replay_pseudo_fwd(k, g, u, s0, n, l2norm=use_qk_l2norm, block_v=block_v,
-                                             interpret=interpret, num_warps=num_warps, preload=preload)
+    out = recurrent_kernel.replay_pseudo_fwd(k, g, u, s0, n, block_v=block_v, interpret=interpret,
+                                             num_warps=num_warps, preload=preload)
     return out[:, :, :k_dim, :v_dim]
 
 
-def replay_pseudo_values(initial_state, k, g, v_new, n_steps, *, use_qk_l2norm=False, interpret=False, block_v=8,
-                         num_warps=1, preload=None):
-    """State after the first `n_steps` [B] positions (traced), from the pseudo-values `v_new` [B, T, HV, V] fp32 that the
-    recurrent kernel's steps computed (its `replay_inputs`): each kept step is that kernel's own update on the same
-    values, with its grid, block and warps (`block_v`, `num_warps` must match the call whose states it reproduces).
+def replay_pseudo_values(initial_state, k, g, v_new, n_steps, *, interpret=False, block_v=None, num_warps=None,
+                         preload=None):
+    """State after the first `n_steps` [B] positions (traced), from the keys `k` [B, T, H, K] (fp32, as the steps
+    used them: normalised where they normalise) and pseudo-values `v_new` [B, T, HV, V] fp32 that the recurrent
+    kernel's steps used and computed (its `replay_inputs`): each kept step is that kernel's own update on the same
+    values, elementwise, so any `block_v` / `num_warps` gives the same bits (defaults: the measured fastest).
     Returns [B, HV, K, V] fp32."""
     check_commit_inputs(initial_state, k, g, v_new, n_steps, name="replay_pseudo_values")
-    return _replay_pseudo(initial_state, k, g, v_new, n_steps, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
-                          block_v=check_block_v(block_v), num_warps=num_warps, preload=preload)
+    block_v, num_warps = pseudo_replay_setting(block_v, num_warps)
+    return _replay_pseudo(initial_state, k, g, v_new, n_steps, interpret=interpret, block_v=block_v,
+                          num_warps=num_warps, preload=preload)

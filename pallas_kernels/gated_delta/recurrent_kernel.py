@@ -111,11 +111,12 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
     """want_state: False when no final state is written (outputs only). stacked: the state refs hold every layer's
     block [L, K, BV]; a layer index ref (after the counts) says which one this call reads and writes.
     stash_group > 0 (with stacked): three more refs after the state's, the pseudo-value replay's inputs of every
-    layer (k [L, T, Kp] as read, g [L, T] as read, u [L, T, BV] fp32); this call copies its keys and gates and the
-    pseudo-values it computes into layer `layer`'s rows (stash_group: value heads per key head, so one program of
-    each key head writes the keys).
-    replay with pseudo: the refs after the counts are k, g, u (the pseudo-values a verification computed), and each
-    kept step is `rank_one_update(decayed_state(S, g_t), k_t, u_t)`: the verification's own update, no reduction."""
+    layer (k [L, T, Kp] fp32 as the steps used them, normalised where l2norm; g [L, T] as read; u [L, T, BV] fp32);
+    this call stores its keys, gates and the pseudo-values it computes into layer `layer`'s rows (stash_group: value
+    heads per key head, so one program of each key head writes the keys).
+    replay with pseudo: the refs after the counts are k (fp32, as the steps used them), g, u (the pseudo-values a
+    verification computed), and each kept step is `rank_one_update(decayed_state(S, g_t), k_t, u_t)`: the
+    verification's own update on the same values, elementwise (so any block shape gives the same bits)."""
     n_valid = None
     if replay or counted:
         n_ref, refs = refs[0], refs[1:]
@@ -170,7 +171,7 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         if pseudo:  # (k, g, u): the update's inputs
             return None, k, g, u_ref[t, :], None
         v = v_ref[t, :].astype(F32)
-        return q, k, g, v, beta_ref[t].astype(F32), (k_raw, g_raw) if stash_row else None
+        return q, k, g, v, beta_ref[t].astype(F32), (k, g_raw) if stash_row else None
 
     skip = replay and _skip_unkept()
 
@@ -235,8 +236,8 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
 
 
 def _stash_row(stash_refs, layer, first_block, key_writer, t, raw, u) -> None:
-    """Store position t's key and gate `raw` = (k [Kp], g), as read, and its pseudo-value u [BV] (fp32) into layer
-    `layer` of the pseudo-value replay's input stacks: pseudo-values by every program (its own block), gates by the
+    """Store position t's key and gate `raw` = (k [Kp] fp32 as the step used it, g as read) and its pseudo-value u [BV]
+    (fp32) into layer `layer` of the pseudo-value replay's input stacks: pseudo-values by every program (its own block), gates by the
     first value block of each head, keys by the first value head of each key head (the programs sharing a block hold
     the same values; one writes). Stores only: the arithmetic is untouched, and a commit replays every layer from
     these stacks in one launch without stacking 24 layers' inputs first (16-21 us per 9B step:
@@ -389,15 +390,15 @@ def replay_fwd(k, v, g, beta, s0, counts, *, l2norm, block_v, interpret, num_war
     )(counts, k, v, g, beta, s0)
 
 
-def replay_pseudo_fwd(k, g, u, s0, counts, *, l2norm, block_v, interpret, num_warps=1, num_stages=2, preload=None):
-    """State after the first counts[b] positions from the pseudo-values u the verification's steps computed: each
-    kept step is the recurrence's own `rank_one_update(decayed_state(S, g_t), k_t, u_t)`, on the same values, so
-    the state is the recurrence's bit for bit, with no reduction in the chain (a step is elementwise: the chain's
-    latency is a few instructions, not a cross-thread sum).
+def replay_pseudo_fwd(k, g, u, s0, counts, *, block_v, interpret, num_warps, num_stages=2, preload=None):
+    """State after the first counts[b] positions from the keys and pseudo-values the verification's steps used and
+    computed: each kept step is the recurrence's own `rank_one_update(decayed_state(S, g_t), k_t, u_t)` on the same
+    values, so the state is the recurrence's bit for bit. Every operation is elementwise (no reduction: the keys come
+    normalised), so the block shape and warps are free (`block_v`, `num_warps`: any, the same bits) and the chain's
+    latency is a few instructions per step.
 
-    k [B, T, H, Kp] (as given to the verification: normalised here as there); g [B, T, HV]; u [B, T, HV, Vp] fp32;
-    s0 [B, HV, Kp, Vp] fp32; counts [B] int32. Returns [B, HV, Kp, Vp] fp32, written over s0's buffer. Same grid,
-    block shape and warps as `recurrent_fwd`.
+    k [B, T, H, Kp] fp32 (as the steps used them); g [B, T, HV]; u [B, T, HV, Vp] fp32; s0 [B, HV, Kp, Vp] fp32;
+    counts [B] int32. Returns [B, HV, Kp, Vp] fp32, written over s0's buffer.
     """
     b, t, h, kp = k.shape
     hv, vp = u.shape[2], u.shape[3]
@@ -406,7 +407,7 @@ def replay_pseudo_fwd(k, g, u, s0, counts, *, l2norm, block_v, interpret, num_wa
     key_spec, val_spec, gate_spec, state_spec = _block_specs(t, hv, group, kp, bv)
     return pl.pallas_call(
         functools.partial(_recurrent_kernel, n_steps=t, scale=1.0, has_s0=True, want_vnew=False,
-                          want_states=False, l2norm=l2norm, replay=True, pseudo=True, n_heads=hv,
+                          want_states=False, l2norm=False, replay=True, pseudo=True, n_heads=hv,
                           preload=_preload(preload, t, replay=True), unroll=_unroll(t, interpret)),
         grid=(b * hv, vp // bv),
         in_specs=[pl.BlockSpec((counts.shape[0],), lambda i, j: (0,)), key_spec, gate_spec, val_spec, state_spec],

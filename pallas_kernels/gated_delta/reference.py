@@ -44,6 +44,9 @@ class GatedDeltaOutput(NamedTuple):
     # (k, g, u) stacks [L, B, T, ...] with this call's keys, gates and pseudo-values in its layer's rows
     # (see check_replay_inputs_stack)
     replay_inputs: tuple | None = None
+    # [B, T, H, K] float32: the keys as the steps used them (normalised where they normalise); the reference returns
+    # them with its pseudo-values (the Pallas kernel stores them into replay_inputs instead)
+    keys: jax.Array | None = None
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
@@ -161,8 +164,9 @@ def check_stacked_state(states, layer, shapes: tuple[int, int, int, int, int, in
 
 
 def check_replay_inputs_stack(stacks, inputs: tuple, n_layers: int) -> None:
-    """The pseudo-value replay's input stacks (k [L, B, T, H, K] and g [L, B, T, HV] in the dtypes of the inputs they
-    hold, u [L, B, T, HV, V] float32) for a recurrent call on inputs (q, k, v, g, beta) with a stack of L states.
+    """The pseudo-value replay's input stacks (k [L, B, T, H, K] float32, the keys as the steps used them; g
+    [L, B, T, HV] in the gates' dtype; u [L, B, T, HV, V] float32) for a recurrent call on inputs (q, k, v, g, beta)
+    with a stack of L states.
     Or "new": new stacks, whose rows of other layers than the call's are unspecified (zeros here; unwritten by the
     Pallas kernel), for the first layer of a forward. Raises ValueError naming the bad stack."""
     if isinstance(stacks, str) and stacks == "new":
@@ -172,7 +176,7 @@ def check_replay_inputs_stack(stacks, inputs: tuple, n_layers: int) -> None:
                          f"{type(stacks).__name__}")
     _, k, v, g, _ = inputs
     for name, stack, (shape, dtype) in zip(("k", "g", "u"), stacks,
-                                           ((k.shape, k.dtype), (g.shape, g.dtype), (v.shape, jnp.float32))):
+                                           ((k.shape, jnp.float32), (g.shape, g.dtype), (v.shape, jnp.float32))):
         want = (n_layers,) + tuple(shape)
         if tuple(stack.shape) != want or stack.dtype != dtype:
             raise ValueError(f"gated_delta: replay_inputs {name} must be {list(want)} in {jnp.dtype(dtype).name}; "
@@ -192,13 +196,13 @@ def stacked_rule(rule, q, k, v, g, beta, *, initial_state, state_layer, replay_i
         kwargs = kwargs | {"return_pseudo_values": True}
     out = rule(q, k, v, g, beta, initial_state=s0, **kwargs)
     if replay_inputs is not None:
-        rows = (k, g, out.v_new)
+        rows = (out.keys, g, out.v_new)  # the keys as the rule's steps used them: the very values, not a recomputation
         if isinstance(replay_inputs, str):  # "new"
             replay_inputs = tuple(jnp.zeros((initial_state.shape[0],) + x.shape, x.dtype) for x in rows)
         out = out._replace(replay_inputs=tuple(lax.dynamic_update_index_in_dim(stack, x, layer, axis=0)
                                                for stack, x in zip(replay_inputs, rows)))
         if not want_u:
-            out = out._replace(v_new=None, g_cumsum=None)
+            out = out._replace(v_new=None, g_cumsum=None, keys=None)
     if out.final_state is None:
         return out
     return out._replace(final_state=lax.dynamic_update_index_in_dim(
@@ -218,6 +222,7 @@ def naive_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
         check_accepted_counts(state_steps, B, T, name="state_steps")
         n = jnp.broadcast_to(jnp.asarray(state_steps, jnp.int32).reshape(-1), (B,))
     out_dtype = v.dtype
+    group = v.shape[2] // q.shape[2]
     q, k, v, g, beta, s0 = prepare_inputs(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
 
     def step(state, xs):  # state [B, HV, K, V]
@@ -235,6 +240,7 @@ def naive_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
         v_new=jnp.moveaxis(u, 0, 1) if return_pseudo_values else None,
         g_cumsum=jnp.cumsum(g, axis=1) if return_pseudo_values else None,
         all_states=jnp.moveaxis(states, 0, 1) if return_all_states else None,
+        keys=k[:, :, ::group] if return_pseudo_values else None,
     )
 
 
@@ -264,13 +270,12 @@ def replay_state_reference(initial_state, k, v, g, beta, n_steps, *, use_qk_l2no
     return final
 
 
-def replay_pseudo_values_reference(initial_state, k, g, v_new, n_steps, *, use_qk_l2norm=False):
-    """State after the first n_steps [B] positions from the pseudo-values v_new [B, T, HV, V] the recurrence computed
-    there: each kept step is the recurrence's own update (`_rank_one(_decayed(S, g_t), k_t, u_t)`) on the same
-    values, so the state is the recurrence's, with no reduction. Returns fp32 [B, HV, K, V]."""
+def replay_pseudo_values_reference(initial_state, k, g, v_new, n_steps):
+    """State after the first n_steps [B] positions from the keys k [B, T, H, K] (float32, as the recurrence used them:
+    normalised where it normalises) and pseudo-values v_new [B, T, HV, V] the recurrence computed there: each kept
+    step is the recurrence's own update (`_rank_one(_decayed(S, g_t), k_t, u_t)`) on the same values, so the state
+    is the recurrence's, with no reduction. Returns fp32 [B, HV, K, V]."""
     B, T, H, HV, K, V = check_commit_inputs(initial_state, k, g, v_new, n_steps, name="replay_pseudo_values")
-    if use_qk_l2norm:
-        k = l2_normalize(k)
     k = jnp.repeat(k.astype(jnp.float32), HV // H, axis=2)
     n = jnp.broadcast_to(jnp.asarray(n_steps, jnp.int32).reshape(-1), (B,))
 

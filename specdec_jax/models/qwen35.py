@@ -452,7 +452,7 @@ def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax
         rec = before.recurrent
     elif "replay_inputs" in extras:  # every layer's k, g and pseudo-values, stacked by the verification's kernels
         rec = stacked_state_rule(mesh, gated_delta.replay_pseudo_values, before.recurrent, extras["replay_inputs"],
-                                 n_keep, use_qk_l2norm=True, implementation=impl)
+                                 n_keep, implementation=impl)
     elif "beta" in gdn[0]:
         rec = stacked_state_rule(mesh, gated_delta.replay_state, before.recurrent,
                                  tuple([ex[name] for ex in gdn] for name in ("k", "v", "g", "beta")), n_keep,
