@@ -890,13 +890,19 @@ b=min(r,key=lambda x:x['us']); print(f\"{b['block_v']}:{b['num_warps']}\")" "$di
         --random-9b --forced-acceptance 0.8,1.0 --exact on --rollbacks replay --gammas 2,4,8,16 --repeats 2 \
         --max-new-tokens 128 --prompt-len 256 --time-budget-s 150 --tag _pseudo_replay_tuned --out "$dir"
     ;;
-pseudo-replay-check)  # issue 12: bf16 equality with AR under the pseudo-value replay: every chain method on the shipped
-    # Qwen, the 9B shape at gamma 16 (n-gram and forced drafts); the shipped Qwen end to end
-    step 120 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 8 --prompt-len 64 \
+pseudo-replay-check)  # issue 12: at the pseudo-value replay's defaults: bf16 equality with AR of every chain method on
+    # the shipped Qwen and at the 9B shape at gamma 16 (n-gram and forced drafts), the 9B curve again, the shipped Qwen
+    # end to end
+    step 110 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 8 --prompt-len 64 \
         --modes exact --tag _qwen_pseudo_replay --out "$dir"
-    step 230 exact_9b_g16 python scripts/bench_exact.py --part 9b --num-prompts 2 --gamma 16 --ar-rows 17 --repeats 1 \
+    step 200 exact_9b_g16 python scripts/bench_exact.py --part 9b --num-prompts 2 --gamma 16 --ar-rows 17 --repeats 1 \
         --tag _pseudo_replay_g16 --out "$dir"
-    tiny_e2e_short_long 150 100 _pseudo_replay _pseudo_replay_long "ngram:4,ngram:8,mtp:4,mtp-shortlist:4" "mtp:4"
+    step 150 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.8,1.0 --exact on \
+        --rollbacks replay --gammas 2,4,8,16 --repeats 2 --max-new-tokens 128 --prompt-len 256 --time-budget-s 110 \
+        --tag _pseudo_replay_default --out "$dir"
+    step $(( ${E2E_END_S:-570} - SECONDS )) e2e_default python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code \
+        --skip-steps --max-new-tokens 128 --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 \
+        --e2e-methods ngram:4,ngram:8,mtp:4 --tag _pseudo_replay --out "$dir"
     ;;
 *)
     echo "unknown part $part" >&2

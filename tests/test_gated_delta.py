@@ -640,3 +640,20 @@ def test_verification_routes_through_the_recurrent_kernel_when_enabled(monkeypat
     assert calls  # the recurrent kernel (interpret mode here)
     for a, b in ((got[0], want[0]), (got[2], want[2]), (got[3]["v_new"], want[3]["v_new"])):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
+def test_pseudo_replay_setting_by_length_env_and_bad_values(monkeypatch):
+    """The pseudo-value replay's block and warps: the measured default by position count, SPECDEC_GDN_PSEUDO_REPLAY
+    over it, explicit arguments over both; a malformed value is one clear error naming the variable."""
+    monkeypatch.delenv(pallas_ops.PSEUDO_REPLAY_ENV, raising=False)
+    assert pallas_ops.pseudo_replay_setting(9) == (32, 4) and pallas_ops.pseudo_replay_setting(17) == (64, 4)
+    monkeypatch.setenv(pallas_ops.PSEUDO_REPLAY_ENV, "16:2")
+    assert pallas_ops.pseudo_replay_setting(9) == (16, 2)
+    assert pallas_ops.pseudo_replay_setting(9, block_v=8, num_warps=1) == (8, 1)
+    for bad in ("16", "16:x", "0:1"):
+        monkeypatch.setenv(pallas_ops.PSEUDO_REPLAY_ENV, bad)
+        with pytest.raises(ValueError, match="SPECDEC_GDN_PSEUDO_REPLAY must be BLOCK_V:WARPS"):
+            pallas_ops.pseudo_replay_setting(9)
+    monkeypatch.setenv(pallas_ops.PSEUDO_REPLAY_ENV, "12:1")
+    with pytest.raises(ValueError, match="block_v must be a power of two"):
+        pallas_ops.pseudo_replay_setting(9)

@@ -252,18 +252,20 @@ def replay_state(initial_state, k, v, g, beta, n_steps, *, use_qk_l2norm=False, 
                    block_v=check_block_v(block_v), num_warps=num_warps, preload=preload)
 
 
-# The pseudo-value replay's block and warps (free: every operation is elementwise, so every setting gives the same
-# bits). Measured on an H200 at the 9B shape, 24 layers in one launch (benchmarks/results/tune_pseudo_replay.md).
-PSEUDO_REPLAY_BLOCK_V = 8
-PSEUDO_REPLAY_WARPS = 1
+# The pseudo-value replay's (block_v, warps) by position count: free (every operation is elementwise, so every setting
+# gives the same bits), chosen on an H200 at the 9B shape, 24 layers in one launch, each setting's states checked equal
+# to the verification's (benchmarks/results/tune_pseudo_replay.md, b51cb4a): at T = 3 / 9 / 17 the verification's own
+# (8, 1) took 94 / 117 / 115 us, (32, 4) 61 / 68 / 97 us, (64, 4) 67 / 72 / 83 us. Up to 16 positions (the unrolled
+# form) (32, 4); from 17 (the loop form) (64, 4).
+PSEUDO_REPLAY_SETTINGS = ((16, (32, 4)), (None, (64, 4)))  # (up to T, setting); None: any T
 PSEUDO_REPLAY_ENV = "SPECDEC_GDN_PSEUDO_REPLAY"  # "BLOCK_V:WARPS" overrides both (an A/B knob; read when traced)
 
 
-def pseudo_replay_setting(block_v=None, num_warps=None) -> tuple[int, int]:
-    """(block_v, num_warps) of the pseudo-value replay: the arguments where given, else SPECDEC_GDN_PSEUDO_REPLAY, else
-    the measured default. A bad value is one clear error."""
+def pseudo_replay_setting(t: int, block_v=None, num_warps=None) -> tuple[int, int]:
+    """(block_v, num_warps) of the pseudo-value replay of t positions: the arguments where given, else
+    SPECDEC_GDN_PSEUDO_REPLAY, else the measured default for t. A bad value is one clear error."""
     env = os.environ.get(PSEUDO_REPLAY_ENV, "").strip()
-    default = (PSEUDO_REPLAY_BLOCK_V, PSEUDO_REPLAY_WARPS)
+    default = next(setting for bound, setting in PSEUDO_REPLAY_SETTINGS if bound is None or t <= bound)
     if env:
         parts = env.split(":")
         if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
@@ -295,6 +297,6 @@ def replay_pseudo_values(initial_state, k, g, v_new, n_steps, *, interpret=False
     values, elementwise, so any `block_v` / `num_warps` gives the same bits (defaults: the measured fastest).
     Returns [B, HV, K, V] fp32."""
     check_commit_inputs(initial_state, k, g, v_new, n_steps, name="replay_pseudo_values")
-    block_v, num_warps = pseudo_replay_setting(block_v, num_warps)
+    block_v, num_warps = pseudo_replay_setting(k.shape[1], block_v, num_warps)
     return _replay_pseudo(initial_state, k, g, v_new, n_steps, interpret=interpret, block_v=block_v,
                           num_warps=num_warps, preload=preload)
