@@ -139,8 +139,9 @@ def run_curve(args, model, on_row=None, t_start: float | None = None) -> dict:
     def spec_run(name, p) -> tuple[float, float, float, int]:
         plan = plans[name]
         state = jax.block_until_ready(exe["prefill", plan.gamma, plan.window](params, prompt, key))
+        accept_p = jax.block_until_ready(jnp.float32(p))  # on the device before the clock starts
         t0 = time.perf_counter()
-        _, state = jax.block_until_ready(exe["loop", name](params, state, key, jnp.float32(p)))
+        _, state = jax.block_until_ready(exe["loop", name](params, state, key, accept_p))
         sec = time.perf_counter() - t0
         steps = int(state.steps)
         emitted = int(state.n_out[0]) - 1  # every token the verifications made (the last may overshoot N)

@@ -295,9 +295,10 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
 
     def spec_run(m, g, rb, ex, p):
         state, dstate = exe["prefill", m, g](params, prompt, key)
-        jax.block_until_ready(state)
+        accept_p = jnp.float32(p)  # on the device before the clock starts: the schedule's scaffolding, not decoding
+        jax.block_until_ready((state, accept_p))
         t0 = time.perf_counter()
-        tokens, state, dstate = exe["loop", m, g, rb, ex](params, state, dstate, key, jnp.float32(p))
+        tokens, state, dstate = exe["loop", m, g, rb, ex](params, state, dstate, key, accept_p)
         jax.block_until_ready(tokens)
         sec = time.perf_counter() - t0
         steps = int(state.steps)
@@ -313,8 +314,9 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
 
     def traced_spec(m, g, rb, ex, p):
         state, dstate = exe["prefill", m, g](params, prompt, key)
-        jax.block_until_ready(state)
-        return lambda: exe["loop", m, g, rb, ex](params, state, dstate, key, jnp.float32(p))
+        accept_p = jnp.float32(p)
+        jax.block_until_ready((state, accept_p))
+        return lambda: exe["loop", m, g, rb, ex](params, state, dstate, key, accept_p)
 
     ar_times = {}
     for ex in exact_modes:
