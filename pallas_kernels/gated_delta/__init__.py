@@ -55,18 +55,18 @@ REPLAY_STASH_ENV = "SPECDEC_GDN_REPLAY_STASH"
 
 
 def replay_stash_enabled(implementation: str | None = "auto") -> bool:
-    """Whether a model's verification under replay rollback passes `replay_inputs` to its step kernels (the stacks
-    its commit replays from, with no input stacking), read when a function is traced.
+    """Whether a model's verification under replay rollback passes `replay_inputs` to its step kernels (the stacks of
+    keys, gates and pseudo-values its commit replays from with `replay_pseudo_values`, nothing stacked first), read
+    when a function is traced.
 
     Default: on where the step recurrence runs as the compiled Pallas kernel (the GPU), off elsewhere (the CPU
-    suite's paths stay as they were); SPECDEC_GDN_REPLAY_STASH=1 / 0 forces it on / off. Chosen on the H200 at the
-    9B shape (commit 469e934, each row paired with AR in its run): speedup / tokens per step 0.918-0.933 at gamma 8
-    and 0.850-0.875 at gamma 16 (benchmarks/results/spec_cost_curve_qwen35_9b_random_stash_on.md) against
-    0.905-0.920 / 0.827-0.861 with it off (spec_cost_curve_qwen35_9b_random_concurrent.md); the commit's replay
-    83 / 98 us with no input stacking before it (kernel_profile_qwen35_9b_random_stash_on_profile.md). Outputs: the
-    same bits as the stacking commit, step by step at the 9B shape (stash_bits_qwen35_9b_random.md) and in whole
-    generations, 32 runs each (repeatability_qwen35_9b_random.md: where an output differed from AR's, at one prompt
-    in one process, it differed at the same token with the stash off too; kernel README)."""
+    suite's paths keep the full replay from stacked inputs); SPECDEC_GDN_REPLAY_STASH=1 / 0 forces it on / off.
+    Chosen on the H200 at the 9B shape: first as a stash of the inputs (commit 469e934: speedup / tokens per step
+    0.918-0.933 at gamma 8 against 0.905-0.920 without, spec_cost_curve_qwen35_9b_random_stash_on.md), now of the
+    pseudo-values (b51cb4a / e3105b9: 0.936-0.975 at gamma 8, 0.869-0.911 at gamma 16,
+    spec_cost_curve_qwen35_9b_random_pseudo_replay_{tuned,default}.md; the replay 68 us against 83 us per gamma-8
+    step, tune_pseudo_replay.md). Outputs: the same bits as the full replay, step by step at the 9B shape
+    (stash_bits_qwen35_9b_random.md; kernel README)."""
     env = os.environ.get(REPLAY_STASH_ENV, "").strip()
     if env not in ("", "0", "1"):
         raise ValueError(f"{REPLAY_STASH_ENV} must be 0 or 1 (or unset for the default); got {env!r}")

@@ -17,6 +17,10 @@ Replay (`counts` given, no outputs but the state): It is the commit of the repla
 prefix, recomputed from the old state by the very arithmetic that verification (and AR decode) ran,
 so it equals the recurrence's state bit for bit (one read and one write of the state).
 
+Pseudo-value replay (`replay_pseudo_fwd`, the GPU's commit): the verification stores the keys as its steps used them
+and the pseudo-values u_t they computed (`stash`), and each kept step is the step's own elementwise update on them,
+with no reduction, so any block shape gives the same bits (kernel README, "The pseudo-value replay").
+
 Stacked states (`layer` given): the model keeps every GDN layer's state in one array [L, B, HV, K, V]; a step reads
 and writes its own layer's blocks in place (the layer index is an input, so one compiled kernel serves every layer and
 nothing copies the stack), and the replay commits every layer in ONE launch, the layers as batch rows (L * B).
