@@ -365,6 +365,25 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     return o, final, u, states, (tuple(outs) if stash is not None else None)
 
 
+def _replay_launch(counts, inputs, in_specs, s0, state_spec, *, grid, pseudo, l2norm, interpret, num_warps,
+                   num_stages, preload, name):
+    """One replay launch: counts, the step inputs (with their block specs) and the state s0 (aliased to the output)."""
+    t, hv = inputs[0].shape[1], s0.shape[1]
+    return pl.pallas_call(
+        functools.partial(_recurrent_kernel, n_steps=t, scale=1.0, has_s0=True, want_vnew=False,
+                          want_states=False, l2norm=l2norm, replay=True, pseudo=pseudo, n_heads=hv,
+                          preload=_preload(preload, t, replay=True), unroll=_unroll(t, interpret)),
+        grid=grid,
+        in_specs=[pl.BlockSpec((counts.shape[0],), lambda i, j: (0,))] + list(in_specs) + [state_spec],
+        out_specs=state_spec,
+        out_shape=jax.ShapeDtypeStruct(s0.shape, F32),
+        input_output_aliases={len(inputs) + 1: 0},
+        compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name=name,
+    )(counts, *inputs, s0)
+
+
 def replay_fwd(k, v, g, beta, s0, counts, *, l2norm, block_v, interpret, num_warps=1, num_stages=2, preload=None):
     """State after the first counts[b] positions, by the recurrent kernel's own step (see module doc).
 
@@ -374,24 +393,11 @@ def replay_fwd(k, v, g, beta, s0, counts, *, l2norm, block_v, interpret, num_war
     """
     b, t, h, kp = k.shape
     hv, vp = v.shape[2], v.shape[3]
-    group = hv // h
     bv = min(block_v, vp)
-    key_spec, val_spec, gate_spec, state_spec = _block_specs(t, hv, group, kp, bv)
-    return pl.pallas_call(
-        functools.partial(_recurrent_kernel, n_steps=t, scale=1.0, has_s0=True, want_vnew=False,
-                          want_states=False, l2norm=l2norm, replay=True, n_heads=hv,
-                          preload=_preload(preload, t, replay=True),
-                          unroll=_unroll(t, interpret)),
-        grid=(b * hv, vp // bv),
-        in_specs=[pl.BlockSpec((counts.shape[0],), lambda i, j: (0,)), key_spec, val_spec, gate_spec, gate_spec,
-                  state_spec],
-        out_specs=state_spec,
-        out_shape=jax.ShapeDtypeStruct((b, hv, kp, vp), F32),
-        input_output_aliases={5: 0},
-        compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="gdn_replay",
-    )(counts, k, v, g, beta, s0)
+    key_spec, val_spec, gate_spec, state_spec = _block_specs(t, hv, hv // h, kp, bv)
+    return _replay_launch(counts, (k, v, g, beta), (key_spec, val_spec, gate_spec, gate_spec), s0, state_spec,
+                          grid=(b * hv, vp // bv), pseudo=False, l2norm=l2norm, interpret=interpret,
+                          num_warps=num_warps, num_stages=num_stages, preload=preload, name="gdn_replay")
 
 
 def replay_pseudo_fwd(k, g, u, s0, counts, *, block_v, interpret, num_warps, num_stages=2, preload=None):
@@ -406,19 +412,8 @@ def replay_pseudo_fwd(k, g, u, s0, counts, *, block_v, interpret, num_warps, num
     """
     b, t, h, kp = k.shape
     hv, vp = u.shape[2], u.shape[3]
-    group = hv // h
     bv = min(block_v, vp)
-    key_spec, val_spec, gate_spec, state_spec = _block_specs(t, hv, group, kp, bv)
-    return pl.pallas_call(
-        functools.partial(_recurrent_kernel, n_steps=t, scale=1.0, has_s0=True, want_vnew=False,
-                          want_states=False, l2norm=False, replay=True, pseudo=True, n_heads=hv,
-                          preload=_preload(preload, t, replay=True), unroll=_unroll(t, interpret)),
-        grid=(b * hv, vp // bv),
-        in_specs=[pl.BlockSpec((counts.shape[0],), lambda i, j: (0,)), key_spec, gate_spec, val_spec, state_spec],
-        out_specs=state_spec,
-        out_shape=jax.ShapeDtypeStruct((b, hv, kp, vp), F32),
-        input_output_aliases={4: 0},
-        compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-        interpret=interpret,
-        name="gdn_replay_pseudo",
-    )(counts, k, g, u, s0)
+    key_spec, val_spec, gate_spec, state_spec = _block_specs(t, hv, hv // h, kp, bv)
+    return _replay_launch(counts, (k, g, u), (key_spec, gate_spec, val_spec), s0, state_spec,
+                          grid=(b * hv, vp // bv), pseudo=True, l2norm=False, interpret=interpret,
+                          num_warps=num_warps, num_stages=num_stages, preload=preload, name="gdn_replay_pseudo")
