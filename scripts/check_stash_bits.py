@@ -1,7 +1,8 @@
-"""Bit-level check of the replay-input stash (SPECDEC_GDN_REPLAY_STASH) at the Qwen3.5-9B shape, step by step.
+"""Bit-level check of the replay stash (SPECDEC_GDN_REPLAY_STASH) at the Qwen3.5-9B shape, step by step.
 
 Three chains run side by side from one prefilled state, each compiled on its own: the exact-path verification +
-replay commit with the stash off, the same with it on, and (while one token is kept per step, as with rejected
+replay commit with the stash off (the full replay from stacked inputs), the same with it on (the pseudo-value replay
+from the keys, gates and pseudo-values the verification's kernels stored), and (while one token is kept per step, as with rejected
 n-gram drafts) AR's exact decode step at the same row count. Every step compares, bit for bit, row 0's logits and
 the committed GDN recurrent and conv states (per layer where they differ), and reruns the stash-on step on the
 same inputs (determinism). A generation-level mismatch (`bench_exact.py`) says that outputs differ; this says

@@ -68,7 +68,7 @@ def stash_and_states(layers: int, t: int, shape, key, interpret: bool):
     return stash, s0, jnp.stack(all_states)
 
 
-def main():
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--lengths", default="3,9,17")
@@ -78,9 +78,14 @@ def main():
     ap.add_argument("--chain", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--out", default="benchmarks/results")
-    args = ap.parse_args()
-    settings = parse_settings(args.settings)
-    lengths = [int(x) for x in args.lengths.split(",")]
+    args = ap.parse_args(argv)
+    try:
+        settings = parse_settings(args.settings)
+        lengths = [int(x) for x in args.lengths.split(",")]
+    except ValueError as e:
+        ap.error(str(e) if "--settings" in str(e) else f"--lengths: comma-separated integers; got {args.lengths!r}")
+    if min(lengths) < 1:
+        ap.error(f"--lengths: each length must be >= 1; got {args.lengths!r}")
     from pallas_kernels.gated_delta import pallas_ops
 
     interpret = jax.default_backend() != "gpu"
@@ -123,7 +128,8 @@ def main():
         write_results(args.out, "tune_pseudo_replay" + ("_small" if args.small else ""),
                       {**header, "layers": layers, "shape": shape, "rows": rows, "checks": checks},
                       "\n".join(md) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -331,3 +331,20 @@ def test_bench_compile_measures_each_method_cold_and_refuses_bad_input(tmp_path,
         with pytest.raises(SystemExit):
             bench_compile.parse_args(bad)
         assert needle in capsys.readouterr().err
+
+
+def test_tune_pseudo_replay_checks_every_setting_against_the_recurrence_and_refuses_bad_input(tmp_path, capsys):
+    """scripts/tune_pseudo_replay.py --small: each (block, warps) setting's committed states are compared, for every
+    kept count, with the states the verification's own kernel reached (here equal); bad settings or lengths are one
+    clear error naming the flag."""
+    from scripts import tune_pseudo_replay
+
+    assert tune_pseudo_replay.main(["--small", "--lengths", "2", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "tune_pseudo_replay_small.json").read_text())
+    assert [(r["block_v"], r["num_warps"]) for r in result["rows"]] == [(8, 1), (16, 1)]
+    assert all(c["equal_to_the_recurrence"] for c in result["checks"]), result["checks"]
+    for bad, needle in ((["--settings", "8:1,16"], "--settings"), (["--lengths", "0"], "--lengths"),
+                        (["--lengths", "x"], "--lengths")):
+        with pytest.raises(SystemExit):
+            tune_pseudo_replay.main(bad + ["--out", str(tmp_path)])
+        assert needle in capsys.readouterr().err
