@@ -4,6 +4,7 @@
     fused_recurrent_gated_delta_rule  small T from a state (decode / chain verify): recurrent_kernel.py
     commit_state                      state after `n_accepted` positions from pseudo-values: commit_kernel.py
     replay_state                      state after `n_steps` positions, replayed by the recurrent kernel's step
+    replay_pseudo_values              the same from the keys and pseudo-values that step used and computed (elementwise)
 
 The kernels use the Pallas Triton backend (the recurrent op also has a Mosaic GPU kernel,
 `backend="mosaic"`) and run unchanged with `interpret=True` on CPU. Inputs of any size are
