@@ -224,7 +224,7 @@ def with_synthetic_shortlist(model, methods_text):
 
 def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens: int, repeats: int,
                       time_budget_s: float, on_row=None, methods=("ngram",), exact_modes=(True,),
-                      kernel_profile: bool = False) -> dict:
+                      kernel_profile: bool = False, ar_eos: int | None = None) -> dict:
     """End-to-end time per token of AR and of n-gram speculation whose accepted count follows a seeded
     schedule (each draft kept with probability p, stopping at the first rejection; the real acceptance
     still runs on the verifier's logits: `speculative.forced_acceptance`). One compile per (gamma,
@@ -234,7 +234,10 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
     verification at gamma + 1 rows), or both; every row is paired with AR of its own setting.
     methods: the drafters (CURVE_METHODS), compiled together; each row names its method.
     kernel_profile: also trace one AR run and one run per setting (at the largest p) with the profiler, and
-    keep each one's device time kernel by kernel, per token (AR) or per step, under result["kernel_profiles"]."""
+    keep each one's device time kernel by kernel, per token (AR) or per step, under result["kernel_profiles"].
+    ar_eos: also time AR (the first exact mode) with that EOS id configured, as a real checkpoint's generation runs:
+    its loop then reads its predicate back every token as speculation's does every step (without EOS its trip count
+    is known), under result["ar_with_eos"]; the rows stay paired with AR without EOS."""
     from specdec_jax.decoding import autoregressive as ar_mod
     from specdec_jax.decoding import speculative as sp
     from specdec_jax.decoding.sampling import SamplingConfig
@@ -259,6 +262,9 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
                              sampling=sampling, eos_ids=())
         jobs["ar_loop", ex] = functools.partial(ar_mod._decode_loop.lower, params, state_s, logits_s, key,
                                                 **static_ad[ex])
+    if ar_eos is not None:
+        jobs["ar_loop_eos"] = functools.partial(ar_mod._decode_loop.lower, params, state_s, logits_s, key,
+                                                **dict(static_ad[exact_modes[0]], eos_ids=(int(ar_eos),)))
     # rollback-major, exact first: the default's rows come first
     configs = [(m, g, rb, ex) for m in methods for rb in rollbacks for ex in exact_modes for g in gammas
                if not (rb in ("replay", "snapshot") and g + 1 > qwen35.MAX_RECURRENT_VERIFY)
@@ -285,13 +291,17 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
     exe, compile_s = compile_timed(lowered, workers=12, options=compiler_options("qwen3_5"))
     print(f"compiled in {time.perf_counter() - t0:.0f} s (pool of 12)", flush=True)
 
-    def ar_run(ex):
+    def ar_run(ex, loop=None):
         logits, state = exe["ar_prefill"](params, prompt)
         jax.block_until_ready(state)
         t0 = time.perf_counter()
-        tokens, state, steps = exe["ar_loop", ex](params, state, logits, key)
+        tokens, state, steps = exe[loop or ("ar_loop", ex)](params, state, logits, key)
         jax.block_until_ready(tokens)
-        return (time.perf_counter() - t0) / (new_tokens - 1)
+        sec = time.perf_counter() - t0
+        if int(steps) != new_tokens:
+            raise RuntimeError(f"AR stopped after {int(steps)} of {new_tokens} tokens (EOS id {ar_eos} generated): "
+                               "its time per token is not comparable; pass another --ar-eos id")
+        return sec / (new_tokens - 1)
 
     def spec_run(m, g, rb, ex, p):
         state, dstate = exe["prefill", m, g](params, prompt, key)
@@ -333,6 +343,15 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
         result["ar_s_per_token"], result["ar_tok_s"] = default["s_per_token"], default["tok_s"]
 
     ar_summary()
+    if ar_eos is not None:
+        ex = exact_modes[0]
+        ar_run(ex, "ar_loop_eos")  # warm-up
+        paired = alternate({"eos": lambda: ar_run(ex, "ar_loop_eos"), "ar": lambda: ar_run(ex)}, repeats)
+        ar_times[ex] += paired["ar"]
+        sec_eos, sec = float(np.median(paired["eos"])), float(np.median(paired["ar"]))
+        result["ar_with_eos"] = {"eos_id": int(ar_eos), "exact": ex, "s_per_token": sec_eos, "tok_s": 1 / sec_eos,
+                                 "paired_ar_s_per_token": sec, "time_over_ar": sec_eos / sec}
+        ar_summary()
     if kernel_profile:
         profiles = result["kernel_profiles"] = {}
         for ex in exact_modes:
@@ -386,7 +405,7 @@ def cost_curve_markdown(result, header, args) -> str:
              f"{result['ar_fast']['tok_s'] / result['ar_exact']['tok_s']:.3f}× its time per token)"
              if 'ar_fast' in result and 'ar_exact' in result else "") + ". Each row's speedup is over AR of its "
           "own setting (exact: every decode forward at the decode shape, `decode rows`; fast: verification at "
-          "gamma + 1 rows, AR at one).", "",
+          "gamma + 1 rows, AR at one)." + ar_eos_sentence(result), "",
           "`speedup` is per token the steps produced (AR time per token ÷ decode time per emitted token): the "
           "step-cost measure, so `speedup ÷ tokens per step` = AR token time ÷ step time. `returned` counts only "
           f"the {args.max_new_tokens - 1} tokens after the prefill's that the call returns: the last step can "
@@ -403,6 +422,18 @@ def cost_curve_markdown(result, header, args) -> str:
     md += ["", "Compile seconds: each job's own wall time while 12 compiled at once on the machine's CPU cores.", "",
            f"![speedup against tokens per step]({result['stem']}.png)"]
     return "\n".join(md) + "\n"
+
+
+def ar_eos_sentence(result) -> str:
+    """The cost-curve report's line on AR with an EOS id configured ('' when not measured)."""
+    e = result.get("ar_with_eos")
+    if not e:
+        return ""
+    return (f" AR as a real checkpoint runs it, with an EOS id configured ({e['eos_id']}, never generated here): "
+            f"**{e['tok_s']:.1f} tok/s**, {e['time_over_ar']:.3f}× the time per token of AR without one (alternated "
+            "with it in this run): its loop then reads its predicate back after every token, as the speculative loop "
+            "does after every step, where without EOS its trip count is known. The rows are paired with AR without "
+            "EOS, the faster baseline.")
 
 
 def plot_cost_curve(result, path: str) -> None:
@@ -452,6 +483,8 @@ def main():
     ap.add_argument("--time-budget-s", type=float, default=1e9, help="with --forced-acceptance")
     ap.add_argument("--exact", default="both", choices=("both", "on", "off"),
                     help="with --forced-acceptance: the exact path (default), the fast one, or both")
+    ap.add_argument("--ar-eos", type=int, default=None, metavar="ID",
+                    help="with --forced-acceptance: also time AR with this EOS id configured (reported beside the rows)")
     ap.add_argument("--kernel-profile", action="store_true",
                     help="with --forced-acceptance: also trace AR and each setting once with the profiler and write "
                          "kernel_profile_<model><tag>.json / .md (device time kernel by kernel, per token or step)")
@@ -530,7 +563,7 @@ def main():
                                 args.max_new_tokens, max(1, args.repeats), args.time_budget_s, on_row=save_curve,
                                 methods=tuple(curve_methods),
                                 exact_modes={"both": (True, False), "on": (True,), "off": (False,)}[args.exact],
-                                kernel_profile=args.kernel_profile)
+                                kernel_profile=args.kernel_profile, ar_eos=args.ar_eos)
         save_curve(res)
         return
     result = {**header, "model": name, "xla_flags": os.environ.get("XLA_FLAGS", ""),
