@@ -101,11 +101,16 @@ class MtpDrafter:
         head = qwen35.lm_head_weight(params)
         return head[params["draft"]["shortlist"][: self.shortlist_size]] if self.shortlist_size else head  # [N, D]
 
+    def _blocks_run(self, params, cfg, rows: int, batch: int, cache_len: int) -> bool:
+        """Whether a forward of `rows` positions per row over a cache of cache_len slots runs as decode blocks."""
+        chosen = self.kernels == "blocks" or (self.kernels == "auto" and jax.default_backend() == "gpu" and batch == 1
+                                              and cfg.hidden_size <= AUTO_MAX_HIDDEN and cache_len <= AUTO_MAX_CACHE)
+        return (chosen and cache_len % decode_block.CACHE_MULTIPLE == 0
+                and self._blocks_fit(params, cfg, rows, batch))
+
     def _run(self, params, cfg, hidden, next_ids, k, v, positions):
         B, T = next_ids.shape
-        blocks = self.kernels == "blocks" or (self.kernels == "auto" and jax.default_backend() == "gpu" and B == 1
-                                              and cfg.hidden_size <= AUTO_MAX_HIDDEN and k.shape[1] <= AUTO_MAX_CACHE)
-        if blocks and k.shape[1] % decode_block.CACHE_MULTIPLE == 0 and self._blocks_fit(params, cfg, T, B):
+        if self._blocks_run(params, cfg, T, B, k.shape[1]):
             return mtp_head.mtp_forward_blocks(params, cfg, hidden, next_ids, k, v, positions,
                                                head=self._head(params))
         _, hout, k, v = mtp_head.mtp_forward(params, cfg, hidden[:, :T], next_ids, k, v, positions,
@@ -115,9 +120,13 @@ class MtpDrafter:
     # ------------------------------------------------------------------------------- interface
     def init(self, params, cfg, prompt, max_len, *, hidden, first_token, **_):
         B, T = prompt.shape
-        # Slots past max_len: the decode blocks store a block of new rows from each start (`cached_attention`).
-        k, v = mtp_head.init_mtp_cache(cfg, B, max_len + decode_block.MAX_ROWS, params["embed"].dtype,
-                                       round_to=decode_block.CACHE_MULTIPLE)
+        # Slots past max_len: the decode blocks store a block of new rows from each start (`cached_attention`), and
+        # read whole blocks of slots: the cache is rounded up to their multiple only where a draft's forward will run
+        # as blocks (at a batch of 20,000 rows on the CPU the rounding made the cache 20x the slots it needed).
+        slots = max_len + decode_block.MAX_ROWS
+        rounded = -(-slots // decode_block.CACHE_MULTIPLE) * decode_block.CACHE_MULTIPLE
+        blocks = self._blocks_run(params, cfg, 1, B, rounded)
+        k, v = mtp_head.init_mtp_cache(cfg, B, rounded if blocks else slots, params["embed"].dtype)
         next_ids = jnp.concatenate([prompt[:, 1:], first_token[:, None]], axis=1)  # [B, T]
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T))
         logits, hout, k, v = self._run(params, cfg, hidden, next_ids, k, v, positions)
