@@ -39,7 +39,8 @@ from specdec_jax.profiling import (device_kernel_profile, kernel_profile_markdow
                                    while_loops)
 
 AR_STATIC = ("ops", "cfg", "max_new_tokens", "sampling", "eos_ids")
-SPEC_STATIC = ("cfg", "sampling", "eos_ids", "gamma", "max_new_tokens", "drafter", "rollback", "impl", "decode_rows")
+SPEC_STATIC = ("cfg", "sampling", "eos_ids", "gamma", "max_new_tokens", "drafter", "rollback", "impl", "decode_rows",
+               "defer")
 
 
 class WithOptions:
@@ -149,7 +150,7 @@ def main():
         static_p = dict(cfg=cfg, max_len=max_len, sampling=sampling, eos_ids=(), state_dtype=model.dtype, gamma=g,
                         max_new_tokens=n, drafter=drafter, impl="auto")
         static_l = dict(cfg=cfg, sampling=sampling, eos_ids=(), gamma=g, max_new_tokens=n, drafter=drafter,
-                        rollback="replay", impl="auto", decode_rows=rows)
+                        rollback="replay", impl="auto", decode_rows=rows, defer=sp.defer_commit("replay"))
         shapes = jax.eval_shape(functools.partial(sp._spec_prefill, **static_p), params, prompt, key)
         jobs["prefill", n] = (functools.partial(sp._spec_prefill.lower, params, prompt, key, **static_p), qwen_options())
         if args.recycle:

@@ -281,7 +281,7 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
                         continue
                     static_l = dict(cfg=cfg, sampling=sampling, eos_ids=(), gamma=g, max_new_tokens=new_tokens,
                                     drafter=drafters[m], rollback=rb, impl="auto",
-                                    decode_rows=rows_of[g] if ex else 0)
+                                    decode_rows=rows_of[g] if ex else 0, defer=sp.defer_commit(rb))
                     jobs["loop", m, g, rb, ex] = functools.partial(sp._spec_loop.lower, params, shapes[0], shapes[1],
                                                                    key, jnp.float32(0.5), **static_l)
     lowered = {name: make() for name, make in jobs.items()}

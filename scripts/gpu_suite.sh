@@ -16,14 +16,14 @@
 #                                                  thunks, looped-curve-options, recycle,
 #                                                  mtp-blocks, mtp-final, mtp-splits, mtp-gather, mtp-defaults,
 #                                                  mtp-fuse, mtp-chain, mtp-chain-check, compile, pseudo-replay,
-#                                                  pseudo-replay-tune, pseudo-replay-check, head
+#                                                  pseudo-replay-tune, pseudo-replay-check, head, defer
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -898,6 +898,18 @@ head)  # issue 12: the 9B cost curve at the current code (the forced acceptance'
         --ar-eos 248319 --tag _head --out "$dir"
     step 170 fixed_9b python scripts/bench_fixed_cost.py --random-9b --gamma 8 --tokens 32,64,128,256 --repeats 3 \
         --tag _head --out "$dir"
+    ;;
+defer)  # issue 12: the loop carrying each step's GDN commit (the all-layer replay, ~69 us per 9B step) into the next
+    # step, where the drafting and the first layer's projections need not wait for it (SPECDEC_DEFER_COMMIT): the 9B
+    # cost curve with it off and on, each in its own process paired with its own AR; then bf16 equality with AR of every
+    # Qwen chain method on the shipped checkpoint with it on
+    for d in 0 1; do
+        SPECDEC_DEFER_COMMIT=$d step 150 "curve_9b_defer$d" python scripts/bench_spec.py --random-9b \
+            --forced-acceptance 0.8,1.0 --exact on --rollbacks replay --gammas 2,4,8,16 --repeats 3 \
+            --max-new-tokens 128 --prompt-len 256 --time-budget-s 135 --tag "_defer$d" --out "$dir"
+    done
+    SPECDEC_DEFER_COMMIT=1 step 110 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 8 \
+        --prompt-len 64 --modes exact --tag _qwen_defer1 --out "$dir"
     ;;
 pseudo-replay-check)  # issue 12: at the pseudo-value replay's defaults: bf16 equality with AR of every chain method on
     # the shipped Qwen and at the 9B shape at gamma 16 (n-gram and forced drafts), the 9B curve again, the shipped Qwen

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -263,3 +264,39 @@ def test_compiled_programs_are_cached_per_compiler_options():
     plain, _ = compiled.compiled(f, {}, x)
     assert again is first and seconds == 0.0 and plain is not first
     assert np.array_equal(first(x), plain(x))
+
+
+def _prefilled(model, ids, gamma, n):
+    from specdec_jax.decoding import speculative
+    key = jax.random.PRNGKey(0)
+    state, dstate = speculative._spec_prefill(model.params, jnp.asarray(ids), key, cfg=model.config,
+                                              max_len=ids.shape[1] + n + gamma, sampling=SamplingConfig(), eos_ids=(),
+                                              state_dtype=jnp.float32, gamma=gamma, max_new_tokens=n,
+                                              drafter=NgramDrafter(), impl="auto")
+    return state, dstate, key
+
+
+def test_deferred_commit_gives_the_same_tokens_and_state_bit_for_bit(model, monkeypatch):
+    """The loop carrying each step's GDN commit into the next step (SPECDEC_DEFER_COMMIT=1) emits the same tokens and
+    ends in the same state, bit for bit, as committing within each step; ragged acceptance over two rows."""
+    from specdec_jax.decoding import speculative
+    ids = np.random.default_rng(9).integers(0, model.vocab_size, size=(2, 6))
+    ar = sj.generate(model, ids, 20, eos_token_id=False).tokens
+    reference = tuple(map(tuple, np.concatenate([ids, ar], axis=1).tolist()))
+    results = {}
+    for defer in ("0", "1"):
+        monkeypatch.setenv(speculative.DEFER_ENV, defer)
+        assert speculative.defer_commit("replay") == (defer == "1") and not speculative.defer_commit("snapshot")
+        results[defer] = _spec(model, ids, 20, OracleDrafter(reference, 4, model.vocab_size), 4, "replay",
+                               return_state=True)
+    np.testing.assert_array_equal(results["1"].tokens, ar)
+    assert results["1"].stats["accepted_counts"] == results["0"].stats["accepted_counts"]
+    for a, b in zip(jax.tree.leaves(results["0"].stats["state"]), jax.tree.leaves(results["1"].stats["state"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    monkeypatch.setenv(speculative.DEFER_ENV, "yes")
+    with pytest.raises(ValueError, match="SPECDEC_DEFER_COMMIT must be 0 or 1; got 'yes'"):
+        speculative.defer_commit("replay")
+    with pytest.raises(ValueError, match="deferred under replay rollback only"):
+        jax.eval_shape(functools.partial(speculative._spec_loop, cfg=model.config, sampling=SamplingConfig(), eos_ids=(),
+                                         gamma=2, max_new_tokens=4, drafter=NgramDrafter(), rollback="snapshot",
+                                         impl="auto", defer=True), model.params, *_prefilled(model, ids, 2, 4))

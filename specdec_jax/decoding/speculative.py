@@ -18,6 +18,7 @@ Batches are ragged: every sequence keeps its own length, accepted count and outp
 from __future__ import annotations
 
 import functools
+import os
 import time
 
 import jax
@@ -35,6 +36,8 @@ from .sampling import SamplingConfig, select_token
 
 ROLLBACK_MODES = ("replay", "pseudo", "snapshot")
 DEFAULT_ROLLBACK = "replay"
+DEFER_ENV = "SPECDEC_DEFER_COMMIT"
+DEFER_DEFAULT = False  # not yet measured on the GPU
 
 
 @struct.dataclass
@@ -148,7 +151,19 @@ def spec_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gam
     accept_p: None, or a traced probability that replaces the acceptance outcome by a seeded schedule
     (`forced_acceptance`; benchmarks of the step cost at a known tokens-per-step only).
     decode_rows: 0, or the exact path's row count (>= gamma + 1; see `verify_forward`)."""
+    return _step(params, cfg, state, drafter_state, key, drafter=drafter, gamma=gamma, sampling=sampling,
+                 rollback=rollback, max_new_tokens=max_new_tokens, eos_ids=eos_ids, impl=impl, accept_p=accept_p,
+                 decode_rows=decode_rows)[:4]
+
+
+def _step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gamma, sampling, rollback, max_new_tokens,
+          eos_ids, impl, accept_p, decode_rows, pending=None, defer=False):
+    """`spec_step`, returning (state, drafter_state, emitted, n_emitted, pending). pending: the GDN commit a step
+    before left pending (`qwen35.commit_deferred`), applied first; defer: leave this step's GDN commit pending (returned,
+    with state.model's recurrent states not yet advanced) instead of applying it."""
     B = state.anchor.shape[0]
+    if pending is not None:
+        state = state.replace(model=qwen35.apply_pending(state.model, pending, impl=impl, mesh=cfg.mesh))
     k_draft, k_accept = jax.random.split(key)
     active = ~state.done
     if gamma > 0:
@@ -163,11 +178,25 @@ def spec_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gam
     if accept_p is not None:
         n_acc, next_token = forced_acceptance(n_acc, logits, accept_p, jax.random.fold_in(k_accept, 1))
     emitted, n_emit, n_keep, hit_eos = emit_accepted(drafts, n_acc, next_token, active, eos_ids)
-    model = qwen35.commit(state.model, verified, extras, n_keep, impl=impl, mesh=cfg.mesh)
+    if defer:
+        model, pending = qwen35.commit_deferred(state.model, verified, extras, n_keep)
+    else:
+        model, pending = qwen35.commit(state.model, verified, extras, n_keep, impl=impl, mesh=cfg.mesh), None
     state = advance(state, model, emitted, n_emit, n_acc, hit_eos, active, max_new_tokens)
     drafter_state = drafter.update(drafter_state, emitted=emitted, n_emitted=n_emit, n_keep=n_keep, verified=extras,
                                    params=params, cfg=cfg)
-    return state, drafter_state, emitted, n_emit
+    return state, drafter_state, emitted, n_emit, pending
+
+
+def defer_commit(rollback: str) -> bool:
+    """Whether the speculative loop carries each step's GDN commit into the next step (`qwen35.commit_deferred`),
+    where it runs beside the drafting and the first layer's projections, which do not wait for it, instead of
+    last in its own step. Replay rollback only; SPECDEC_DEFER_COMMIT=0/1 overrides DEFER_DEFAULT (read when
+    `generate_speculative` is called: the loop takes the result as its static `defer`)."""
+    env = os.environ.get(DEFER_ENV, "")
+    if env not in ("", "0", "1"):
+        raise ValueError(f"{DEFER_ENV} must be 0 or 1; got {env!r}")
+    return rollback == "replay" and (DEFER_DEFAULT if env == "" else env == "1")
 
 
 # The step alone as one jitted call (state and drafter state donated), for callers that drive their own
@@ -199,24 +228,35 @@ def _spec_prefill(params, prompt, key, *, cfg, max_len, sampling, eos_ids, state
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "sampling", "eos_ids", "gamma", "max_new_tokens", "drafter",
-                                             "rollback", "impl", "decode_rows"),
+                                             "rollback", "impl", "decode_rows", "defer"),
                    donate_argnames=("state", "drafter_state"))
 def _spec_loop(params, state, drafter_state, key, accept_p=None, *, cfg, sampling, eos_ids, gamma, max_new_tokens,
-               drafter, rollback, impl, decode_rows=0):
-    step = functools.partial(spec_step, params, cfg, drafter=drafter, gamma=gamma, sampling=sampling,
+               drafter, rollback, impl, decode_rows=0, defer=None):
+    """The decode loop. defer: carry each step's GDN commit into the next (`defer_commit`; None: the default,
+    DEFER_DEFAULT under replay rollback; a static argument, so that the setting is part of what is compiled)."""
+    step = functools.partial(_step, params, cfg, drafter=drafter, gamma=gamma, sampling=sampling,
                              rollback=rollback, max_new_tokens=max_new_tokens, eos_ids=eos_ids, impl=impl,
                              accept_p=accept_p, decode_rows=decode_rows)
+    defer = (DEFER_DEFAULT and rollback == "replay") if defer is None else bool(defer)
+    if defer and rollback != "replay":
+        raise ValueError(f"defer: the GDN commit is deferred under replay rollback only; got rollback={rollback!r}")
+    pending = None
+    if defer:  # the first step's pending commit keeps zero positions: its replay leaves every state as it is
+        shapes = jax.eval_shape(lambda: step(state, drafter_state, key, defer=True)[4])
+        pending = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
     def cond(carry):
         return ~jnp.all(carry[0].done)
 
     def body(carry):
-        state, drafter_state, key = carry
+        state, drafter_state, key, pending = carry
         key, sub = jax.random.split(key)
-        state, drafter_state, _, _ = step(state, drafter_state, sub)
-        return state, drafter_state, key
+        state, drafter_state, _, _, pending = step(state, drafter_state, sub, pending=pending, defer=defer)
+        return state, drafter_state, key, pending
 
-    state, drafter_state, _ = lax.while_loop(cond, body, (state, drafter_state, key))
+    state, drafter_state, _, pending = lax.while_loop(cond, body, (state, drafter_state, key, pending))
+    if defer:
+        state = state.replace(model=qwen35.apply_pending(state.model, pending, impl=impl, mesh=cfg.mesh))
     pad = eos_ids[0] if eos_ids else 0
     filled = jnp.arange(max_new_tokens)[None, :] < state.n_out[:, None]
     tokens = jnp.where(filled, state.out[:, :max_new_tokens], pad)
@@ -242,7 +282,8 @@ def generate_speculative(params, cfg, prompt: np.ndarray, max_new_tokens: int, *
     static_p = dict(cfg=cfg, max_len=max_len, sampling=sampling, eos_ids=eos_ids, state_dtype=state_dtype,
                     gamma=gamma, max_new_tokens=max_new_tokens, drafter=drafter, impl=impl)
     static_l = dict(cfg=cfg, sampling=sampling, eos_ids=eos_ids, gamma=gamma, max_new_tokens=max_new_tokens,
-                    drafter=drafter, rollback=rollback, impl=impl, decode_rows=decode_rows)
+                    drafter=drafter, rollback=rollback, impl=impl, decode_rows=decode_rows,
+                    defer=defer_commit(rollback))
     return run_spec_loop(params, prompt, key_first, key_loop, static_p, _spec_loop, static_l, max_new_tokens,
                          {"method": drafter.name, "gamma": gamma, "rollback": rollback, "exact": bool(decode_rows),
                           "decode_rows": decode_rows or gamma + 1}, return_state)

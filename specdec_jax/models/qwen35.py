@@ -438,9 +438,17 @@ def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax
     the window at the accepted boundary (every layer's in one op); the GDN states are replayed from `before` over the kept
     positions by the recurrence's own step (`replay_state`, bit-identical to the recurrence), rebuilt
     from pseudo-values (`commit_state`), both for every layer in one call, or, in snapshot mode, selected from
-    the per-position states.
+    the per-position states. `commit_deferred` then `apply_pending`, at once.
     mesh: the model's cfg.mesh (None: one device); the commit kernels then run per device on their heads.
     """
+    state, pending = commit_deferred(before, verified, extras, n_keep)
+    return apply_pending(state, pending, impl=impl, mesh=mesh)
+
+
+def commit_deferred(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax.Array):
+    """`commit` but for the GDN states: (the committed state whose recurrent states are still `before`'s, the pending
+    GDN commit), which `apply_pending` completes with the same bits. A decode loop may carry the pending commit into
+    its next step, where nothing the step starts with (drafting, the first layer's projections) waits for it."""
     n_keep = n_keep.astype(jnp.int32)
     gdn = extras["gdn"]
     if len(gdn) != before.recurrent.shape[0]:
@@ -448,23 +456,41 @@ def commit(before: Qwen35State, verified: Qwen35State, extras: dict, n_keep: jax
                          f"{before.recurrent.shape[0]} (a forward that skipped layers cannot be committed)")
     conv = (stacked_conv_windows_at([ex["conv_window"] for ex in gdn], n_keep, before.conv.shape[2]) if gdn
             else before.conv)
+    pending = {"n": n_keep}  # the per-token inputs of one commit rule, named as `apply_pending` reads them
     if not gdn:
-        rec = before.recurrent
+        pass
     elif "replay_inputs" in extras:  # every layer's k, g and pseudo-values, stacked by the verification's kernels
-        rec = stacked_state_rule(mesh, gated_delta.replay_pseudo_values, before.recurrent, extras["replay_inputs"],
-                                 n_keep, implementation=impl)
+        pending["replay_inputs"] = extras["replay_inputs"]
     elif "beta" in gdn[0]:
-        rec = stacked_state_rule(mesh, gated_delta.replay_state, before.recurrent,
-                                 tuple([ex[name] for ex in gdn] for name in ("k", "v", "g", "beta")), n_keep,
-                                 use_qk_l2norm=True, implementation=impl)
+        pending.update({name: [ex[name] for ex in gdn] for name in ("k", "v", "g", "beta")})
     elif "all_states" in gdn[0]:
         idx = jnp.maximum(n_keep - 1, 0)
-        picked = jnp.stack([jnp.take_along_axis(ex["all_states"], idx[:, None, None, None, None], axis=1)[:, 0]
-                            for ex in gdn])  # [L, B, HV, K, V]
-        rec = jnp.where((n_keep > 0)[None, :, None, None, None], picked, before.recurrent)
+        pending["picked"] = jnp.stack([jnp.take_along_axis(ex["all_states"], idx[:, None, None, None, None], axis=1)[:, 0]
+                                       for ex in gdn])  # [L, B, HV, K, V]
     else:
-        rec = stacked_state_rule(mesh, gated_delta.commit_state, before.recurrent,
-                                 tuple([ex[name] for ex in gdn] for name in ("k", "g", "v_new")), n_keep,
-                                 use_qk_l2norm=True, implementation=impl)
-    return Qwen35State(keys=verified.keys, values=verified.values, conv=conv, recurrent=rec,
-                       length=before.length + n_keep)
+        pending.update({name: [ex[name] for ex in gdn] for name in ("k", "g", "v_new")})
+    state = Qwen35State(keys=verified.keys, values=verified.values, conv=conv, recurrent=before.recurrent,
+                        length=before.length + n_keep)
+    return state, pending
+
+
+def apply_pending(state: Qwen35State, pending: dict, *, impl: str = "auto", mesh=None) -> Qwen35State:
+    """`state` with the pending GDN commit of `commit_deferred` applied to its recurrent states (every layer in one
+    call). A pending commit of zero kept positions leaves them as they are."""
+    n = pending["n"]
+    if "replay_inputs" in pending:
+        rec = stacked_state_rule(mesh, gated_delta.replay_pseudo_values, state.recurrent, pending["replay_inputs"], n,
+                                 implementation=impl)
+    elif "beta" in pending:
+        rec = stacked_state_rule(mesh, gated_delta.replay_state, state.recurrent,
+                                 tuple(pending[name] for name in ("k", "v", "g", "beta")), n, use_qk_l2norm=True,
+                                 implementation=impl)
+    elif "picked" in pending:
+        rec = jnp.where((n > 0)[None, :, None, None, None], pending["picked"], state.recurrent)
+    elif "v_new" in pending:
+        rec = stacked_state_rule(mesh, gated_delta.commit_state, state.recurrent,
+                                 tuple(pending[name] for name in ("k", "g", "v_new")), n, use_qk_l2norm=True,
+                                 implementation=impl)
+    else:
+        return state
+    return state.replace(recurrent=rec)
