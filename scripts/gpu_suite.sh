@@ -16,14 +16,14 @@
 #                                                  thunks, looped-curve-options, recycle,
 #                                                  mtp-blocks, mtp-final, mtp-splits, mtp-gather, mtp-defaults,
 #                                                  mtp-fuse, mtp-chain, mtp-chain-check, compile, pseudo-replay,
-#                                                  pseudo-replay-tune, pseudo-replay-check, head, defer
+#                                                  pseudo-replay-tune, pseudo-replay-check, head, defer, defer-check
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -910,6 +910,14 @@ defer)  # issue 12: the loop carrying each step's GDN commit (the all-layer repl
     done
     SPECDEC_DEFER_COMMIT=1 step 110 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 8 \
         --prompt-len 64 --modes exact --tag _qwen_defer1 --out "$dir"
+    ;;
+defer-check)  # issue 12: the deferred GDN commit as the default: the 9B cost curve again (3 runs per row, paired with AR),
+    # then the call's fixed cost and step cost fitted over 32..256 new tokens
+    step 150 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.8,1.0 --exact on \
+        --rollbacks replay --gammas 2,4,8,16 --repeats 3 --max-new-tokens 128 --prompt-len 256 --time-budget-s 135 \
+        --tag _defer_default --out "$dir"
+    step 120 fixed_9b python scripts/bench_fixed_cost.py --random-9b --gamma 8 --tokens 32,64,128,256 --repeats 3 \
+        --tag _defer_default --out "$dir"
     ;;
 pseudo-replay-check)  # issue 12: at the pseudo-value replay's defaults: bf16 equality with AR of every chain method on
     # the shipped Qwen and at the 9B shape at gamma 16 (n-gram and forced drafts), the 9B curve again, the shipped Qwen

@@ -37,7 +37,11 @@ from .sampling import SamplingConfig, select_token
 ROLLBACK_MODES = ("replay", "pseudo", "snapshot")
 DEFAULT_ROLLBACK = "replay"
 DEFER_ENV = "SPECDEC_DEFER_COMMIT"
-DEFER_DEFAULT = False  # not yet measured on the GPU
+# On (replay rollback): measured on the H200 at the 9B shape, the cost curve in two processes each paired with its own AR
+# (AR 205.9 / 205.7 tok/s): a step at gamma 2 / 8 / 16 (p 1) 5.007 / 5.201 / 5.601 -> 4.974 / 5.138 / 5.500 ms; every
+# chain method on the shipped Qwen equal to AR with it on, 8 of 8 each
+# (benchmarks/results/spec_cost_curve_qwen35_9b_random_defer{0,1}.md, exact_tiny_qwen_defer1.md).
+DEFER_DEFAULT = True
 
 
 @struct.dataclass
