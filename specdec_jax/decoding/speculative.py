@@ -12,6 +12,10 @@ from the committed state, accepts a prefix, and commits anchor + accepted drafts
   recurrence), rebuilt from pseudo-values (`rollback="pseudo"`, no per-position state, exact in exact
   arithmetic) or selected from per-position snapshots (`rollback="snapshot"`, the vLLM/SGLang baseline).
 
+Under replay rollback the loop carries each step's GDN replay into the next step (`defer_commit`): the step ends
+with the rest of its commit and starts with the replay of the one before, beside its drafting and first projections,
+which do not wait for it; the last one is applied after the loop. Same bits as committing within the step.
+
 Batches are ragged: every sequence keeps its own length, accepted count and output offset.
 """
 
