@@ -457,17 +457,16 @@ def commit_deferred(before: Qwen35State, verified: Qwen35State, extras: dict, n_
     conv = (stacked_conv_windows_at([ex["conv_window"] for ex in gdn], n_keep, before.conv.shape[2]) if gdn
             else before.conv)
     pending = {"n": n_keep}  # the per-token inputs of one commit rule, named as `apply_pending` reads them
-    if not gdn:
-        pass
-    elif "replay_inputs" in extras:  # every layer's k, g and pseudo-values, stacked by the verification's kernels
+    # No GDN layer: {"n"} alone is pending, and `apply_pending` returns the state as it is.
+    if gdn and "replay_inputs" in extras:  # every layer's k, g and pseudo-values, stacked by the verification's kernels
         pending["replay_inputs"] = extras["replay_inputs"]
-    elif "beta" in gdn[0]:
+    elif gdn and "beta" in gdn[0]:
         pending.update({name: [ex[name] for ex in gdn] for name in ("k", "v", "g", "beta")})
-    elif "all_states" in gdn[0]:
+    elif gdn and "all_states" in gdn[0]:
         idx = jnp.maximum(n_keep - 1, 0)
         pending["picked"] = jnp.stack([jnp.take_along_axis(ex["all_states"], idx[:, None, None, None, None], axis=1)[:, 0]
                                        for ex in gdn])  # [L, B, HV, K, V]
-    else:
+    elif gdn:
         pending.update({name: [ex[name] for ex in gdn] for name in ("k", "g", "v_new")})
     state = Qwen35State(keys=verified.keys, values=verified.values, conv=conv, recurrent=before.recurrent,
                         length=before.length + n_keep)
