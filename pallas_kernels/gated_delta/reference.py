@@ -76,6 +76,86 @@ def check_gated_delta_inputs(q, k, v, g, beta, initial_state=None) -> tuple[int,
     return B, T, H, HV, K, V
 
 
+class ConvLayout(NamedTuple):
+    """Where a Gated DeltaNet layer's step inputs lie in its pre-conv rows and gate columns (the conv form of the
+    recurrent op, `conv_gate_inputs`): channels of the conv input in the order q | k | v (q, k: `key_heads` heads of
+    `key_dim`; v: `value_heads` heads of `value_dim`), and the raw gate inputs b (for beta) and a (for g) of value
+    head h at columns `b_column + h` and `a_column + h` of the gate array (e.g. the fused input projection)."""
+
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    b_column: int
+    a_column: int
+
+    @property
+    def channels(self) -> int:
+        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+
+
+def short_conv_silu(window: jax.Array, weight: jax.Array, t: int) -> jax.Array:
+    """The causal depthwise conv and SiLU of a Gated DeltaNet layer: window [B, W-1+R, C] (the W-1 previous
+    pre-conv rows, then R >= t new ones), weight [C, W] -> the first t rows [B, t, C] in the window's dtype.
+    The products are summed in float32 in tap order and rounded to the window's dtype before the SiLU (as
+    transformers' conv runs in the activations' dtype)."""
+    w = weight.astype(jnp.float32)
+    conv = sum(window[:, i:i + t].astype(jnp.float32) * w[:, i] for i in range(weight.shape[1]))
+    return jax.nn.silu(conv.astype(window.dtype))
+
+
+def gate_values(b: jax.Array, a: jax.Array, a_log: jax.Array, dt_bias: jax.Array):
+    """(beta, g) of a Gated DeltaNet layer: beta = sigmoid(b) in b's dtype, g = -exp(A_log) * softplus(a + dt_bias)
+    in float32; b, a [..., HV], a_log, dt_bias [HV]."""
+    g = -jnp.exp(a_log.astype(jnp.float32)) * jax.nn.softplus(a.astype(jnp.float32) + dt_bias.astype(jnp.float32))
+    return jax.nn.sigmoid(b), g
+
+
+def check_conv_inputs(window, weight, gates, a_log, dt_bias, layout: ConvLayout, n_steps: int) -> tuple[int, int]:
+    """The conv form's inputs (see `conv_gate_inputs`); returns (B, R). Raises ValueError naming the bad one."""
+    if not isinstance(layout, ConvLayout):
+        raise ValueError(f"gated_delta: layout must be a ConvLayout; got {type(layout).__name__}")
+    c = layout.channels
+    if weight.ndim != 2 or weight.shape[0] != c:
+        raise ValueError(f"gated_delta: conv_weight must be [C={c}, W] (C = 2 * key_heads * key_dim + value_heads * "
+                         f"value_dim); got {tuple(weight.shape)}")
+    width = weight.shape[1]
+    if window.ndim != 3 or window.shape[2] != c or window.shape[1] < width:
+        raise ValueError(f"gated_delta: window must be [B, W-1+R, C={c}] with R >= 1 (W={width}); got "
+                         f"{tuple(window.shape)}")
+    b, r = window.shape[0], window.shape[1] - (width - 1)
+    if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or not 1 <= n_steps <= r:
+        raise ValueError(f"gated_delta: n_steps must be an int in [1, R={r}] (the window's new rows); got {n_steps!r}")
+    hv = layout.value_heads
+    if layout.key_heads < 1 or hv % layout.key_heads:
+        raise ValueError(f"gated_delta: value_heads={hv} must be a multiple of key_heads={layout.key_heads}")
+    if gates.ndim != 3 or gates.shape[:2] != (b, r):
+        raise ValueError(f"gated_delta: gates must be [B={b}, R={r}, columns]; got {tuple(gates.shape)}")
+    for name, col in (("b_column", layout.b_column), ("a_column", layout.a_column)):
+        if not 0 <= col <= gates.shape[2] - hv:
+            raise ValueError(f"gated_delta: layout.{name}={col} puts {hv} gate columns outside the gates' "
+                             f"{gates.shape[2]}")
+    for name, x in (("a_log", a_log), ("dt_bias", dt_bias)):
+        if tuple(x.shape) != (hv,):
+            raise ValueError(f"gated_delta: {name} must be [HV={hv}]; got {tuple(x.shape)}")
+    return b, r
+
+
+def conv_gate_inputs(window, weight, gates, a_log, dt_bias, layout: ConvLayout, n_steps: int):
+    """The recurrent op's inputs (q, k [B, n_steps, H, K]; v [B, n_steps, HV, V]; g, beta [B, n_steps, HV]) from
+    a layer's pre-conv rows window [B, W-1+R, C], conv weight [C, W], gate array [B, R, columns], A_log and dt_bias
+    [HV] (`layout` says where each lies): the conv form's ground truth."""
+    b, _ = check_conv_inputs(window, weight, gates, a_log, dt_bias, layout, n_steps)
+    conv = short_conv_silu(window, weight, n_steps)
+    hk, hv = layout.key_heads * layout.key_dim, layout.value_heads
+    q = conv[..., :hk].reshape(b, n_steps, layout.key_heads, layout.key_dim)
+    k = conv[..., hk:2 * hk].reshape(b, n_steps, layout.key_heads, layout.key_dim)
+    v = conv[..., 2 * hk:].reshape(b, n_steps, hv, layout.value_dim)
+    beta, g = gate_values(gates[:, :n_steps, layout.b_column:layout.b_column + hv],
+                          gates[:, :n_steps, layout.a_column:layout.a_column + hv], a_log, dt_bias)
+    return q, k, v, g, beta
+
+
 def check_accepted_counts(n_accepted, b: int, limit: int, name: str = "n_accepted", low: int = 0) -> None:
     """n_accepted: a scalar or [B] integer array; when concrete, every value in [low, limit].
 
