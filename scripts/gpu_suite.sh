@@ -17,14 +17,14 @@
 #                                                  mtp-blocks, mtp-final, mtp-splits, mtp-gather, mtp-defaults,
 #                                                  mtp-fuse, mtp-chain, mtp-chain-check, compile, pseudo-replay,
 #                                                  pseudo-replay-tune, pseudo-replay-check, head, defer, defer-check,
-#                                                  conv-form, conv-form-check
+#                                                  packed-form, packed-form-check
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | conv-form | conv-form-check}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -920,30 +920,29 @@ defer-check)  # issue 12: the deferred GDN commit as the default: the 9B cost cu
     step 120 fixed_9b python scripts/bench_fixed_cost.py --random-9b --gamma 8 --tokens 32,64,128,256 --repeats 3 \
         --tag _defer_default --out "$dir"
     ;;
-conv-form)  # issue 12: the step kernel in its conv form (the conv, SiLU and gates of each position computed inside it
-    # from the input projection's output and the conv window: no XLA op per input between them): bf16 equality with
-    # AR of every Qwen chain method on the shipped checkpoint (on by default), then the 9B cost curve with the form off,
-    # on, and on with 9 rows as a loop (SPECDEC_GDN_UNROLL_MAX=8), each in its own process paired with its own AR
+packed-form)  # issue 12: the step kernel in its packed form (q, k, v read where they lie in the conv output, beta and g
+    # computed in the kernel from the projection's columns: no XLA op splits them or forms the gates). (The conv form,
+    # the conv and SiLU in the kernel too, ran at 3716cc0 as `conv-form`: spec_cost_curve_qwen35_9b_random_conv_form*.md.)
+    # bf16 equality with AR of every Qwen chain method on the shipped checkpoint (on by default), then the 9B cost
+    # curve with the form off and on, each in its own process paired with its own AR
     step 110 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 8 --prompt-len 64 \
-        --modes exact --tag _qwen_conv_form --out "$dir"
-    for v in 0 1 loop; do
-        settings=(SPECDEC_GDN_CONV_FORM=${v/loop/1})
-        [[ $v == loop ]] && settings+=(SPECDEC_GDN_UNROLL_MAX=8)
-        step 140 "curve_9b_conv$v" env "${settings[@]}" python scripts/bench_spec.py --random-9b \
-            --forced-acceptance 0.8,1.0 --exact on --rollbacks replay --gammas 2,4,8,16 --repeats 2 \
-            --max-new-tokens 128 --prompt-len 256 --time-budget-s 125 --tag "_conv_form$v" --out "$dir"
+        --modes exact --tag _qwen_packed_form --out "$dir"
+    for v in 0 1; do
+        SPECDEC_GDN_PACKED_FORM=$v step 150 "curve_9b_packed$v" python scripts/bench_spec.py --random-9b \
+            --forced-acceptance 0.8,1.0 --exact on --rollbacks replay --gammas 2,4,8,16 --repeats 3 \
+            --max-new-tokens 128 --prompt-len 256 --time-budget-s 135 --tag "_packed_form$v" --out "$dir"
     done
     ;;
-conv-form-check)  # issue 12: at the conv form's default: bf16 equality at the 9B shape at gamma 16 (n-gram and
-    # forced drafts), the tiny checkpoint end to end, the 9B kernel profile (launches per step), compile times
+packed-form-check)  # issue 12: at the packed form's default: bf16 equality at the 9B shape at gamma 16 (n-gram and
+    # forced drafts), the tiny checkpoint end to end, the 9B kernel profile (launches per step)
     step 200 exact_9b_g16 python scripts/bench_exact.py --part 9b --num-prompts 2 --gamma 16 --ar-rows 17 --repeats 1 \
-        --tag _conv_form_g16 --out "$dir"
+        --tag _packed_form_g16 --out "$dir"
     step 150 e2e_default python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --skip-steps \
         --max-new-tokens 128 --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 \
-        --e2e-methods ngram:4,ngram:8,mtp:4 --tag _conv_form --out "$dir"
+        --e2e-methods ngram:4,ngram:8,mtp:4 --tag _packed_form --out "$dir"
     step 150 profile_9b python scripts/bench_spec.py --random-9b --forced-acceptance 1.0 --exact on \
         --curve-method ngram --rollbacks replay --gammas 2,8,16 --repeats 1 --max-new-tokens 64 --prompt-len 256 \
-        --kernel-profile --tag _conv_form_profile --out "$dir"
+        --kernel-profile --tag _packed_form_profile --out "$dir"
     ;;
 pseudo-replay-check)  # issue 12: at the pseudo-value replay's defaults: bf16 equality with AR of every chain method on
     # the shipped Qwen and at the 9B shape at gamma 16 (n-gram and forced drafts), the 9B curve again, the shipped Qwen

@@ -2,7 +2,7 @@
 Triton IR here (a cross-platform lowering for "cuda" with a stand-in sm_90 device), compiled by the local Triton
 and `ptxas -v`. What a device profile cannot show: whether a kernel spills, and how large its unrolled code is.
 
-    python scripts/kernel_resources.py --rows 1,9,17 [--kernels verify,verify-stash,stacked,replay,conv,conv-stash]
+    python scripts/kernel_resources.py --rows 1,9,17 [--kernels verify,verify-stash,stacked,replay,packed,packed-stash]
         [--unroll-max 64]
 
 Needs `triton` importable and `ptxas` on PATH (both are on the development machine; the GPU machine's bundled
@@ -65,26 +65,25 @@ def lower_to_ttir(kernel: str, t: int) -> str:
                 q, k, v, g, be, s0, scale=k_dim ** -0.5, l2norm=True, want_vnew=False, want_states=False, block_v=8,
                 interpret=False, want_state=False, layer=layer, stash=stash)
             args = (keys, keys, values, gates, betas, stack, sds((1,), jnp.int32), stash)
-        elif kernel in ("conv", "conv-stash"):  # the conv form: a counted decode step on its layer of the stack
-            # (conv), or a verification that stores its keys, gates and pseudo-values into the replay's stacks
-            from pallas_kernels.gated_delta.reference import ConvLayout
-            layout = ConvLayout(h, hv, k_dim, v_dim, b_column=2 * h * k_dim + 2 * hv * v_dim,
-                                a_column=2 * h * k_dim + 2 * hv * v_dim + hv)
+        elif kernel in ("packed", "packed-stash"):  # the packed form: a counted decode step on its layer of the
+            # stack (packed), or a verification that stores its keys, gates and pseudo-values into the replay's stacks
+            from pallas_kernels.gated_delta.reference import PackedLayout
+            layout = PackedLayout(h, hv, k_dim, v_dim, b_column=2 * h * k_dim + 2 * hv * v_dim,
+                                  a_column=2 * h * k_dim + 2 * hv * v_dim + hv)
             rows, stack = max(t, 8), sds((24, b, hv, k_dim, v_dim), jnp.float32)
-            window = sds((b, 3 + rows, layout.channels), bf)
-            conv_w, proj = sds((layout.channels, 4), bf), sds((b, rows, layout.a_column + hv), bf)
+            conv, proj = sds((b, rows, layout.channels), bf), sds((b, rows, layout.a_column + hv), bf)
             heads = sds((hv,), jnp.float32)
             stash = (sds((24, b, t, h, k_dim), jnp.float32), sds((24, b, t, hv), jnp.float32),
                      sds((24, b, t, hv, v_dim), jnp.float32))
             common = dict(layout=layout, n_steps=t, scale=k_dim ** -0.5, l2norm=True, block_v=8, interpret=False)
-            if kernel == "conv":
-                fn = lambda w, cw, pr, al, dtb, s0, n, layer: rk.recurrent_conv_fwd(
-                    w, cw, pr, al, dtb, s0, counts=n, layer=layer, **common)
-                args = (window, conv_w, proj, heads, heads, stack, counts, sds((1,), jnp.int32))
+            if kernel == "packed":
+                fn = lambda c, pr, al, dtb, s0, n, layer: rk.recurrent_packed_fwd(
+                    c, pr, al, dtb, s0, counts=n, layer=layer, **common)
+                args = (conv, proj, heads, heads, stack, counts, sds((1,), jnp.int32))
             else:
-                fn = lambda w, cw, pr, al, dtb, s0, layer, st: rk.recurrent_conv_fwd(
-                    w, cw, pr, al, dtb, s0, layer=layer, stash=st, want_state=False, **common)
-                args = (window, conv_w, proj, heads, heads, stack, sds((1,), jnp.int32), stash)
+                fn = lambda c, pr, al, dtb, s0, layer, st: rk.recurrent_packed_fwd(
+                    c, pr, al, dtb, s0, layer=layer, stash=st, want_state=False, **common)
+                args = (conv, proj, heads, heads, stack, sds((1,), jnp.int32), stash)
         elif kernel == "replay":
             fn = lambda k, v, g, be, s0, n: rk.replay_fwd(k, v, g, be, s0, n, l2norm=True, block_v=8, interpret=False)
             args = (keys, values, gates, betas, state, counts)

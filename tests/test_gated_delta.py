@@ -659,37 +659,36 @@ def test_pseudo_replay_setting_by_length_env_and_bad_values(monkeypatch):
         pallas_ops.pseudo_replay_setting(9)
 
 
-# The conv form (the step kernel computing each position's conv, SiLU and gates from a layer's pre-conv rows and gate
-# columns): (B, H, HV, K, V, W, new rows R, positions run, dtype).
-CONV_CASES = [(2, 2, 4, 16, 16, 4, 6, 4, jnp.float32), (1, 1, 2, 32, 16, 3, 3, 1, jnp.bfloat16)]
+# The packed form (the step kernel reading q, k, v where they lie in a layer's conv output and forming the gates from the
+# projection's columns): (B, H, HV, K, V, rows R, positions run, dtype).
+PACKED_CASES = [(2, 2, 4, 16, 16, 6, 4, jnp.float32), (1, 1, 2, 32, 16, 3, 1, jnp.bfloat16)]
 
 
-def _conv_inputs(b, h, hv, k_dim, v_dim, width, rows, dtype, seed):
-    layout = gd.ConvLayout(h, hv, k_dim, v_dim, b_column=5, a_column=5 + hv + 3)  # gate columns among others
-    keys = jax.random.split(jax.random.PRNGKey(seed), 6)
-    window = jax.random.normal(keys[0], (b, width - 1 + rows, layout.channels)).astype(dtype)
-    weight = (0.6 * jax.random.normal(keys[1], (layout.channels, width))).astype(dtype)
-    gates = jax.random.normal(keys[2], (b, rows, layout.a_column + hv + 2)).astype(dtype)
-    a_log, dt_bias = (0.5 * jax.random.normal(k, (hv,)) for k in keys[3:5])
-    stack = 0.2 * jax.random.normal(keys[5], (3, b, hv, k_dim, v_dim))  # three layers' states
-    return layout, (window, weight, gates, a_log, dt_bias), stack
+def _packed_inputs(b, h, hv, k_dim, v_dim, rows, dtype, seed):
+    layout = gd.PackedLayout(h, hv, k_dim, v_dim, b_column=5, a_column=5 + hv + 3)  # gate columns among others
+    keys = jax.random.split(jax.random.PRNGKey(seed), 5)
+    conv = jax.random.normal(keys[0], (b, rows, layout.channels)).astype(dtype)
+    gates = jax.random.normal(keys[1], (b, rows, layout.a_column + hv + 2)).astype(dtype)
+    a_log, dt_bias = (0.5 * jax.random.normal(k, (hv,)) for k in keys[2:4])
+    stack = 0.2 * jax.random.normal(keys[4], (3, b, hv, k_dim, v_dim))  # three layers' states
+    return layout, (conv, gates, a_log, dt_bias), stack
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: "B{}_H{}_HV{}_K{}_V{}_W{}_R{}_T{}_{}".format(
-    *c[:8], jnp.dtype(c[8]).name))
-def test_conv_form_is_the_recurrence_on_the_conv_and_gates(impl, case):
-    """conv_recurrent_gated_delta_rule (stacked states, counted, its stash) against the plain op on the inputs
-    reference.conv_gate_inputs computes; and within the form, bit for bit: each valid row's output and the state
+@pytest.mark.parametrize("case", PACKED_CASES, ids=lambda c: "B{}_H{}_HV{}_K{}_V{}_R{}_T{}_{}".format(
+    *c[:7], jnp.dtype(c[7]).name))
+def test_packed_form_is_the_recurrence_on_its_inputs(impl, case):
+    """packed_recurrent_gated_delta_rule (stacked states, counted, its stash) against the plain op on the inputs
+    reference.packed_inputs takes apart; and within the form, bit for bit: each valid row's output and the state
     after n steps do not depend on the count (the decode step and a verification compute alike), and the pseudo-value
     replay from its stash reaches the counted state."""
-    b, h, hv, k_dim, v_dim, width, rows, t, dtype = case
-    layout, ins, stack = _conv_inputs(b, h, hv, k_dim, v_dim, width, rows, dtype, seed=600 + t)
-    run = jax.jit(lambda n, s, *x: gd.conv_recurrent_gated_delta_rule(
+    b, h, hv, k_dim, v_dim, rows, t, dtype = case
+    layout, ins, stack = _packed_inputs(b, h, hv, k_dim, v_dim, rows, dtype, seed=600 + t)
+    run = jax.jit(lambda n, s, *x: gd.packed_recurrent_gated_delta_rule(
         *x, layout=layout, n_steps=t, initial_state=s, state_layer=1, state_steps=n, use_qk_l2norm=True,
         replay_inputs="new", **_kw(impl)))
     plain = gd.fused_recurrent_gated_delta_rule(
-        *gd.reference.conv_gate_inputs(*ins, layout, t), initial_state=stack[1], use_qk_l2norm=True,
+        *gd.reference.packed_inputs(*ins, layout, t), initial_state=stack[1], use_qk_l2norm=True,
         return_all_states=True, implementation="naive")
     states = jnp.concatenate([stack[1][:, None], plain.all_states], axis=1)  # [B, T+1, HV, K, V]
     full = run(jnp.full((b,), t, jnp.int32), stack, *ins)
@@ -707,23 +706,23 @@ def test_conv_form_is_the_recurrence_on_the_conv_and_gates(impl, case):
             err_msg=f"n={n.tolist()}")
 
 
-def test_conv_form_bad_inputs_and_switch(monkeypatch):
-    """Bad conv-form inputs are one clear error naming the argument; SPECDEC_GDN_CONV_FORM: 0 turns the form off,
+def test_packed_form_bad_inputs_and_switch(monkeypatch):
+    """Bad packed-form inputs are one clear error naming the argument; SPECDEC_GDN_PACKED_FORM: 0 turns the form off,
     a bad value is an error; layouts the kernel does not take (K or V not a power of two >= 16) are off."""
-    layout, (window, weight, gates, a_log, dt_bias), stack = _conv_inputs(1, 1, 2, 16, 16, 4, 3, jnp.float32, 1)
-    call = lambda *x, **kw: gd.conv_recurrent_gated_delta_rule(*x, **({"layout": layout, "n_steps": 2} | kw))
-    with pytest.raises(ValueError, match="conv_weight must be"):
-        call(window, weight[:-1], gates, a_log, dt_bias)
+    layout, (conv, gates, a_log, dt_bias), _ = _packed_inputs(1, 1, 2, 16, 16, 3, jnp.float32, 1)
+    call = lambda *x, **kw: gd.packed_recurrent_gated_delta_rule(*x, **({"layout": layout, "n_steps": 2} | kw))
+    with pytest.raises(ValueError, match="conv must be"):
+        call(conv[..., :-1], gates, a_log, dt_bias)
     with pytest.raises(ValueError, match="n_steps must be"):
-        call(window, weight, gates, a_log, dt_bias, n_steps=4)
+        call(conv, gates, a_log, dt_bias, n_steps=4)
     with pytest.raises(ValueError, match="b_column"):
-        call(window, weight, gates, a_log, dt_bias, layout=layout._replace(b_column=gates.shape[2]))
+        call(conv, gates, a_log, dt_bias, layout=layout._replace(b_column=gates.shape[2]))
     with pytest.raises(ValueError, match="dt_bias must be"):
-        call(window, weight, gates, a_log, dt_bias[:1])
-    assert gd.conv_form_enabled("pallas", layout) and not gd.conv_form_enabled("reference", layout)
-    assert not gd.conv_form_enabled("pallas", layout._replace(key_dim=24))
-    monkeypatch.setenv(gd.CONV_FORM_ENV, "0")
-    assert not gd.conv_form_enabled("pallas", layout)
-    monkeypatch.setenv(gd.CONV_FORM_ENV, "yes")
-    with pytest.raises(ValueError, match=gd.CONV_FORM_ENV):
-        gd.conv_form_enabled("pallas", layout)
+        call(conv, gates, a_log, dt_bias[:1])
+    assert gd.packed_form_enabled("pallas", layout) and not gd.packed_form_enabled("reference", layout)
+    assert not gd.packed_form_enabled("pallas", layout._replace(key_dim=24))
+    monkeypatch.setenv(gd.PACKED_FORM_ENV, "0")
+    assert not gd.packed_form_enabled("pallas", layout)
+    monkeypatch.setenv(gd.PACKED_FORM_ENV, "yes")
+    with pytest.raises(ValueError, match=gd.PACKED_FORM_ENV):
+        gd.packed_form_enabled("pallas", layout)

@@ -20,7 +20,7 @@ import os
 import jax
 
 from . import reference
-from .reference import ConvLayout, GatedDeltaOutput, check_gated_delta_inputs, gate_values, l2_normalize, short_conv_silu
+from .reference import GatedDeltaOutput, PackedLayout, check_gated_delta_inputs, gate_values, l2_normalize, short_conv_silu
 
 IMPLEMENTATIONS = ("reference", "naive", "pallas")
 OPS = ("chunk", "recurrent", "commit", "replay", "tree")
@@ -75,33 +75,24 @@ def replay_stash_enabled(implementation: str | None = "auto") -> bool:
     return jax.default_backend() == "gpu" and _resolve(implementation, "recurrent") == "pallas"
 
 
-CONV_FORM_ENV = "SPECDEC_GDN_CONV_FORM"
+PACKED_FORM_ENV = "SPECDEC_GDN_PACKED_FORM"
 
 
-def conv_form_enabled(implementation: str | None = "auto", layout: ConvLayout | None = None,
-                      dtypes: tuple = ()) -> bool:
-    """Whether a model runs its step recurrences in the conv form (`conv_recurrent_gated_delta_rule`: the conv, SiLU
-    and gates of each position computed inside the step kernel), read when a function is traced: only where the
-    step recurrence is the Pallas kernel and its conv form takes `layout` (None: any it takes), and where the conv's
-    activations and weights (`dtypes`) are 16-bit. Where it is on, a model runs every step recurrence in that form
-    (decode and verification alike, so both compute each position's inputs with the same instructions) and, under
-    replay rollback, commits from the kernel's stash.
+def packed_form_enabled(implementation: str | None = "auto", layout: PackedLayout | None = None) -> bool:
+    """Whether a model runs its step recurrences in the packed form (`packed_recurrent_gated_delta_rule`: q, k, v read
+    where they lie in the layer's conv output, beta and g computed inside the step kernel), read when a function is
+    traced: where the step recurrence is the Pallas kernel and its packed form takes `layout` (None: any it takes).
+    Where it is on, a model runs every step recurrence in that form (decode and verification alike, so both compute
+    each position's gates with the same instructions) and, under replay rollback, commits from the kernel's stash.
 
-    Why 16-bit only: a decode step and a verification are kernels of different lengths, and a compiler may contract
-    a tap's product and the running sum into one fused multiply-add in one and not in the other (seen on the CPU:
-    float32 conv outputs one rounding apart). Products of 16-bit values are exact in float32, so contracted or not
-    the sum is the same bits. In float32 the model keeps the conv in XLA, one op of one shape for both.
-
-    Default: on there; SPECDEC_GDN_CONV_FORM=0 turns it off (an A/B knob: per process, as jit caches what it
+    Default: on there; SPECDEC_GDN_PACKED_FORM=0 turns it off (an A/B knob: per process, as jit caches what it
     traced; 1 is the default)."""
-    env = os.environ.get(CONV_FORM_ENV, "").strip()
+    env = os.environ.get(PACKED_FORM_ENV, "").strip()
     if env not in ("", "0", "1"):
-        raise ValueError(f"{CONV_FORM_ENV} must be 0 or 1 (or unset for the default); got {env!r}")
+        raise ValueError(f"{PACKED_FORM_ENV} must be 0 or 1 (or unset for the default); got {env!r}")
     if env == "0" or _resolve(implementation, "recurrent") != "pallas":
         return False
-    if any(jax.numpy.dtype(d) not in (jax.numpy.dtype("bfloat16"), jax.numpy.dtype("float16")) for d in dtypes):
-        return False
-    return layout is None or _pallas_module().conv_form_supported(layout)
+    return layout is None or _pallas_module().packed_form_supported(layout)
 
 
 def env_override(op: str) -> str | None:
@@ -216,30 +207,27 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
                                                              **kwargs)
 
 
-def conv_recurrent_gated_delta_rule(window, conv_weight, gates, a_log, dt_bias, *, layout: ConvLayout, n_steps: int,
-                                    scale=None, initial_state=None, output_final_state=True,
-                                    return_pseudo_values=False, return_all_states=False, use_qk_l2norm=False,
-                                    implementation="auto", interpret=False, state_steps=None, state_layer=None,
-                                    replay_inputs=None) -> GatedDeltaOutput:
-    """`fused_recurrent_gated_delta_rule` of n_steps positions whose inputs are a Gated DeltaNet layer's conv and
-    gates (reference.conv_gate_inputs): window [B, W-1+R, C] (the W-1 previous pre-conv rows, then R >= n_steps new
-    ones; channels q | k | v), conv_weight [C, W], gates [B, R, G] (b and a of value head h at columns
-    layout.b_column + h, layout.a_column + h), a_log and dt_bias [HV]. The Pallas implementation computes them inside
-    the step kernel, reading the rows and columns where they lie (no XLA op between the projection and the kernel);
-    the others, and Pallas for a layout its kernel does not take, compute them with jnp and run the plain op.
-    Its stash's gates are float32."""
+def packed_recurrent_gated_delta_rule(conv, gates, a_log, dt_bias, *, layout: PackedLayout, n_steps: int, scale=None,
+                                      initial_state=None, output_final_state=True, return_pseudo_values=False,
+                                      return_all_states=False, use_qk_l2norm=False, implementation="auto",
+                                      interpret=False, state_steps=None, state_layer=None,
+                                      replay_inputs=None) -> GatedDeltaOutput:
+    """`fused_recurrent_gated_delta_rule` of n_steps positions whose inputs lie as a Gated DeltaNet layer produces them
+    (reference.packed_inputs): conv [B, R, C] (the conv output of R >= n_steps rows; channels q | k | v), gates
+    [B, R, G] (b and a of value head h at columns layout.b_column + h, layout.a_column + h), a_log and dt_bias [HV].
+    The Pallas implementation reads q, k, v and b, a where they lie and computes beta and g inside the step kernel
+    (no XLA op between the layer's projections and the kernel); the others, and Pallas for a layout its kernel does
+    not take, take the inputs apart with jnp and run the plain op. Its stash's gates are float32."""
     impl = _resolve(implementation, "recurrent")
     kwargs = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                   return_pseudo_values=return_pseudo_values, return_all_states=return_all_states,
                   use_qk_l2norm=use_qk_l2norm, state_steps=state_steps, state_layer=state_layer,
-                  replay_inputs=replay_inputs, implementation=impl, interpret=interpret)
-    if impl != "pallas" or not _pallas_module().conv_form_supported(layout):
-        inputs = reference.conv_gate_inputs(window, conv_weight, gates, a_log, dt_bias, layout, n_steps)
-        return fused_recurrent_gated_delta_rule(*inputs, **kwargs)
-    del kwargs["implementation"]
-    return _pallas_module().conv_recurrent_gated_delta_rule(
-        window, conv_weight, gates, a_log, dt_bias, layout=layout, n_steps=n_steps,
-        **(kwargs | {"interpret": _interpret(interpret)}))
+                  replay_inputs=replay_inputs, interpret=interpret)
+    if impl != "pallas" or not _pallas_module().packed_form_supported(layout):
+        inputs = reference.packed_inputs(conv, gates, a_log, dt_bias, layout, n_steps)
+        return fused_recurrent_gated_delta_rule(*inputs, implementation=impl, **kwargs)
+    return _pallas_module().packed_recurrent_gated_delta_rule(
+        conv, gates, a_log, dt_bias, layout=layout, n_steps=n_steps, **(kwargs | {"interpret": _interpret(interpret)}))
 
 
 def commit_state(initial_state, k, g, v_new, n_accepted, *, use_qk_l2norm=False, implementation="auto",
@@ -278,7 +266,7 @@ def replay_pseudo_values(initial_state, k, g, v_new, n_steps, *, implementation=
 
 
 __all__ = ["GatedDeltaOutput", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "commit_state",
-           "replay_state", "replay_pseudo_values", "replay_stash_enabled", "conv_recurrent_gated_delta_rule",
-           "conv_form_enabled", "ConvLayout", "short_conv_silu", "gate_values",
+           "replay_state", "replay_pseudo_values", "replay_stash_enabled", "packed_recurrent_gated_delta_rule",
+           "packed_form_enabled", "PackedLayout", "short_conv_silu", "gate_values",
            "check_gated_delta_inputs", "l2_normalize", "default_implementation", "env_override", "resolve",
            "pallas_available"]

@@ -2,8 +2,8 @@
 
     chunk_gated_delta_rule            any T (prefill / verification): chunk_kernel.py (three kernels)
     fused_recurrent_gated_delta_rule  small T from a state (decode / chain verify): recurrent_kernel.py
-    conv_recurrent_gated_delta_rule   the same, its inputs (conv, SiLU, gates) computed in the kernel from a layer's
-                                      pre-conv rows and gate columns
+    packed_recurrent_gated_delta_rule the same, q, k, v read where they lie in a layer's conv output and the gates
+                                      computed in the kernel from the projection's columns
     commit_state                      state after `n_accepted` positions from pseudo-values: commit_kernel.py
     replay_state                      state after `n_steps` positions, replayed by the recurrent kernel's step
     replay_pseudo_values              the same from the keys and pseudo-values that step used and computed (elementwise)
@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from . import chunk_kernel, commit_kernel, recurrent_kernel
 from ._kernel_utils import F32, check_block_v, dot_precisions, is_low_precision, next_pow2, pad_axis
-from .reference import (GatedDeltaOutput, check_accepted_counts, check_commit_inputs, check_conv_inputs,
+from .reference import (GatedDeltaOutput, check_accepted_counts, check_commit_inputs, check_packed_inputs,
                         check_gated_delta_inputs, check_replay_inputs_stack,
                         check_replay_inputs, check_stacked_state, compensated_cumsum)
 
@@ -206,8 +206,8 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
                       block_v=check_block_v(block_v), num_warps=num_warps, backend=backend, preload=preload)
 
 
-def conv_form_supported(layout, block_v: int = 8) -> bool:
-    """Whether the conv form's kernel takes `layout` (reference.ConvLayout) as it is: K and V powers of two >= 16
+def packed_form_supported(layout, block_v: int = 8) -> bool:
+    """Whether the packed form's kernel takes `layout` (reference.PackedLayout) as it is: K and V powers of two >= 16
     (its blocks are the channels where they lie, so nothing is padded) and whole value blocks."""
     k_dim, v_dim = layout.key_dim, layout.value_dim
     return k_dim == next_pow2(k_dim) and v_dim == next_pow2(v_dim) and v_dim % min(block_v, v_dim) == 0
@@ -216,10 +216,10 @@ def conv_form_supported(layout, block_v: int = 8) -> bool:
 @functools.partial(jax.jit, static_argnames=("layout", "n_steps", "scale", "output_final_state", "return_pseudo_values",
                                              "return_all_states", "use_qk_l2norm", "interpret", "block_v",
                                              "num_warps", "preload", "new_stash"))
-def _recurrent_conv(window, conv_weight, gates, a_log, dt_bias, initial_state, state_steps, state_layer, stash, *,
-                    layout, n_steps, scale, output_final_state, return_pseudo_values, return_all_states, use_qk_l2norm,
-                    interpret, block_v, num_warps, preload, new_stash=False):
-    b, hv = window.shape[0], layout.value_heads
+def _recurrent_packed(conv, gates, a_log, dt_bias, initial_state, state_steps, state_layer, stash, *, layout, n_steps,
+                      scale, output_final_state, return_pseudo_values, return_all_states, use_qk_l2norm, interpret,
+                      block_v, num_warps, preload, new_stash=False):
+    b, hv = conv.shape[0], layout.value_heads
     heads = next_pow2(hv, 1)  # Triton blocks are powers of two
     a_log, dt_bias = pad_axis(a_log, 0, heads), pad_axis(dt_bias, 0, heads)
     layer = None if state_layer is None else jnp.asarray(state_layer, jnp.int32).reshape(1)
@@ -233,29 +233,27 @@ def _recurrent_conv(window, conv_weight, gates, a_log, dt_bias, initial_state, s
                  jax.ShapeDtypeStruct((n_layers, b, n_steps, hv), F32),
                  jax.ShapeDtypeStruct((n_layers, b, n_steps, hv, layout.value_dim), F32))
     s0 = initial_state if initial_state is None else initial_state.astype(F32)
-    o, final, u, states, stash = recurrent_kernel.recurrent_conv_fwd(
-        window, conv_weight, gates, a_log, dt_bias, s0, layout=layout, n_steps=n_steps, scale=scale,
-        l2norm=use_qk_l2norm, block_v=block_v, interpret=interpret, want_vnew=return_pseudo_values,
-        want_states=return_all_states, num_warps=num_warps, preload=preload, counts=counts,
-        want_state=output_final_state, layer=layer, stash=stash)
+    o, final, u, states, stash = recurrent_kernel.recurrent_packed_fwd(
+        conv, gates, a_log, dt_bias, s0, layout=layout, n_steps=n_steps, scale=scale, l2norm=use_qk_l2norm,
+        block_v=block_v, interpret=interpret, want_vnew=return_pseudo_values, want_states=return_all_states,
+        num_warps=num_warps, preload=preload, counts=counts, want_state=output_final_state, layer=layer, stash=stash)
     return GatedDeltaOutput(o=o, final_state=final if output_final_state else None, v_new=u, all_states=states,
                             replay_inputs=stash)
 
 
-def conv_recurrent_gated_delta_rule(window, conv_weight, gates, a_log, dt_bias, *, layout, n_steps, scale=None,
-                                    initial_state=None, output_final_state=True, return_pseudo_values=False,
-                                    return_all_states=False, use_qk_l2norm=False, interpret=False, block_v=8,
-                                    num_warps=1, preload=None, state_steps=None, state_layer=None,
-                                    replay_inputs=None) -> GatedDeltaOutput:
-    """`fused_recurrent_gated_delta_rule` on the inputs `reference.conv_gate_inputs` computes from (window,
-    conv_weight, gates, a_log, dt_bias, layout, n_steps), computed inside the step kernel (its conv form:
-    recurrent_kernel.recurrent_conv_fwd); `conv_form_supported(layout)` must hold. Same state, stash and count
+def packed_recurrent_gated_delta_rule(conv, gates, a_log, dt_bias, *, layout, n_steps, scale=None, initial_state=None,
+                                      output_final_state=True, return_pseudo_values=False, return_all_states=False,
+                                      use_qk_l2norm=False, interpret=False, block_v=8, num_warps=1, preload=None,
+                                      state_steps=None, state_layer=None, replay_inputs=None) -> GatedDeltaOutput:
+    """`fused_recurrent_gated_delta_rule` on the inputs `reference.packed_inputs` takes from (conv, gates, a_log,
+    dt_bias, layout, n_steps), read where they lie and the gates computed inside the step kernel (its packed form:
+    recurrent_kernel.recurrent_packed_fwd); `packed_form_supported(layout)` must hold. Same state, stash and count
     arguments as the plain op (its g_cumsum is not returned); `block_v`, `num_warps` as its defaults (the replay's
     blocks must match)."""
-    if not conv_form_supported(layout, block_v):
-        raise ValueError(f"gated_delta: the conv form needs key_dim and value_dim powers of two >= 16; got "
+    if not packed_form_supported(layout, block_v):
+        raise ValueError(f"gated_delta: the packed form needs key_dim and value_dim powers of two >= 16; got "
                          f"{layout.key_dim}, {layout.value_dim}")
-    b, _ = check_conv_inputs(window, conv_weight, gates, a_log, dt_bias, layout, n_steps)
+    b, _ = check_packed_inputs(conv, gates, a_log, dt_bias, layout, n_steps)
     sds = jax.ShapeDtypeStruct
     shapes = (b, n_steps, layout.key_heads, layout.value_heads, layout.key_dim, layout.value_dim)
     if state_layer is None:
@@ -267,18 +265,19 @@ def conv_recurrent_gated_delta_rule(window, conv_weight, gates, a_log, dt_bias, 
     else:
         check_stacked_state(initial_state, state_layer, shapes)
         if replay_inputs is not None:
-            keys, values = sds(shapes[:3] + shapes[4:5], window.dtype), sds(shapes[:2] + shapes[3:4] + shapes[5:], F32)
+            keys, values = sds(shapes[:3] + shapes[4:5], conv.dtype), sds(shapes[:2] + shapes[3:4] + shapes[5:], F32)
             gate = sds(shapes[:2] + shapes[3:4], F32)
             check_replay_inputs_stack(replay_inputs, (keys, keys, values, gate, gate), initial_state.shape[0])
     if state_steps is not None:
         check_accepted_counts(state_steps, b, n_steps, name="state_steps")
     new_stash = isinstance(replay_inputs, str)
-    return _recurrent_conv(window, conv_weight, gates, a_log, dt_bias, initial_state, state_steps, state_layer,
-                           None if replay_inputs is None or new_stash else tuple(replay_inputs), layout=layout,
-                           n_steps=int(n_steps), scale=_scale(scale, layout.key_dim),
-                           output_final_state=output_final_state, return_pseudo_values=return_pseudo_values,
-                           return_all_states=return_all_states, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
-                           block_v=check_block_v(block_v), num_warps=num_warps, preload=preload, new_stash=new_stash)
+    return _recurrent_packed(conv, gates, a_log, dt_bias, initial_state, state_steps, state_layer,
+                             None if replay_inputs is None or new_stash else tuple(replay_inputs), layout=layout,
+                             n_steps=int(n_steps), scale=_scale(scale, layout.key_dim),
+                             output_final_state=output_final_state, return_pseudo_values=return_pseudo_values,
+                             return_all_states=return_all_states, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
+                             block_v=check_block_v(block_v), num_warps=num_warps, preload=preload,
+                             new_stash=new_stash)
 
 
 @functools.partial(jax.jit, static_argnames=("use_qk_l2norm", "interpret", "block_v"))

@@ -111,7 +111,7 @@ def gated_delta_step(state, k, v, g, beta):
 
 def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2norm, unroll, replay, n_heads,
                       preload, counted=False, want_state=True, stacked=False, stash_group=0, stash_aliased=True,
-                      pseudo=False, conv_width=0):
+                      pseudo=False, packed=False):
     """want_state: False when no final state is written (outputs only). stacked: the state refs hold every layer's
     block [L, K, BV]; a layer index ref (after the counts) says which one this call reads and writes.
     stash_group > 0 (with stacked): three more refs after the state's, the pseudo-value replay's inputs of every
@@ -121,10 +121,10 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
     replay with pseudo: the refs after the counts are k (fp32, as the steps used them), g, u (the pseudo-values a
     verification computed), and each kept step is `rank_one_update(decayed_state(S, g_t), k_t, u_t)`: the
     verification's own update on the same values, elementwise (so any block shape gives the same bits).
-    conv_width > 0 (the conv form, `recurrent_conv_fwd`): instead of q, k, v, g, beta the refs are the pre-conv rows
-    of this program's q, k and v channels ([W-1+R, K], [W-1+R, K], [W-1+R, BV]), their conv weights ([K, W], [K, W],
-    [BV, W]), the raw gate inputs b and a ([R]), and A_log and dt_bias of every head ([HVp]); each position's
-    inputs are computed from them as the model's XLA ops compute them (`_conv_form_loader`)."""
+    packed (the packed form, `recurrent_packed_fwd`): instead of q, k, v, g, beta the refs are this program's columns
+    of the layer's conv output ([R, K], [R, K], [R, BV]: q, k, v where they lie), the raw gate inputs b and a ([R],
+    where they lie in the input projection's output) and A_log and dt_bias of every head ([HVp]); each position's
+    beta and g are computed here (`_packed_loader`)."""
     n_valid = None
     if replay or counted:
         n_ref, refs = refs[0], refs[1:]
@@ -145,9 +145,9 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         st_ref = rest.pop(0)
         o_ref = vnew_ref = states_ref = None
     else:
-        n_in = 10 if conv_width else 5
+        n_in = 7 if packed else 5
         inputs, rest = refs[:n_in], list(refs[n_in:])
-        if not conv_width:
+        if not packed:
             q_ref, k_ref, v_ref, g_ref, beta_ref = inputs
         s0_ref = rest.pop(0) if has_s0 else None
         if stash_group and stash_aliased:
@@ -163,8 +163,8 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         first_block = pl.program_id(1) == 0
         key_writer = first_block & ((pl.program_id(0) % n_heads) % stash_group == 0)
         stash_row = functools.partial(_stash_row, rest, layer, first_block, key_writer)
-    if conv_width:  # program ids read here, outside any loop body (see stash_row above)
-        load = _conv_form_loader(inputs, conv_width, pl.program_id(0) % n_heads, l2norm, replay=False)
+    if packed:  # program ids read here, outside any loop body (see stash_row above)
+        load = _packed_loader(inputs, pl.program_id(0) % n_heads, l2norm)
         kdim, bv = inputs[0].shape[-1], inputs[2].shape[-1]
     else:
         kdim, bv = k_ref.shape[-1], (u_ref if pseudo else v_ref).shape[-1]
@@ -187,7 +187,7 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         v = v_ref[t, :].astype(F32)
         return q, k, g, v, beta_ref[t].astype(F32), (k, g_raw)
 
-    if not conv_width:
+    if not packed:
         load = load_inputs
 
     skip = replay and _skip_unkept()
@@ -252,40 +252,24 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
             stash_row(t, x[5], u)
 
 
-def _conv_form_loader(refs, width: int, head, l2norm: bool, replay: bool):
-    """Position t's step inputs (q, k, g, v, beta, (k, g) to stash) in the conv form, computed in the kernel as the
-    model's XLA ops compute them (reference.short_conv_silu, reference.gate_values): each conv output the taps'
-    float32 products summed in tap order, rounded to the activations' dtype, then SiLU with the logistic and the
-    product each rounded to it; beta = logistic(b) rounded to b's dtype; g = -exp(A_log) * softplus(a + dt_bias) in
-    float32. Every row is the same instructions whatever the row count, so a decode step and a verification compute
-    a position's inputs alike. `head`: this program's value head (read outside any loop body)."""
-    wq_ref, wk_ref, wv_ref, cq_ref, ck_ref, cv_ref, b_ref, a_ref, alog_ref, dtb_ref = refs
-    act, gate_dtype = wq_ref.dtype, b_ref.dtype
-    taps = [[c_ref[:, i].astype(F32) for i in range(width)] for c_ref in (cq_ref, ck_ref, cv_ref)]  # [K] / [BV]
+def _packed_loader(refs, head, l2norm: bool):
+    """Position t's step inputs (q, k, g, v, beta, (k, g) to stash) in the packed form: q, k, v as the conv output
+    holds them; beta = logistic(b) rounded to b's dtype and g = -exp(A_log) * softplus(a + dt_bias) in float32,
+    computed here as the model's XLA ops compute them (reference.gate_values). No product feeds a sum in the gates,
+    so no contraction into a fused multiply-add can make a kernel of one length compute them otherwise than one of
+    another (the decode step and a verification). `head`: this program's value head (read outside any loop body)."""
+    q_ref, k_ref, v_ref, b_ref, a_ref, alog_ref, dtb_ref = refs
     neg_decay = -jnp.exp(alog_ref[head].astype(F32))
     dt_bias = dtb_ref[head].astype(F32)
 
-    def rounded(x, dtype):
-        return x.astype(dtype).astype(F32)
-
-    def conv_silu(w_ref, weights, t):
-        acc = None
-        for i, w in enumerate(weights):
-            term = w_ref[t + i, :].astype(F32) * w
-            acc = term if acc is None else acc + term
-        x = rounded(acc, act)
-        return rounded(x * rounded(1.0 / (1.0 + jnp.exp(-x)), act), act)
-
     def load(t):
-        q = None if replay else conv_silu(wq_ref, taps[0], t)
-        k = conv_silu(wk_ref, taps[1], t)
+        q, k = q_ref[t, :].astype(F32), k_ref[t, :].astype(F32)
         if l2norm:
-            k = l2norm_vec(k)
-            q = None if replay else l2norm_vec(q)
+            q, k = l2norm_vec(q), l2norm_vec(k)
         x = a_ref[t].astype(F32) + dt_bias
         g = neg_decay * (jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x))))  # softplus, as jax.nn.softplus
-        beta = rounded(1.0 / (1.0 + jnp.exp(-b_ref[t].astype(F32))), gate_dtype)
-        return q, k, g, conv_silu(wv_ref, taps[2], t), beta, (k, g)
+        beta = (1.0 / (1.0 + jnp.exp(-b_ref[t].astype(F32)))).astype(b_ref.dtype).astype(F32)
+        return q, k, g, v_ref[t, :].astype(F32), beta, (k, g)
 
     return load
 
@@ -339,54 +323,49 @@ def recurrent_fwd(q, k, v, g, beta, s0, *, scale, l2norm, want_vnew, want_states
     hv, vp = v.shape[2], v.shape[3]
     key_spec, val_spec, gate_spec, _ = _block_specs(t, hv, hv // h, kp, min(block_v, vp))
     return _recurrent_call([q, k, v, g, beta], [key_spec, key_spec, val_spec, gate_spec, gate_spec], s0,
-                           dims=(b, t, h, hv, kp, vp), out_dtype=v.dtype, conv_width=0,
+                           dims=(b, t, h, hv, kp, vp), out_dtype=v.dtype, packed=False,
                            scale=scale, l2norm=l2norm, want_vnew=want_vnew, want_states=want_states, block_v=block_v,
                            interpret=interpret, num_warps=num_warps, num_stages=num_stages, preload=preload,
                            counts=counts, want_state=want_state, layer=layer, stash=stash)
 
 
-def recurrent_conv_fwd(window, conv_weight, gates, a_log, dt_bias, s0, *, layout, n_steps, scale, l2norm, block_v,
-                       interpret, want_vnew=False, want_states=False, num_warps=1, num_stages=2, preload=None,
-                       counts=None, want_state=True, layer=None, stash=None):
-    """The recurrent kernel in its conv form: each program computes its positions' q, k, v (the causal conv and SiLU
-    of the pre-conv rows), beta and g itself (`_conv_form_loader`), so the step reads the fused projection's output
-    and the conv window where it lies, with no XLA op per input between them.
+def recurrent_packed_fwd(conv, gates, a_log, dt_bias, s0, *, layout, n_steps, scale, l2norm, block_v, interpret,
+                         want_vnew=False, want_states=False, num_warps=1, num_stages=2, preload=None, counts=None,
+                         want_state=True, layer=None, stash=None):
+    """The recurrent kernel in its packed form: each program reads its q, k and v columns where they lie in the layer's
+    conv output and computes its positions' beta and g itself (`_packed_loader`), so no XLA op splits the conv output
+    or forms the gates between the layer's projections and the kernel.
 
-    window [B, W-1+R, C] (channels q | k | v, `layout`: reference.ConvLayout, K and V powers of two >= 16);
-    conv_weight [C, W]; gates [B, R, G] (b and a at layout.b_column / a_column + head); a_log, dt_bias [HVp]
-    (zero-padded to a power of two); n_steps <= R: the positions run. Everything else and the returns as
-    `recurrent_fwd`, for inputs of n_steps positions; the stash's gates are float32 (g as computed).
+    conv [B, R, C] (channels q | k | v, `layout`: reference.PackedLayout, K and V powers of two >= 16); gates
+    [B, R, G] (b and a at layout.b_column / a_column + head); a_log, dt_bias [HVp] (zero-padded to a power of two);
+    n_steps <= R: the positions run. Everything else and the returns as `recurrent_fwd`, for inputs of n_steps
+    positions; the stash's gates are float32 (g as computed).
     """
-    b, h, hv = window.shape[0], layout.key_heads, layout.value_heads
-    kp, vp, width = layout.key_dim, layout.value_dim, conv_weight.shape[1]
+    b, h, hv = conv.shape[0], layout.key_heads, layout.value_heads
+    kp, vp = layout.key_dim, layout.value_dim
     group, bv = hv // h, min(block_v, vp)
-    rows = window.shape[1]
+    rows = conv.shape[1]
     q_spec = pl.BlockSpec((None, rows, kp), lambda i, j: (i // hv, 0, (i % hv) // group))
     k_spec = pl.BlockSpec((None, rows, kp), lambda i, j: (i // hv, 0, h + (i % hv) // group))
     v_first, v_per_head = 2 * h * kp // bv, vp // bv  # v's first block and blocks per head, in units of bv channels
     v_spec = pl.BlockSpec((None, rows, bv), lambda i, j: (i // hv, 0, v_first + (i % hv) * v_per_head + j))
-    wq_spec = pl.BlockSpec((kp, width), lambda i, j: ((i % hv) // group, 0))
-    wk_spec = pl.BlockSpec((kp, width), lambda i, j: (h + (i % hv) // group, 0))
-    wv_spec = pl.BlockSpec((bv, width), lambda i, j: (v_first + (i % hv) * v_per_head + j, 0))
     r = gates.shape[1]
     b_spec = pl.BlockSpec((None, r, None), lambda i, j: (i // hv, 0, layout.b_column + i % hv))
     a_spec = pl.BlockSpec((None, r, None), lambda i, j: (i // hv, 0, layout.a_column + i % hv))
     head_spec = pl.BlockSpec((a_log.shape[0],), lambda i, j: (0,))
     return _recurrent_call(
-        [window, window, window, conv_weight, conv_weight, conv_weight, gates, gates, a_log, dt_bias],
-        [q_spec, k_spec, v_spec, wq_spec, wk_spec, wv_spec, b_spec, a_spec, head_spec, head_spec], s0,
-        dims=(b, n_steps, h, hv, kp, vp), out_dtype=window.dtype, conv_width=width, scale=scale,
-        l2norm=l2norm, want_vnew=want_vnew, want_states=want_states, block_v=block_v, interpret=interpret,
-        num_warps=num_warps,
+        [conv, conv, conv, gates, gates, a_log, dt_bias], [q_spec, k_spec, v_spec, b_spec, a_spec, head_spec, head_spec],
+        s0, dims=(b, n_steps, h, hv, kp, vp), out_dtype=conv.dtype, packed=True, scale=scale, l2norm=l2norm,
+        want_vnew=want_vnew, want_states=want_states, block_v=block_v, interpret=interpret, num_warps=num_warps,
         num_stages=num_stages, preload=preload, counts=counts, want_state=want_state, layer=layer, stash=stash,
-        name="gdn_recurrent_conv")
+        name="gdn_recurrent_packed")
 
 
-def _recurrent_call(args, in_specs, s0, *, dims, out_dtype, conv_width, scale, l2norm, want_vnew,
+def _recurrent_call(args, in_specs, s0, *, dims, out_dtype, packed, scale, l2norm, want_vnew,
                     want_states, block_v, interpret, num_warps, num_stages, preload, counts, want_state, layer, stash,
                     name="gdn_recurrent"):
     """The recurrent kernel's launch from its step inputs `args` (with their block specs): the counts, layer index,
-    state, stash and outputs around them, shared by the plain and conv forms. dims: (B, T, H, HV, Kp, Vp)."""
+    state, stash and outputs around them, shared by the plain and packed forms. dims: (B, T, H, HV, Kp, Vp)."""
     b, t, h, hv, kp, vp = dims
     group = hv // h
     bv = min(block_v, vp)
@@ -448,7 +427,7 @@ def _recurrent_call(args, in_specs, s0, *, dims, out_dtype, conv_width, scale, l
                           preload=_preload(preload, t), counted=counts is not None,
                           unroll=_unroll(t, interpret), want_state=want_state, stacked=stacked,
                           stash_group=group if stash is not None else 0,
-                          stash_aliased=stash is not None and stash_aliased, conv_width=conv_width),
+                          stash_aliased=stash is not None and stash_aliased, packed=packed),
         grid=(b * hv, nv),
         in_specs=in_specs,
         out_specs=out_specs,

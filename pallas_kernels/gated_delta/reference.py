@@ -76,11 +76,11 @@ def check_gated_delta_inputs(q, k, v, g, beta, initial_state=None) -> tuple[int,
     return B, T, H, HV, K, V
 
 
-class ConvLayout(NamedTuple):
-    """Where a Gated DeltaNet layer's step inputs lie in its pre-conv rows and gate columns (the conv form of the
-    recurrent op, `conv_gate_inputs`): channels of the conv input in the order q | k | v (q, k: `key_heads` heads of
-    `key_dim`; v: `value_heads` heads of `value_dim`), and the raw gate inputs b (for beta) and a (for g) of value
-    head h at columns `b_column + h` and `a_column + h` of the gate array (e.g. the fused input projection)."""
+class PackedLayout(NamedTuple):
+    """Where a Gated DeltaNet layer's step inputs lie as the layer produces them (the packed form of the recurrent op,
+    `packed_inputs`): channels of the conv output in the order q | k | v (q, k: `key_heads` heads of `key_dim`; v:
+    `value_heads` heads of `value_dim`), and the raw gate inputs b (for beta) and a (for g) of value head h at columns
+    `b_column + h` and `a_column + h` of the gate array (e.g. the fused input projection's output)."""
 
     key_heads: int
     value_heads: int
@@ -111,22 +111,17 @@ def gate_values(b: jax.Array, a: jax.Array, a_log: jax.Array, dt_bias: jax.Array
     return jax.nn.sigmoid(b), g
 
 
-def check_conv_inputs(window, weight, gates, a_log, dt_bias, layout: ConvLayout, n_steps: int) -> tuple[int, int]:
-    """The conv form's inputs (see `conv_gate_inputs`); returns (B, R). Raises ValueError naming the bad one."""
-    if not isinstance(layout, ConvLayout):
-        raise ValueError(f"gated_delta: layout must be a ConvLayout; got {type(layout).__name__}")
-    c = layout.channels
-    if weight.ndim != 2 or weight.shape[0] != c:
-        raise ValueError(f"gated_delta: conv_weight must be [C={c}, W] (C = 2 * key_heads * key_dim + value_heads * "
-                         f"value_dim); got {tuple(weight.shape)}")
-    width = weight.shape[1]
-    if window.ndim != 3 or window.shape[2] != c or window.shape[1] < width:
-        raise ValueError(f"gated_delta: window must be [B, W-1+R, C={c}] with R >= 1 (W={width}); got "
-                         f"{tuple(window.shape)}")
-    b, r = window.shape[0], window.shape[1] - (width - 1)
+def check_packed_inputs(conv, gates, a_log, dt_bias, layout: PackedLayout, n_steps: int) -> tuple[int, int]:
+    """The packed form's inputs (see `packed_inputs`); returns (B, R). Raises ValueError naming the bad one."""
+    if not isinstance(layout, PackedLayout):
+        raise ValueError(f"gated_delta: layout must be a PackedLayout; got {type(layout).__name__}")
+    c, hv = layout.channels, layout.value_heads
+    if conv.ndim != 3 or conv.shape[2] != c:
+        raise ValueError(f"gated_delta: conv must be [B, R, C={c}] (C = 2 * key_heads * key_dim + value_heads * "
+                         f"value_dim); got {tuple(conv.shape)}")
+    b, r = conv.shape[:2]
     if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or not 1 <= n_steps <= r:
-        raise ValueError(f"gated_delta: n_steps must be an int in [1, R={r}] (the window's new rows); got {n_steps!r}")
-    hv = layout.value_heads
+        raise ValueError(f"gated_delta: n_steps must be an int in [1, R={r}] (the rows of conv); got {n_steps!r}")
     if layout.key_heads < 1 or hv % layout.key_heads:
         raise ValueError(f"gated_delta: value_heads={hv} must be a multiple of key_heads={layout.key_heads}")
     if gates.ndim != 3 or gates.shape[:2] != (b, r):
@@ -141,13 +136,13 @@ def check_conv_inputs(window, weight, gates, a_log, dt_bias, layout: ConvLayout,
     return b, r
 
 
-def conv_gate_inputs(window, weight, gates, a_log, dt_bias, layout: ConvLayout, n_steps: int):
-    """The recurrent op's inputs (q, k [B, n_steps, H, K]; v [B, n_steps, HV, V]; g, beta [B, n_steps, HV]) from
-    a layer's pre-conv rows window [B, W-1+R, C], conv weight [C, W], gate array [B, R, columns], A_log and dt_bias
-    [HV] (`layout` says where each lies): the conv form's ground truth."""
-    b, _ = check_conv_inputs(window, weight, gates, a_log, dt_bias, layout, n_steps)
-    conv = short_conv_silu(window, weight, n_steps)
+def packed_inputs(conv, gates, a_log, dt_bias, layout: PackedLayout, n_steps: int):
+    """The recurrent op's inputs (q, k [B, n_steps, H, K]; v [B, n_steps, HV, V]; g, beta [B, n_steps, HV]) from a
+    layer's conv output conv [B, R, C], gate array [B, R, columns], A_log and dt_bias [HV] (`layout` says where each
+    lies): the packed form's ground truth."""
+    b, _ = check_packed_inputs(conv, gates, a_log, dt_bias, layout, n_steps)
     hk, hv = layout.key_heads * layout.key_dim, layout.value_heads
+    conv = conv[:, :n_steps]
     q = conv[..., :hk].reshape(b, n_steps, layout.key_heads, layout.key_dim)
     k = conv[..., hk:2 * hk].reshape(b, n_steps, layout.key_heads, layout.key_dim)
     v = conv[..., 2 * hk:].reshape(b, n_steps, hv, layout.value_dim)

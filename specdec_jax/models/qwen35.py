@@ -24,7 +24,7 @@ from pallas_kernels import gated_delta
 from .. import sharding
 from ..config import FULL_ATTENTION, Qwen35Config
 from . import layers as L
-from .qwen35_gdn import (MAX_RECURRENT_VERIFY, conv_channels, conv_form, conv_window_at,  # noqa: F401 (public here)
+from .qwen35_gdn import (MAX_RECURRENT_VERIFY, conv_channels, conv_window_at, packed_form,  # noqa: F401 (public here)
                          gdn_gates, gdn_heads, gdn_mixer, gdn_projections, gdn_rule, gdn_state_rule,
                          linear_key_heads, split_projection, stacked_conv_windows_at, stacked_state_rule)
 from .qwen35_mlp import mlp, moe_mlp  # noqa: F401 (the layers' MLPs; public here as before)

@@ -2,10 +2,10 @@
 projection split, conv, gates, the token mixer that runs the gated-delta ops, and the commit rules applied to every
 GDN layer at once.
 
-The step recurrence (decode and chain verification) runs in the conv form where `gated_delta.conv_form_enabled`
-holds and the layout allows it (`conv_form`): the conv, SiLU and gates of each position are then computed inside the
-step kernel from the input projection's output and the conv window where they lie, so no XLA op runs between the
-projection and the kernel. Decode and verification then run the same form, so their arithmetic stays alike.
+The step recurrence (decode and chain verification) runs in the packed form where `gated_delta.packed_form_enabled`
+holds and the layout allows it (`packed_form`): the kernel reads q, k, v where they lie in the conv output and b, a
+in the input projection's output and forms the gates itself, so no XLA op splits them or forms the gates between the
+layer's projections and the kernel. Decode and verification run the same form, so their arithmetic stays alike.
 """
 
 from __future__ import annotations
@@ -94,18 +94,18 @@ def gdn_gates(p: dict, b: jax.Array, a: jax.Array):
     return gated_delta.gate_values(b, a, p["A_log"], p["dt_bias"])
 
 
-def conv_form(cfg: Qwen35Config, impl: str, dtypes: tuple = ()) -> gated_delta.ConvLayout | None:
-    """The layout of the conv form of this model's step recurrences (gated_delta.conv_recurrent_gated_delta_rule),
-    or None where they take separate inputs: the form is off, its kernel does not take the layout or the `dtypes`
-    (the conv's activations and weights) are not 16-bit (gated_delta.conv_form_enabled), or the rows are grouped
-    per device (a mesh). A static choice per model and implementation, so every step recurrence of a
-    model (decode and verification) runs in one form."""
+def packed_form(cfg: Qwen35Config, impl: str) -> gated_delta.PackedLayout | None:
+    """The layout of the packed form of this model's step recurrences (gated_delta.packed_recurrent_gated_delta_rule:
+    q, k, v read where they lie in the conv output, beta and g computed in the kernel from the projection's columns),
+    or None where they take separate inputs: the form is off or its kernel does not take the layout
+    (gated_delta.packed_form_enabled), or the rows are grouped per device (a mesh). A static choice per model and
+    implementation, so every step recurrence of a model (decode and verification) runs in one form."""
     if cfg.mesh is not None or cfg.tp_size != 1:
         return None
     HV, V = cfg.linear_num_value_heads, cfg.linear_value_head_dim
     b_column = conv_channels(cfg) + HV * V  # the fused projection's columns: qkv | z | b | a
-    layout = gated_delta.ConvLayout(linear_key_heads(cfg), HV, cfg.linear_key_head_dim, V, b_column, b_column + HV)
-    return layout if gated_delta.conv_form_enabled(impl, layout, dtypes) else None
+    layout = gated_delta.PackedLayout(linear_key_heads(cfg), HV, cfg.linear_key_head_dim, V, b_column, b_column + HV)
+    return layout if gated_delta.packed_form_enabled(impl, layout) else None
 
 
 def conv_window_at(window: jax.Array, n: jax.Array, width: int) -> jax.Array:
@@ -138,17 +138,16 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
     kernel."""
     B, T, _ = x.shape
     HV, V, W = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
-    proj = L.linear(x, p["in_proj"])  # [B, T, C + HV*V + 2*HV]; the conv form reads b and a where they lie in it
+    proj = L.linear(x, p["in_proj"])  # [B, T, C + HV*V + 2*HV]; the packed form reads b and a where they lie in it
     qkv, z, b, a = split_projection(cfg, proj)
 
     window = jnp.concatenate([conv_state.astype(qkv.dtype), qkv], axis=1)  # [B, W-1+T, C]
     new_conv = window[:, T:] if n_valid is None else conv_window_at(window, n_valid, W - 1)  # [B, W-1, C]
-    q, k, v = gdn_heads(cfg, gated_delta.short_conv_silu(window, p["conv"], T))
+    conv = gated_delta.short_conv_silu(window, p["conv"], T)  # [B, T, C]
+    q, k, v = gdn_heads(cfg, conv)
     beta, g = gdn_gates(p, b, a)
     live = T if n_valid is None or live_rows is None else min(int(live_rows), T)
-    layout = conv_form(cfg, impl, (window.dtype, p["conv"].dtype))
-    if layout is not None:  # the step kernel computes the conv and gates itself, from these
-        conv_inputs = (window, p["conv"], proj, p["A_log"], p["dt_bias"])
+    layout = packed_form(cfg, impl)
     if n_valid is not None and gated_delta.resolve(impl, "recurrent") != "pallas":
         # The decode shape on the jnp recurrence: its inputs are computed for all T rows, as one value whatever
         # `live` is (XLA's CPU compiler, fusing the slice below into their producers, computed them in another
@@ -173,7 +172,7 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         raise ValueError(f"{collect or 'a decode-shape forward'} runs at most {MAX_RECURRENT_VERIFY} positions "
                          f"through the step recurrence; got T={T}")
     recurrent = gated_delta.fused_recurrent_gated_delta_rule
-    # The conv form commits from its kernel's stash (the keys and gates it computed), never from inputs computed here.
+    # The packed form commits from its kernel's stash (the keys and gates it used), never from inputs computed here.
     if skip_state and replay_inputs is None and (layout is not None or gated_delta.replay_stash_enabled(impl)):
         replay_inputs = "new"  # the first GDN layer: new stacks, each later layer fills its rows
 
@@ -181,10 +180,11 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         if rule is recurrent and cfg.mesh is None:
             if skip_state and replay_inputs is not None:
                 options["replay_inputs"] = replay_inputs
-            if layout is not None:
-                res = gated_delta.conv_recurrent_gated_delta_rule(
-                    *conv_inputs, layout=layout, n_steps=live, initial_state=rec_states, state_steps=state_steps,
-                    state_layer=slot, **options)
+            if layout is not None:  # the kernel reads q, k, v and b, a where they lie (every row: the same
+                # conv op in AR and verification) and forms the gates itself
+                res = gated_delta.packed_recurrent_gated_delta_rule(
+                    conv, proj, p["A_log"], p["dt_bias"], layout=layout, n_steps=live, initial_state=rec_states,
+                    state_steps=state_steps, state_layer=slot, **options)
             else:
                 res = gdn_rule(cfg, rule, q, k, v, g, beta, rec_states, state_steps, state_layer=slot, **options)
             return res, rec_states if res.final_state is None else res.final_state
