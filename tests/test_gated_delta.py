@@ -614,8 +614,9 @@ def test_verification_routes_through_the_recurrent_kernel_when_enabled(monkeypat
     kernel (one launch per layer) and gives the chunk path's outputs and pseudo-values."""
     from specdec_jax.models import qwen35
     calls = []
-    real = gd.fused_recurrent_gated_delta_rule
-    monkeypatch.setattr(gd, "fused_recurrent_gated_delta_rule", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for name in ("fused_recurrent_gated_delta_rule", "packed_recurrent_gated_delta_rule"):  # either form of the kernel
+        monkeypatch.setattr(gd, name, functools.partial(lambda real, *a, **k: calls.append(1) or real(*a, **k),
+                                                        getattr(gd, name)))
     cfg = qwen35.Qwen35Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                               num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_key_head_dim=16,
                               linear_value_head_dim=16, linear_num_key_heads=1, linear_num_value_heads=2,
@@ -679,7 +680,7 @@ def _packed_inputs(b, h, hv, k_dim, v_dim, rows, dtype, seed):
     *c[:7], jnp.dtype(c[7]).name))
 def test_packed_form_is_the_recurrence_on_its_inputs(impl, case):
     """packed_recurrent_gated_delta_rule (stacked states, counted, its stash) against the plain op on the inputs
-    reference.packed_inputs takes apart; and within the form, bit for bit: each valid row's output and the state
+    packed.packed_inputs takes apart; and within the form, bit for bit: each valid row's output and the state
     after n steps do not depend on the count (the decode step and a verification compute alike), and the pseudo-value
     replay from its stash reaches the counted state."""
     b, h, hv, k_dim, v_dim, rows, t, dtype = case
@@ -688,7 +689,7 @@ def test_packed_form_is_the_recurrence_on_its_inputs(impl, case):
         *x, layout=layout, n_steps=t, initial_state=s, state_layer=1, state_steps=n, use_qk_l2norm=True,
         replay_inputs="new", **_kw(impl)))
     plain = gd.fused_recurrent_gated_delta_rule(
-        *gd.reference.packed_inputs(*ins, layout, t), initial_state=stack[1], use_qk_l2norm=True,
+        *gd.packed.packed_inputs(*ins, layout, t), initial_state=stack[1], use_qk_l2norm=True,
         return_all_states=True, implementation="naive")
     states = jnp.concatenate([stack[1][:, None], plain.all_states], axis=1)  # [B, T+1, HV, K, V]
     full = run(jnp.full((b,), t, jnp.int32), stack, *ins)

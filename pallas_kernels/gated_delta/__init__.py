@@ -20,7 +20,9 @@ import os
 import jax
 
 from . import reference
-from .reference import GatedDeltaOutput, PackedLayout, check_gated_delta_inputs, gate_values, l2_normalize, short_conv_silu
+from . import packed
+from .packed import PackedLayout, gate_values, short_conv_silu
+from .reference import GatedDeltaOutput, check_gated_delta_inputs, l2_normalize
 
 IMPLEMENTATIONS = ("reference", "naive", "pallas")
 OPS = ("chunk", "recurrent", "commit", "replay", "tree")
@@ -213,7 +215,7 @@ def packed_recurrent_gated_delta_rule(conv, gates, a_log, dt_bias, *, layout: Pa
                                       interpret=False, state_steps=None, state_layer=None,
                                       replay_inputs=None) -> GatedDeltaOutput:
     """`fused_recurrent_gated_delta_rule` of n_steps positions whose inputs lie as a Gated DeltaNet layer produces them
-    (reference.packed_inputs): conv [B, R, C] (the conv output of R >= n_steps rows; channels q | k | v), gates
+    (packed.packed_inputs): conv [B, R, C] (the conv output of R >= n_steps rows; channels q | k | v), gates
     [B, R, G] (b and a of value head h at columns layout.b_column + h, layout.a_column + h), a_log and dt_bias [HV].
     The Pallas implementation reads q, k, v and b, a where they lie and computes beta and g inside the step kernel
     (no XLA op between the layer's projections and the kernel); the others, and Pallas for a layout its kernel does
@@ -224,7 +226,7 @@ def packed_recurrent_gated_delta_rule(conv, gates, a_log, dt_bias, *, layout: Pa
                   use_qk_l2norm=use_qk_l2norm, state_steps=state_steps, state_layer=state_layer,
                   replay_inputs=replay_inputs, interpret=interpret)
     if impl != "pallas" or not _pallas_module().packed_form_supported(layout):
-        inputs = reference.packed_inputs(conv, gates, a_log, dt_bias, layout, n_steps)
+        inputs = packed.packed_inputs(conv, gates, a_log, dt_bias, layout, n_steps)
         return fused_recurrent_gated_delta_rule(*inputs, implementation=impl, **kwargs)
     return _pallas_module().packed_recurrent_gated_delta_rule(
         conv, gates, a_log, dt_bias, layout=layout, n_steps=n_steps, **(kwargs | {"interpret": _interpret(interpret)}))

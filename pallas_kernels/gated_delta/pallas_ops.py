@@ -26,7 +26,8 @@ import jax.numpy as jnp
 
 from . import chunk_kernel, commit_kernel, recurrent_kernel
 from ._kernel_utils import F32, check_block_v, dot_precisions, is_low_precision, next_pow2, pad_axis
-from .reference import (GatedDeltaOutput, check_accepted_counts, check_commit_inputs, check_packed_inputs,
+from .packed import check_packed_inputs
+from .reference import (GatedDeltaOutput, check_accepted_counts, check_commit_inputs,
                         check_gated_delta_inputs, check_replay_inputs_stack,
                         check_replay_inputs, check_stacked_state, compensated_cumsum)
 
@@ -207,7 +208,7 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
 
 
 def packed_form_supported(layout, block_v: int = 8) -> bool:
-    """Whether the packed form's kernel takes `layout` (reference.PackedLayout) as it is: K and V powers of two >= 16
+    """Whether the packed form's kernel takes `layout` (packed.PackedLayout) as it is: K and V powers of two >= 16
     (its blocks are the channels where they lie, so nothing is padded) and whole value blocks."""
     k_dim, v_dim = layout.key_dim, layout.value_dim
     return k_dim == next_pow2(k_dim) and v_dim == next_pow2(v_dim) and v_dim % min(block_v, v_dim) == 0
@@ -245,7 +246,7 @@ def packed_recurrent_gated_delta_rule(conv, gates, a_log, dt_bias, *, layout, n_
                                       output_final_state=True, return_pseudo_values=False, return_all_states=False,
                                       use_qk_l2norm=False, interpret=False, block_v=8, num_warps=1, preload=None,
                                       state_steps=None, state_layer=None, replay_inputs=None) -> GatedDeltaOutput:
-    """`fused_recurrent_gated_delta_rule` on the inputs `reference.packed_inputs` takes from (conv, gates, a_log,
+    """`fused_recurrent_gated_delta_rule` on the inputs `packed.packed_inputs` takes from (conv, gates, a_log,
     dt_bias, layout, n_steps), read where they lie and the gates computed inside the step kernel (its packed form:
     recurrent_kernel.recurrent_packed_fwd); `packed_form_supported(layout)` must hold. Same state, stash and count
     arguments as the plain op (its g_cumsum is not returned); `block_v`, `num_warps` as its defaults (the replay's

@@ -255,7 +255,7 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
 def _packed_loader(refs, head, l2norm: bool):
     """Position t's step inputs (q, k, g, v, beta, (k, g) to stash) in the packed form: q, k, v as the conv output
     holds them; beta = logistic(b) rounded to b's dtype and g = -exp(A_log) * softplus(a + dt_bias) in float32,
-    computed here as the model's XLA ops compute them (reference.gate_values). No product feeds a sum in the gates,
+    computed here as the model's XLA ops compute them (packed.gate_values). No product feeds a sum in the gates,
     so no contraction into a fused multiply-add can make a kernel of one length compute them otherwise than one of
     another (the decode step and a verification). `head`: this program's value head (read outside any loop body)."""
     q_ref, k_ref, v_ref, b_ref, a_ref, alog_ref, dtb_ref = refs
@@ -336,7 +336,7 @@ def recurrent_packed_fwd(conv, gates, a_log, dt_bias, s0, *, layout, n_steps, sc
     conv output and computes its positions' beta and g itself (`_packed_loader`), so no XLA op splits the conv output
     or forms the gates between the layer's projections and the kernel.
 
-    conv [B, R, C] (channels q | k | v, `layout`: reference.PackedLayout, K and V powers of two >= 16); gates
+    conv [B, R, C] (channels q | k | v, `layout`: packed.PackedLayout, K and V powers of two >= 16); gates
     [B, R, G] (b and a at layout.b_column / a_column + head); a_log, dt_bias [HVp] (zero-padded to a power of two);
     n_steps <= R: the positions run. Everything else and the returns as `recurrent_fwd`, for inputs of n_steps
     positions; the stash's gates are float32 (g as computed).
