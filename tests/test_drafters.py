@@ -72,8 +72,9 @@ def test_mtp_chain_unrolled_or_scanned_drafts_alike(mtp_model):
         sj.generate(mtp_model, np.ones((1, 3), np.int32), 4, method="mtp", kernels="blocks")
 
 
-@pytest.mark.parametrize("gamma", [2, 8])
-def test_mtp_on_trained_checkpoint_is_exact_and_accepts(gamma):
+def test_mtp_on_trained_checkpoint_is_exact_and_accepts(gamma=8):
+    # gamma 8 (a verification past the 8 default decode rows); the default gamma's exactness on the shipped checkpoint
+    # is test_exact.py's (bf16) and test_greedy_equals_ar's (float32, several gammas and rollbacks)
     model = sj.load(TINY, dtype="float32")
     ids = np.asarray([[1542, 12, 290, 1239, 11, 2023, 198, 220, 220, 220, 422]]) % model.vocab_size
     ar = sj.generate(model, ids, 48, eos_token_id=False).tokens
