@@ -36,7 +36,7 @@ def mtp_model(tmp_path_factory):
 
 @pytest.mark.parametrize("method, gamma, rollback", [
     ("mtp", 1, "replay"), ("mtp", 4, "pseudo"), ("mtp", 8, "snapshot"), ("mtp-shortlist", 4, "replay"),
-    ("ngram-table", 4, "pseudo"), ("ngram-table", 2, "snapshot"), ("ngram-table", 3, "replay")])
+    ("ngram-table", 4, "pseudo"), ("ngram-table", 2, "snapshot")])  # ngram-table under replay: test_exact.py
 def test_greedy_equals_ar(mtp_model, method, gamma, rollback):
     ids = np.random.default_rng(gamma).integers(0, mtp_model.vocab_size, size=(4, 9))
     ar = sj.generate(mtp_model, ids, 24, eos_token_id=False).tokens

@@ -46,10 +46,12 @@ def _ar(folder: str, i: int, rows: int) -> np.ndarray:
     return sj.generate(_model(folder), _prompts(folder)[i], NEW, eos_token_id=False, decode_rows=rows).tokens
 
 
-@pytest.mark.parametrize("method,options", [("ngram", {}), ("ngram-table", {}), ("mtp", {}), ("mtp-shortlist", {}),
+# mtp-shortlist is left out here: its verification is mtp's program (only the draft head's vocabulary differs), and
+# its float32 equality is test_drafters.py's; on the GPU bench_exact.py runs every chain method in bf16.
+@pytest.mark.parametrize("method,options", [("ngram", {}), ("ngram-table", {}), ("mtp", {}),
                                             ("mtp", {"rollback": "snapshot"}), ("ngram", {"gamma": 8}),
                                             ("layer-skip", {}), ("residual-reuse", {}), ("partial-mlp", {})],
-                         ids=["ngram", "ngram-table", "mtp", "mtp-shortlist", "mtp-snapshot", "ngram-gamma8",
+                         ids=["ngram", "ngram-table", "mtp", "mtp-snapshot", "ngram-gamma8",
                               "layer-skip", "residual-reuse", "partial-mlp"])
 def test_qwen_chain_methods_equal_ar_in_bfloat16(method, options):
     model = _model(QWEN)

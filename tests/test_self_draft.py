@@ -15,7 +15,7 @@ import pytest
 import specdec_jax as sj
 from specdec_jax.decoding.sampling import SamplingConfig
 from specdec_jax.decoding.speculative import _spec_prefill, generate_speculative, spec_step_jit
-from specdec_jax.drafters.self_draft import SelfDrafter, cut_config, default_skip_layers, partial_mlp_weights
+from specdec_jax.drafters.self_draft import SelfDrafter, default_skip_layers
 from specdec_jax.errors import InputError
 from specdec_jax.models import qwen35
 from specdec_jax.profiling import while_loops
@@ -41,9 +41,12 @@ def _ar(n: int):
 
 # The draft chain as a loop (unroll=False): it compiles in about half the time on CPU, and the unrolled chain drafts
 # the same tokens (test_a_scanned_draft_chain_drafts_as_the_unrolled_one).
+# partial-mlp is left out (the suite's time on 2 cores): its draft model keeps its state as layer-skip's does (a
+# forward of its own, rolled back by the same commit); its outputs equal AR's in test_exact.py (bf16) and its sampling
+# is test_self_draft_sampling_preserves_distribution's.
 @pytest.mark.parametrize("drafter", [SelfDrafter("layer-skip", skip_layers=default_skip_layers(8), unroll=False),
-                                     SelfDrafter("residual-reuse", skip_layers=(2, 5), unroll=False),
-                                     SelfDrafter("partial-mlp", mlp_keep=0.25, unroll=False)], ids=lambda d: d.method)
+                                     SelfDrafter("residual-reuse", skip_layers=(2, 5), unroll=False)],
+                         ids=lambda d: d.method)
 def test_greedy_equals_ar_and_the_drafter_state_is_rolled_back(drafter):
     """Driving the step by hand in float32: the emitted tokens are AR's, and after steps with rejections the
     drafter's committed state (GDN, conv, length) and its next-draft logits equal a fresh forward over prompt
@@ -67,15 +70,10 @@ def test_greedy_equals_ar_and_the_drafter_state_is_rolled_back(drafter):
     if drafter.method == "layer-skip":  # the shipped model's default skip drafts well enough to be worth it
         assert np.mean(accepted) > 0.5, accepted
     tokens = jnp.asarray(np.asarray(state.history)[:, :int(state.hist_len[0])])  # prompt + emitted, anchor last
-    draft_params, draft_cfg = params, cfg
-    if drafter.method == "partial-mlp":
-        draft_params = dict(params, layers=[dict(layer, mlp=mlp) for layer, mlp in
-                                            zip(params["layers"], partial_mlp_weights(params, cfg, drafter.mlp_keep))])
-        draft_cfg = cut_config(cfg, drafter.mlp_keep)
     skip = drafter.skip_layers if drafter.method == "layer-skip" else ()
-    fresh_forward = jax.jit(lambda p, s, t: qwen35.forward(p, draft_cfg, s, t, impl="reference", skip=skip,
+    fresh_forward = jax.jit(lambda p, s, t: qwen35.forward(p, cfg, s, t, impl="reference", skip=skip,
                                                            logits_for="last")[:2])
-    logits, fresh = fresh_forward(draft_params, qwen35.init_state(cfg, 1, max_len, jnp.float32), tokens)
+    logits, fresh = fresh_forward(params, qwen35.init_state(cfg, 1, max_len, jnp.float32), tokens)
     kept = dstate["model"]
     assert int(kept.length[0]) == tokens.shape[1]
     for a, b in zip((*kept.recurrent, *kept.conv), (*fresh.recurrent, *fresh.conv)):

@@ -60,7 +60,7 @@ def _spec(model, ids, n, drafter, gamma, rollback="replay", sampling=SamplingCon
                                 state_dtype=jnp.float32, rollback=rollback, return_state=return_state)
 
 
-@pytest.mark.parametrize("gamma", [1, 3, 8])
+@pytest.mark.parametrize("gamma", [1, 8])
 @pytest.mark.parametrize("rollback", ["replay", "pseudo", "snapshot"])
 def test_greedy_equals_ar_with_mostly_hitting_drafts(model, gamma, rollback):
     ids = np.random.default_rng(gamma).integers(0, model.vocab_size, size=(4, 7))
@@ -73,7 +73,7 @@ def test_greedy_equals_ar_with_mostly_hitting_drafts(model, gamma, rollback):
     assert res.stats["verify_steps"] < 30
 
 
-@pytest.mark.parametrize("gamma", [0, 1, 4, 8])
+@pytest.mark.parametrize("gamma", [0, 4])  # gammas 1 and 8: test_greedy_equals_ar_with_mostly_hitting_drafts
 def test_ngram_greedy_equals_ar(model, gamma):
     rng = np.random.default_rng(3)
     repetitive = np.tile(rng.integers(0, model.vocab_size, size=5), 5)[None]
