@@ -17,14 +17,14 @@
 #                                                  mtp-blocks, mtp-final, mtp-splits, mtp-gather, mtp-defaults,
 #                                                  mtp-fuse, mtp-chain, mtp-chain-check, compile, pseudo-replay,
 #                                                  pseudo-replay-tune, pseudo-replay-check, head, defer, defer-check,
-#                                                  packed-form, packed-form-check, packed-form-curve
+#                                                  packed-form, packed-form-check, packed-form-curve, unroll-form
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -953,6 +953,19 @@ packed-form-curve)  # issue 12: the 9B cost curve at the packed form's default a
     step 110 curve_9b_256 python scripts/bench_spec.py --random-9b --forced-acceptance 0.8,1.0 --exact on \
         --rollbacks replay --gammas 8 --repeats 3 --max-new-tokens 256 --prompt-len 256 --time-budget-s 95 \
         --tag _packed_form_default_256 --out "$dir"
+    ;;
+unroll-form)  # issue 12: the packed step kernel unrolled or as a loop by row count (SPECDEC_GDN_UNROLL_MAX; the kernel
+    # profile at 19f68c4 gave 11.9 us per 9B layer at 9 rows unrolled against 12.2 us at 17 rows as a loop; locally the
+    # unrolled 9-row kernel is 226 registers, 35 barriers, 252 KB of code, the loop 96 / 4 / 51 KB): bf16 equality of
+    # every Qwen chain method with every multi-row kernel a loop, then the 9B curve at bounds 16 (the default), 8 and 2,
+    # each in its own process paired with its own AR
+    SPECDEC_GDN_UNROLL_MAX=2 step 100 exact_qwen python scripts/bench_exact.py --part tiny --models qwen \
+        --num-prompts 8 --prompt-len 64 --modes exact --tag _qwen_unroll2 --out "$dir"
+    for u in 16 8 2; do
+        SPECDEC_GDN_UNROLL_MAX=$u step 140 "curve_9b_unroll$u" python scripts/bench_spec.py --random-9b \
+            --forced-acceptance 0.8,1.0 --exact on --rollbacks replay --gammas 2,4,8 --repeats 3 \
+            --max-new-tokens 128 --prompt-len 256 --time-budget-s 125 --tag "_unroll_max$u" --out "$dir"
+    done
     ;;
 pseudo-replay-check)  # issue 12: at the pseudo-value replay's defaults: bf16 equality with AR of every chain method on
     # the shipped Qwen and at the 9B shape at gamma 16 (n-gram and forced drafts), the 9B curve again, the shipped Qwen

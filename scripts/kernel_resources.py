@@ -67,7 +67,7 @@ def lower_to_ttir(kernel: str, t: int) -> str:
             args = (keys, keys, values, gates, betas, stack, sds((1,), jnp.int32), stash)
         elif kernel in ("packed", "packed-stash"):  # the packed form: a counted decode step on its layer of the
             # stack (packed), or a verification that stores its keys, gates and pseudo-values into the replay's stacks
-            from pallas_kernels.gated_delta.reference import PackedLayout
+            from pallas_kernels.gated_delta.packed import PackedLayout
             layout = PackedLayout(h, hv, k_dim, v_dim, b_column=2 * h * k_dim + 2 * hv * v_dim,
                                   a_column=2 * h * k_dim + 2 * hv * v_dim + hv)
             rows, stack = max(t, 8), sds((24, b, hv, k_dim, v_dim), jnp.float32)
