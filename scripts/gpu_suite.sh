@@ -17,14 +17,15 @@
 #                                                  mtp-blocks, mtp-final, mtp-splits, mtp-gather, mtp-defaults,
 #                                                  mtp-fuse, mtp-chain, mtp-chain-check, compile, pseudo-replay,
 #                                                  pseudo-replay-tune, pseudo-replay-check, head, defer, defer-check,
-#                                                  packed-form, packed-form-check, packed-form-curve, unroll-form
+#                                                  packed-form, packed-form-check, packed-form-curve, unroll-form,
+#                                                  step-block
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form | step-block}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -966,6 +967,27 @@ unroll-form)  # issue 12: the packed step kernel unrolled or as a loop by row co
             --forced-acceptance 0.8,1.0 --exact on --rollbacks replay --gammas 2,4,8 --repeats 3 \
             --max-new-tokens 128 --prompt-len 256 --time-budget-s 125 --tag "_unroll_max$u" --out "$dir"
     done
+    ;;
+step-block)  # issue 12: the packed step kernel's (block_v, warps), decode and verification alike
+    # (SPECDEC_GDN_STEP_BLOCK): each setting timed at 1 / 3 / 9 / 17 rows and checked bit for bit (its verification's
+    # outputs against its decode steps', the replay of its stash against their states); then the fastest exact
+    # setting at 9 rows against the default (8:1): bf16 equality of every Qwen chain method, and the 9B curve of each
+    # in its own process paired with its own AR
+    step 220 tune python scripts/tune_packed_step.py --out "$dir"
+    best=$(python -c "import json,sys; r=json.load(open(sys.argv[1])); ok={(c['block_v'],c['num_warps']) for c in \
+r['checks'] if all(v for k,v in c.items() if k.endswith('equal') or 'equal_at' in k)}; \
+t=[x for x in r['rows'] if x['T']==9 and (x['block_v'],x['num_warps']) in ok]; b=min(t,key=lambda x:x['us']); \
+print(f\"{b['block_v']}:{b['num_warps']}\")" "$dir/tune_packed_step.json")
+    echo "fastest exact setting at 9 rows: $best" | tee -a "$dir/suite.log"
+    if [ "$best" != "8:1" ]; then
+    SPECDEC_GDN_STEP_BLOCK=$best step 100 exact_qwen python scripts/bench_exact.py --part tiny --models qwen \
+        --num-prompts 8 --prompt-len 64 --modes exact --tag _qwen_step_block --out "$dir"
+    for sb in 8:1 $best; do
+        SPECDEC_GDN_STEP_BLOCK=$sb step 120 "curve_9b_${sb/:/_}" python scripts/bench_spec.py --random-9b \
+            --forced-acceptance 0.8,1.0 --exact on --rollbacks replay --gammas 2,4,8 --repeats 3 \
+            --max-new-tokens 128 --prompt-len 256 --time-budget-s 105 --tag "_step_block_${sb/:/_}" --out "$dir"
+    done
+    fi
     ;;
 pseudo-replay-check)  # issue 12: at the pseudo-value replay's defaults: bf16 equality with AR of every chain method on
     # the shipped Qwen and at the 9B shape at gamma 16 (n-gram and forced drafts), the 9B curve again, the shipped Qwen

@@ -207,6 +207,27 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
                       block_v=check_block_v(block_v), num_warps=num_warps, backend=backend, preload=preload)
 
 
+# The packed step kernel's (block_v, warps), decode and verification alike (they must run one setting to compute the
+# same bits): (8, 1), the plain kernel's measured setting (tune_recurrent_replay.md). SPECDEC_GDN_STEP_BLOCK="BV:WARPS"
+# overrides it (an A/B knob, read when traced; `scripts/tune_packed_step.py` times and checks each setting).
+STEP_BLOCK = (8, 1)
+STEP_BLOCK_ENV = "SPECDEC_GDN_STEP_BLOCK"
+
+
+def step_block_setting(block_v=None, num_warps=None) -> tuple[int, int]:
+    """(block_v, num_warps) of the packed step kernel: the arguments where given, else SPECDEC_GDN_STEP_BLOCK, else
+    STEP_BLOCK. A bad value is one clear error."""
+    env = os.environ.get(STEP_BLOCK_ENV, "").strip()
+    default = STEP_BLOCK
+    if env:
+        parts = env.split(":")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"{STEP_BLOCK_ENV} must be BLOCK_V:WARPS (positive integers); got {env!r}")
+        default = (check_block_v(int(parts[0])), int(parts[1]))
+    return (default[0] if block_v is None else check_block_v(block_v),
+            default[1] if num_warps is None else int(num_warps))
+
+
 def packed_form_supported(layout, block_v: int = 8) -> bool:
     """Whether the packed form's kernel takes `layout` (packed.PackedLayout) as it is: K and V powers of two >= 16
     (its blocks are the channels where they lie, so nothing is padded) and whole value blocks."""
@@ -244,13 +265,14 @@ def _recurrent_packed(conv, gates, a_log, dt_bias, initial_state, state_steps, s
 
 def packed_recurrent_gated_delta_rule(conv, gates, a_log, dt_bias, *, layout, n_steps, scale=None, initial_state=None,
                                       output_final_state=True, return_pseudo_values=False, return_all_states=False,
-                                      use_qk_l2norm=False, interpret=False, block_v=8, num_warps=1, preload=None,
+                                      use_qk_l2norm=False, interpret=False, block_v=None, num_warps=None, preload=None,
                                       state_steps=None, state_layer=None, replay_inputs=None) -> GatedDeltaOutput:
     """`fused_recurrent_gated_delta_rule` on the inputs `packed.packed_inputs` takes from (conv, gates, a_log,
     dt_bias, layout, n_steps), read where they lie and the gates computed inside the step kernel (its packed form:
     recurrent_kernel.recurrent_packed_fwd); `packed_form_supported(layout)` must hold. Same state, stash and count
     arguments as the plain op (its g_cumsum is not returned); `block_v`, `num_warps` as its defaults (the replay's
-    blocks must match)."""
+    blocks must match); None: `step_block_setting()`."""
+    block_v, num_warps = step_block_setting(block_v, num_warps)
     if not packed_form_supported(layout, block_v):
         raise ValueError(f"gated_delta: the packed form needs key_dim and value_dim powers of two >= 16; got "
                          f"{layout.key_dim}, {layout.value_dim}")
@@ -277,8 +299,7 @@ def packed_recurrent_gated_delta_rule(conv, gates, a_log, dt_bias, *, layout, n_
                              n_steps=int(n_steps), scale=_scale(scale, layout.key_dim),
                              output_final_state=output_final_state, return_pseudo_values=return_pseudo_values,
                              return_all_states=return_all_states, use_qk_l2norm=use_qk_l2norm, interpret=interpret,
-                             block_v=check_block_v(block_v), num_warps=num_warps, preload=preload,
-                             new_stash=new_stash)
+                             block_v=block_v, num_warps=num_warps, preload=preload, new_stash=new_stash)
 
 
 @functools.partial(jax.jit, static_argnames=("use_qk_l2norm", "interpret", "block_v"))
