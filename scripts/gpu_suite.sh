@@ -18,14 +18,14 @@
 #                                                  mtp-fuse, mtp-chain, mtp-chain-check, compile, pseudo-replay,
 #                                                  pseudo-replay-tune, pseudo-replay-check, head, defer, defer-check,
 #                                                  packed-form, packed-form-check, packed-form-curve, unroll-form,
-#                                                  step-block
+#                                                  step-block, sure-steps
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form | step-block}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form | step-block | sure-steps}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -988,6 +988,24 @@ print(f\"{b['block_v']}:{b['num_warps']}\")" "$dir/tune_packed_step.json")
             --max-new-tokens 128 --prompt-len 256 --time-budget-s 105 --tag "_step_block_${sb/:/_}" --out "$dir"
     done
     fi
+    ;;
+sure-steps)  # issue 12: the speculative loop's sure steps (with no EOS id the first ceil((N - 1) / (gamma + 1)) steps
+    # run whatever the acceptance) in a loop of known trip count, which XLA runs with no predicate read back per step,
+    # before the loop that tests `done` (SPECDEC_SURE_STEPS): the 9B curve off and on, each in its own process paired
+    # with its own AR; bf16 equality of every Qwen chain method with it on (no EOS id: the sure steps run); compile time
+    # at the 9B shape (each step's program compiled twice)
+    for v in 0 1; do
+        SPECDEC_SURE_STEPS=$v step 125 "curve_9b_sure$v" python scripts/bench_spec.py --random-9b \
+            --forced-acceptance 0.8,1.0 --exact on --rollbacks replay --gammas 2,4,8,16 --repeats 3 \
+            --max-new-tokens 128 --prompt-len 256 --time-budget-s 110 --tag "_sure_steps$v" --out "$dir"
+    done
+    SPECDEC_SURE_STEPS=1 step 100 exact_qwen python scripts/bench_exact.py --part tiny --models qwen \
+        --num-prompts 8 --prompt-len 64 --modes exact --tag _qwen_sure_steps --out "$dir"
+    step $(( ${COMPILE_END_S:-480} - SECONDS )) compile_9b python scripts/bench_compile.py --random-9b \
+        --methods ar,ngram,layer-skip --time-budget-s 100 --tag _sure_steps --out "$dir"
+    step $(( ${TINY_END_S:-575} - SECONDS )) compile_qwen python scripts/bench_compile.py \
+        --model checkpoints/tiny-qwen35-code --methods layer-skip,partial-mlp,mtp,ngram --time-budget-s 70 \
+        --tag _sure_steps --out "$dir"
     ;;
 pseudo-replay-check)  # issue 12: at the pseudo-value replay's defaults: bf16 equality with AR of every chain method on
     # the shipped Qwen and at the 9B shape at gamma 16 (n-gram and forced drafts), the 9B curve again, the shipped Qwen

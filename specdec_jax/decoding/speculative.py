@@ -235,13 +235,39 @@ def _spec_prefill(params, prompt, key, *, cfg, max_len, sampling, eos_ids, state
                                first_token=first)
 
 
+SURE_STEPS_ENV = "SPECDEC_SURE_STEPS"
+
+
+def sure_steps(max_new_tokens: int, tokens_per_step: int, eos_ids: tuple) -> int:
+    """How many steps a generation takes whatever its drafts' acceptance: with no EOS id a sequence is done only when
+    it holds max_new_tokens, the prefill gives the first and a step emits at most `tokens_per_step` (gamma + 1), so
+    the first ceil((max_new_tokens - 1) / tokens_per_step) steps all run (the count a fully accepted generation
+    takes). With an EOS id any step may be the last: none is sure."""
+    if eos_ids or max_new_tokens <= 1:
+        return 0
+    return -(-(max_new_tokens - 1) // tokens_per_step)
+
+
+def sure_steps_enabled() -> bool:
+    """Whether the speculative loop runs its sure steps (`sure_steps`) in a loop of known trip count before the loop
+    that tests `done` each step. A loop with no known trip count runs from the host, which reads its predicate back
+    every step while the device waits (the next step cannot be launched before); AR's loop without EOS has a known
+    trip count and pays none. Default: on the GPU (measured there: README, "sure steps"), off elsewhere (each step's
+    program is compiled twice); SPECDEC_SURE_STEPS=0 / 1 overrides (read when the loop is traced)."""
+    env = os.environ.get(SURE_STEPS_ENV, "").strip()
+    if env not in ("", "0", "1"):
+        raise ValueError(f"{SURE_STEPS_ENV} must be 0 or 1 (or unset for the default); got {env!r}")
+    return env == "1" if env else jax.default_backend() == "gpu"
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "sampling", "eos_ids", "gamma", "max_new_tokens", "drafter",
-                                             "rollback", "impl", "decode_rows", "defer"),
+                                             "rollback", "impl", "decode_rows", "defer", "sure"),
                    donate_argnames=("state", "drafter_state"))
 def _spec_loop(params, state, drafter_state, key, accept_p=None, *, cfg, sampling, eos_ids, gamma, max_new_tokens,
-               drafter, rollback, impl, decode_rows=0, defer=None):
+               drafter, rollback, impl, decode_rows=0, defer=None, sure=None):
     """The decode loop. defer: carry each step's GDN commit into the next (`defer_commit`; None: the default,
-    DEFER_DEFAULT under replay rollback; a static argument, so that the setting is part of what is compiled)."""
+    DEFER_DEFAULT under replay rollback; a static argument, so that the setting is part of what is compiled).
+    sure: run the sure steps (`sure_steps`) first in a loop of known trip count (None: `sure_steps_enabled()`)."""
     step = functools.partial(_step, params, cfg, drafter=drafter, gamma=gamma, sampling=sampling,
                              rollback=rollback, max_new_tokens=max_new_tokens, eos_ids=eos_ids, impl=impl,
                              accept_p=accept_p, decode_rows=decode_rows)
@@ -262,7 +288,11 @@ def _spec_loop(params, state, drafter_state, key, accept_p=None, *, cfg, samplin
         state, drafter_state, _, _, pending = step(state, drafter_state, sub, pending=pending, defer=defer)
         return state, drafter_state, key, pending
 
-    state, drafter_state, _, pending = lax.while_loop(cond, body, (state, drafter_state, key, pending))
+    carry = (state, drafter_state, key, pending)
+    n_sure = sure_steps(max_new_tokens, gamma + 1, eos_ids) if (sure_steps_enabled() if sure is None else sure) else 0
+    if n_sure:  # every sequence is still running through these steps (no EOS id; a step emits at most gamma + 1)
+        carry = lax.fori_loop(0, n_sure, lambda _, c: body(c), carry)
+    state, drafter_state, _, pending = lax.while_loop(cond, body, carry)
     if defer:
         state = state.replace(model=qwen35.apply_pending(state.model, pending, impl=impl, mesh=cfg.mesh))
     pad = eos_ids[0] if eos_ids else 0
@@ -291,7 +321,7 @@ def generate_speculative(params, cfg, prompt: np.ndarray, max_new_tokens: int, *
                     gamma=gamma, max_new_tokens=max_new_tokens, drafter=drafter, impl=impl)
     static_l = dict(cfg=cfg, sampling=sampling, eos_ids=eos_ids, gamma=gamma, max_new_tokens=max_new_tokens,
                     drafter=drafter, rollback=rollback, impl=impl, decode_rows=decode_rows,
-                    defer=defer_commit(rollback))
+                    defer=defer_commit(rollback), sure=sure_steps_enabled())
     return run_spec_loop(params, prompt, key_first, key_loop, static_p, _spec_loop, static_l, max_new_tokens,
                          {"method": drafter.name, "gamma": gamma, "rollback": rollback, "exact": bool(decode_rows),
                           "decode_rows": decode_rows or gamma + 1}, return_state)
