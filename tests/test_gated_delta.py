@@ -727,3 +727,12 @@ def test_packed_form_bad_inputs_and_switch(monkeypatch):
     monkeypatch.setenv(gd.PACKED_FORM_ENV, "yes")
     with pytest.raises(ValueError, match=gd.PACKED_FORM_ENV):
         gd.packed_form_enabled("pallas", layout)
+    if gd.pallas_available():  # the step kernel's (block_v, warps): arguments, else SPECDEC_GDN_STEP_BLOCK, else (8, 1)
+        from pallas_kernels.gated_delta import pallas_ops
+        assert pallas_ops.step_block_setting() == pallas_ops.STEP_BLOCK == (8, 1)
+        monkeypatch.setenv(pallas_ops.STEP_BLOCK_ENV, "16:2")
+        assert pallas_ops.step_block_setting() == (16, 2) and pallas_ops.step_block_setting(4, None) == (4, 2)
+        for bad in ("16", "12:1", "8:0"):
+            monkeypatch.setenv(pallas_ops.STEP_BLOCK_ENV, bad)
+            with pytest.raises(ValueError, match="SPECDEC_GDN_STEP_BLOCK must be BLOCK_V:WARPS|block_v must be"):
+                pallas_ops.step_block_setting()

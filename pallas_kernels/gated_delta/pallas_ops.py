@@ -208,8 +208,11 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
 
 
 # The packed step kernel's (block_v, warps), decode and verification alike (they must run one setting to compute the
-# same bits): (8, 1), the plain kernel's measured setting (tune_recurrent_replay.md). SPECDEC_GDN_STEP_BLOCK="BV:WARPS"
-# overrides it (an A/B knob, read when traced; `scripts/tune_packed_step.py` times and checks each setting).
+# same bits): (8, 1). SPECDEC_GDN_STEP_BLOCK="BV:WARPS" overrides it (an A/B knob, read when traced). Measured on an H200
+# at the 9B layer shape (benchmarks/results/tune_packed_step.md, commit b3cad6f; every setting exact against itself):
+# per call at 1 / 9 rows (8, 1) 24.2 / 28.6 us, (8, 2) 22.0 / 19.7 us, the others no faster at 9 rows; but in the model
+# (8, 2) gave steps at gamma 2 / 4 / 8 of 5.036 / 5.122 / 5.257 ms against 4.971 / 5.058 / 5.271 ms at (8, 1), each
+# paired with its own AR (spec_cost_curve_qwen35_9b_random_step_block_8_{1,2}.md), so (8, 1) stays.
 STEP_BLOCK = (8, 1)
 STEP_BLOCK_ENV = "SPECDEC_GDN_STEP_BLOCK"
 

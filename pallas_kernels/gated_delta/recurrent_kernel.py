@@ -50,7 +50,8 @@ from ._kernel_utils import F32, l2norm_vec
 # run the same step as a loop. Measured on an H200 at the 9B shape, exact path, full acceptance, one run
 # (spec_cost_curve_qwen35_9b_random_unroll{64,16,8}.md): a gamma-16 step 6.51 ms unrolled (bound 64) against
 # 6.02 / 6.25 ms as a loop (bounds 16 / 8: the same 17-row kernels, so their gap is run-to-run noise); a gamma-8
-# step (9 rows) 5.47 ms unrolled (bound 16) against 5.56 ms as a loop (bound 8), so 9 rows stay unrolled.
+# step (9 rows) 5.47 ms unrolled (bound 16) against 5.56 ms as a loop (bound 8), so 9 rows stay unrolled. Packed form
+# (018fadc, ..._unroll_max{16,8,2}.md): gamma 2 / 4 / 8 steps 4.941 / 5.008 / 5.109 ms (16), 4.936 / 5.001 / 5.119 (8).
 MAX_UNROLL = 16
 # From 2 to this many steps all inputs are loaded before the first update (registers allow it). Measured on
 # an H200 at the Qwen3.5-9B layer shape (benchmarks/results/tune_recurrent.md): T = 17 29.1 -> 19.9 us,
