@@ -217,18 +217,23 @@ STEP_BLOCK = (8, 1)
 STEP_BLOCK_ENV = "SPECDEC_GDN_STEP_BLOCK"
 
 
-def step_block_setting(block_v=None, num_warps=None) -> tuple[int, int]:
-    """(block_v, num_warps) of the packed step kernel: the arguments where given, else SPECDEC_GDN_STEP_BLOCK, else
-    STEP_BLOCK. A bad value is one clear error."""
-    env = os.environ.get(STEP_BLOCK_ENV, "").strip()
-    default = STEP_BLOCK
+def launch_setting(env_name: str, default: tuple[int, int], block_v=None, num_warps=None) -> tuple[int, int]:
+    """(block_v, num_warps): the arguments where given, else the environment variable `env_name` ("BLOCK_V:WARPS", an
+    A/B knob), else `default`. A bad value is one clear error."""
+    env = os.environ.get(env_name, "").strip()
     if env:
         parts = env.split(":")
         if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise ValueError(f"{STEP_BLOCK_ENV} must be BLOCK_V:WARPS (positive integers); got {env!r}")
+            raise ValueError(f"{env_name} must be BLOCK_V:WARPS (positive integers); got {env!r}")
         default = (check_block_v(int(parts[0])), int(parts[1]))
     return (default[0] if block_v is None else check_block_v(block_v),
             default[1] if num_warps is None else int(num_warps))
+
+
+def step_block_setting(block_v=None, num_warps=None) -> tuple[int, int]:
+    """(block_v, num_warps) of the packed step kernel: the arguments where given, else SPECDEC_GDN_STEP_BLOCK, else
+    STEP_BLOCK."""
+    return launch_setting(STEP_BLOCK_ENV, STEP_BLOCK, block_v, num_warps)
 
 
 def packed_form_supported(layout, block_v: int = 8) -> bool:
@@ -366,15 +371,8 @@ PSEUDO_REPLAY_ENV = "SPECDEC_GDN_PSEUDO_REPLAY"  # "BLOCK_V:WARPS" overrides bot
 def pseudo_replay_setting(t: int, block_v=None, num_warps=None) -> tuple[int, int]:
     """(block_v, num_warps) of the pseudo-value replay of t positions: the arguments where given, else
     SPECDEC_GDN_PSEUDO_REPLAY, else the measured default for t. A bad value is one clear error."""
-    env = os.environ.get(PSEUDO_REPLAY_ENV, "").strip()
     default = next(setting for bound, setting in PSEUDO_REPLAY_SETTINGS if bound is None or t <= bound)
-    if env:
-        parts = env.split(":")
-        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise ValueError(f"{PSEUDO_REPLAY_ENV} must be BLOCK_V:WARPS (positive integers); got {env!r}")
-        default = (check_block_v(int(parts[0])), int(parts[1]))
-    return (default[0] if block_v is None else check_block_v(block_v),
-            default[1] if num_warps is None else int(num_warps))
+    return launch_setting(PSEUDO_REPLAY_ENV, default, block_v, num_warps)
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_v", "num_warps", "preload"))
