@@ -60,8 +60,8 @@ def _spec(model, ids, n, drafter, gamma, rollback="replay", sampling=SamplingCon
                                 state_dtype=jnp.float32, rollback=rollback, return_state=return_state)
 
 
-@pytest.mark.parametrize("gamma", [1, 8])
-@pytest.mark.parametrize("rollback", ["replay", "pseudo", "snapshot"])
+# Snapshot rollback at gamma 8 only (CI time): test_state_after_generation_equals_ar_state runs it at gamma 4.
+@pytest.mark.parametrize("gamma, rollback", [(1, "replay"), (1, "pseudo"), (8, "replay"), (8, "pseudo"), (8, "snapshot")])
 def test_greedy_equals_ar_with_mostly_hitting_drafts(model, gamma, rollback):
     ids = np.random.default_rng(gamma).integers(0, model.vocab_size, size=(4, 7))
     ar = sj.generate(model, ids, 30, eos_token_id=False).tokens
