@@ -56,11 +56,11 @@ def lower_to_ttir(kernel: str, t: int) -> str:
                 q, k, v, g, be, s0, scale=k_dim ** -0.5, l2norm=True, want_vnew=False, want_states=False, block_v=8,
                 interpret=False, counts=n, layer=layer)
             args = (keys, keys, values, gates, betas, stack, counts, sds((1,), jnp.int32))
-        elif kernel == "verify-stash":  # a verification under replay rollback: outputs only, its inputs copied
-            # into the replay's stacks of 24 layers
+        elif kernel == "verify-stash":  # a verification under replay rollback: outputs only, the pseudo-value
+            # replay's inputs (keys as used, gates, pseudo-values; fp32) stored into its stacks of 24 layers
             stack = sds((24, b, hv, k_dim, v_dim), jnp.float32)
-            stash = (sds((24,) + keys.shape, bf), sds((24,) + values.shape, bf), sds((24,) + gates.shape, jnp.float32),
-                     sds((24,) + betas.shape, bf))
+            stash = (sds((24,) + keys.shape, jnp.float32), sds((24,) + gates.shape, jnp.float32),
+                     sds((24,) + values.shape, jnp.float32))
             fn = lambda q, k, v, g, be, s0, layer, stash: rk.recurrent_fwd(
                 q, k, v, g, be, s0, scale=k_dim ** -0.5, l2norm=True, want_vnew=False, want_states=False, block_v=8,
                 interpret=False, want_state=False, layer=layer, stash=stash)
