@@ -73,7 +73,8 @@ def tiny_part(args, header, save) -> dict:
         model = sj.load(folder, dtype="bfloat16")
         tok = load_tokenizer(folder)
         available = set(sj.supported_methods(model))
-        methods = [m for m in methods if _method(m)[0] in available and (not args.methods or m in args.methods)]
+        # --methods: any of the model's methods, with a gamma (`ngram:16`); by default the list above
+        methods = [m for m in (args.methods or methods) if _method(m)[0] in available]
         # The first --num-prompts prompts of at least --prompt-len tokens, cut to their last --prompt-len: one
         # prompt shape, so every setting compiles once.
         encoded = [tok.encode(t, add_special_tokens=False) for t in prompts_text]
@@ -270,7 +271,7 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=64, help="tiny: last tokens of each prompt; 9b: prompt length")
     ap.add_argument("--models", default="qwen,huginn", help="tiny: which shipped checkpoints (qwen, huginn)")
     ap.add_argument("--methods", type=lambda t: t.split(","), default=None,
-                    help="tiny: only these methods (comma list; default all)")
+                    help="tiny: these methods (comma list of name[:gamma]; default QWEN_METHODS and LOOPED_METHODS)")
     ap.add_argument("--modes", default="exact,fast", help="tiny: the exact path, the fast one (exact=False), or both")
     ap.add_argument("--ar-rows", default="8,16", help="9b: decode row counts at which AR is also timed")
     ap.add_argument("--max-new-tokens", type=int, default=128)

@@ -18,14 +18,14 @@
 #                                                  mtp-fuse, mtp-chain, mtp-chain-check, compile, pseudo-replay,
 #                                                  pseudo-replay-tune, pseudo-replay-check, head, defer, defer-check,
 #                                                  packed-form, packed-form-check, packed-form-curve, unroll-form,
-#                                                  step-block, sure-steps
+#                                                  step-block, sure-steps, fetch-first
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form | step-block | sure-steps}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form | step-block | sure-steps | fetch-first}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -1020,6 +1020,22 @@ pseudo-replay-check)  # issue 12: at the pseudo-value replay's defaults: bf16 eq
     step $(( ${E2E_END_S:-570} - SECONDS )) e2e_default python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code \
         --skip-steps --max-new-tokens 128 --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 \
         --e2e-methods ngram:4,ngram:8,mtp:4 --tag _pseudo_replay --out "$dir"
+    ;;
+fetch-first)  # issue 12: the step kernel issues every position's loads before it forms any step input
+    # (SPECDEC_GDN_FETCH_FIRST; before, each position's loads waited behind the previous position's gates): the 9B
+    # curve with it off and on, each in its own process paired with its own AR; bf16 equality of every Qwen chain
+    # method with it on (ngram:16: the 17-row loop form); the 9B kernel profile
+    for v in 0 1; do
+        SPECDEC_GDN_FETCH_FIRST=$v step 125 "curve_9b_fetch$v" python scripts/bench_spec.py --random-9b \
+            --forced-acceptance 0.8,1.0 --exact on --rollbacks replay --gammas 2,4,8,16 --repeats 3 \
+            --max-new-tokens 128 --prompt-len 256 --time-budget-s 110 --tag "_fetch_first$v" --out "$dir"
+    done
+    step 110 exact_qwen python scripts/bench_exact.py --part tiny --models qwen --num-prompts 8 --prompt-len 64 \
+        --modes exact --methods ngram,ngram:8,ngram:16,ngram-table,mtp,mtp-shortlist,layer-skip,residual-reuse,partial-mlp \
+        --tag _qwen_fetch_first --out "$dir"
+    step $(( ${PROFILE_END_S:-575} - SECONDS )) profile_9b python scripts/bench_spec.py --random-9b \
+        --forced-acceptance 1.0 --exact on --curve-method ngram --rollbacks replay --gammas 2,8,16 --repeats 1 \
+        --max-new-tokens 64 --prompt-len 256 --kernel-profile --tag _fetch_first_profile --out "$dir"
     ;;
 *)
     echo "unknown part $part" >&2

@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._kernel_utils import F32, l2norm_vec
+
 
 class PackedLayout(NamedTuple):
     """Where a Gated DeltaNet layer's step inputs lie as the layer produces them (the packed form of the recurrent op,
@@ -85,3 +87,32 @@ def packed_inputs(conv, gates, a_log, dt_bias, layout: PackedLayout, n_steps: in
     beta, g = gate_values(gates[:, :n_steps, layout.b_column:layout.b_column + hv],
                           gates[:, :n_steps, layout.a_column:layout.a_column + hv], a_log, dt_bias)
     return q, k, v, g, beta
+
+
+def packed_loader(refs, head, l2norm: bool):
+    """A recurrent-kernel program's step inputs in the packed form, as (fetch, prepare): fetch(t) issues position t's
+    loads (q, k, v as the conv output holds them; the raw gate inputs a and b); prepare(raw) forms the step inputs
+    (q, k, g, v, beta, (k, g) to stash), with beta = logistic(b) rounded to b's dtype and g = -exp(A_log) *
+    softplus(a + dt_bias) in float32, computed as the model's XLA ops compute them (`gate_values`). No product feeds a
+    sum in the gates, so no contraction into a fused multiply-add can make a kernel of one length compute them
+    otherwise than one of another (the decode step and a verification). Two halves so that a kernel can issue every
+    position's loads before it forms any inputs. refs: the program's q, k, v, b, a, A_log, dt_bias refs; `head`: its
+    value head (read outside any loop body)."""
+    q_ref, k_ref, v_ref, b_ref, a_ref, alog_ref, dtb_ref = refs
+    neg_decay = -jnp.exp(alog_ref[head].astype(F32))
+    dt_bias = dtb_ref[head].astype(F32)
+
+    def fetch(t):
+        return q_ref[t, :], k_ref[t, :], v_ref[t, :], b_ref[t], a_ref[t]
+
+    def prepare(raw):
+        q, k, v, b, a = raw
+        q, k = q.astype(F32), k.astype(F32)
+        if l2norm:
+            q, k = l2norm_vec(q), l2norm_vec(k)
+        x = a.astype(F32) + dt_bias
+        g = neg_decay * (jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x))))  # softplus, as jax.nn.softplus
+        beta = (1.0 / (1.0 + jnp.exp(-b.astype(F32)))).astype(b.dtype).astype(F32)
+        return q, k, g, v.astype(F32), beta, (k, g)
+
+    return fetch, prepare

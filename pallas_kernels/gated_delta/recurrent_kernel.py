@@ -45,6 +45,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
 from ._kernel_utils import F32, l2norm_vec
+from .packed import packed_loader
 
 # Up to this many steps the kernel is unrolled; longer runs (a gamma-16 verification and its replay, 17 rows)
 # run the same step as a loop. Measured on an H200 at the 9B shape, exact path, full acceptance, one run
@@ -77,6 +78,12 @@ def _skip_unkept() -> bool:
     # (5.228 / 5.250, 5.488 / 5.488, 6.185 / 6.210); bf16 output equal to AR at partial acceptance
     # (exact_qwen35_9b_random_replay_kept.md). SPECDEC_GDN_REPLAY_SKIP=0 runs every step (the A/B knob).
     return os.environ.get("SPECDEC_GDN_REPLAY_SKIP", "1") == "1"
+
+
+def _fetch_first() -> bool:
+    # SPECDEC_GDN_FETCH_FIRST=0 forms each position's inputs right after its loads, as before (the A/B knob; the
+    # arithmetic is the same either way).
+    return os.environ.get("SPECDEC_GDN_FETCH_FIRST", "1") == "1"
 
 
 def _preload(preload, t: int, replay: bool = False) -> bool:
@@ -125,7 +132,7 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
     packed (the packed form, `recurrent_packed_fwd`): instead of q, k, v, g, beta the refs are this program's columns
     of the layer's conv output ([R, K], [R, K], [R, BV]: q, k, v where they lie), the raw gate inputs b and a ([R],
     where they lie in the input projection's output) and A_log and dt_bias of every head ([HVp]); each position's
-    beta and g are computed here (`_packed_loader`)."""
+    beta and g are computed here (`packed.packed_loader`)."""
     n_valid = None
     if replay or counted:
         n_ref, refs = refs[0], refs[1:]
@@ -165,7 +172,7 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         key_writer = first_block & ((pl.program_id(0) % n_heads) % stash_group == 0)
         stash_row = functools.partial(_stash_row, rest, layer, first_block, key_writer)
     if packed:  # program ids read here, outside any loop body (see stash_row above)
-        load = _packed_loader(inputs, pl.program_id(0) % n_heads, l2norm)
+        fetch, prepare = packed_loader(inputs, pl.program_id(0) % n_heads, l2norm)
         kdim, bv = inputs[0].shape[-1], inputs[2].shape[-1]
     else:
         kdim, bv = k_ref.shape[-1], (u_ref if pseudo else v_ref).shape[-1]
@@ -174,22 +181,24 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
     else:
         state = (s0_ref[layer] if stacked else s0_ref[...]).astype(F32)
 
-    def load_inputs(t):  # position t's inputs (none depends on the state), and as read when they are to be stashed
-        k_raw = k_ref[t, :]
-        k = k_raw.astype(F32)  # [K]
-        q = None if replay else q_ref[t, :].astype(F32)  # [K]
-        if l2norm:
-            k = l2norm_vec(k)
-            q = None if replay else l2norm_vec(q)
-        g_raw = g_ref[t]
-        g = g_raw.astype(F32)
-        if pseudo:  # (k, g, u): the update's inputs
-            return None, k, g, u_ref[t, :], None
-        v = v_ref[t, :].astype(F32)
-        return q, k, g, v, beta_ref[t].astype(F32), (k, g_raw)
-
     if not packed:
-        load = load_inputs
+        def fetch(t):  # position t's loads (none depends on the state)
+            return (k_ref[t, :], None if replay else q_ref[t, :], g_ref[t], (u_ref if pseudo else v_ref)[t, :],
+                    None if pseudo else beta_ref[t])
+
+        def prepare(raw):  # its step inputs, and as read when they are to be stashed
+            k_raw, q_raw, g_raw, v_raw, beta_raw = raw
+            k, q = k_raw.astype(F32), None if replay else q_raw.astype(F32)  # [K]
+            if l2norm:
+                k = l2norm_vec(k)
+                q = None if replay else l2norm_vec(q)
+            g = g_raw.astype(F32)
+            if pseudo:  # (k, g, u): the update's inputs
+                return None, k, g, v_raw, None
+            return q, k, g, v_raw.astype(F32), beta_raw.astype(F32), (k, g_raw)
+
+    def load(t):
+        return prepare(fetch(t))
 
     skip = replay and _skip_unkept()
 
@@ -218,24 +227,31 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
 
     us = []
     if unroll:
-        # Preloaded: every position's loads (and key / query normalisation) are issued before the chain of state
-        # updates starts, so the memory latency is paid once, not once per step.
-        xs = [load(t) for t in range(n_steps)] if preload else []
+        # Preloaded: every position's loads are issued before any of them is used, then the step inputs are formed
+        # (key / query normalisation, the packed form's gates), then the chain of state updates runs: the memory
+        # latency is paid once, not once per step. (Issued position by position, each position's loads waited
+        # behind the previous one's gates: log1p's special-value branch ends a basic block, and no load was moved
+        # above it; one L2 round trip per position, PTX checked locally, kernel README.)
+        order = range(n_steps)
+        xs = ([prepare(raw) for raw in [fetch(t) for t in order]] if _fetch_first() else [load(t) for t in order]
+              ) if preload else []
         for t in range(n_steps):
             if not preload:
                 xs.append(load(t))
             state, u = kept(t, state, xs[t])
             us.append(u)
     else:
-        # One step's code in a loop; the next position's inputs are loaded before this step's update, so their
-        # latency overlaps it (the arithmetic is the unrolled form's). The replay's loop ends at n_valid.
+        # One step's code in a loop; the next position's loads are issued before this step's update and its inputs
+        # formed after it, so their latency overlaps the update (the arithmetic is the unrolled form's). The
+        # replay's loop ends at n_valid.
         def body(t, carry):
             state, x = carry
-            x_next = load(jnp.minimum(t + 1, n_steps - 1))
+            raw_next = fetch(jnp.minimum(t + 1, n_steps - 1))
+            x_next = None if _fetch_first() else prepare(raw_next)
             state, u = step(t, state, x)
             if stash_row:  # after the step: stores issued behind it, from values already held
                 stash_row(t, x[5], u)
-            return state, x_next
+            return state, prepare(raw_next) if x_next is None else x_next
 
         upper = jnp.clip(n_valid, 0, n_steps) if skip else n_steps
         state, _ = lax.fori_loop(0, upper, body, (state, load(0)))
@@ -251,28 +267,6 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         # branches ahead of it: +5-10 us per 9B layer, kernel_profile_qwen35_9b_random_stash_profile.md.)
         for t, (x, u) in enumerate(zip(xs, us)):
             stash_row(t, x[5], u)
-
-
-def _packed_loader(refs, head, l2norm: bool):
-    """Position t's step inputs (q, k, g, v, beta, (k, g) to stash) in the packed form: q, k, v as the conv output
-    holds them; beta = logistic(b) rounded to b's dtype and g = -exp(A_log) * softplus(a + dt_bias) in float32,
-    computed here as the model's XLA ops compute them (packed.gate_values). No product feeds a sum in the gates,
-    so no contraction into a fused multiply-add can make a kernel of one length compute them otherwise than one of
-    another (the decode step and a verification). `head`: this program's value head (read outside any loop body)."""
-    q_ref, k_ref, v_ref, b_ref, a_ref, alog_ref, dtb_ref = refs
-    neg_decay = -jnp.exp(alog_ref[head].astype(F32))
-    dt_bias = dtb_ref[head].astype(F32)
-
-    def load(t):
-        q, k = q_ref[t, :].astype(F32), k_ref[t, :].astype(F32)
-        if l2norm:
-            q, k = l2norm_vec(q), l2norm_vec(k)
-        x = a_ref[t].astype(F32) + dt_bias
-        g = neg_decay * (jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x))))  # softplus, as jax.nn.softplus
-        beta = (1.0 / (1.0 + jnp.exp(-b_ref[t].astype(F32)))).astype(b_ref.dtype).astype(F32)
-        return q, k, g, v_ref[t, :].astype(F32), beta, (k, g)
-
-    return load
 
 
 def _stash_row(stash_refs, layer, first_block, key_writer, t, raw, u) -> None:
@@ -334,7 +328,7 @@ def recurrent_packed_fwd(conv, gates, a_log, dt_bias, s0, *, layout, n_steps, sc
                          want_vnew=False, want_states=False, num_warps=1, num_stages=2, preload=None, counts=None,
                          want_state=True, layer=None, stash=None):
     """The recurrent kernel in its packed form: each program reads its q, k and v columns where they lie in the layer's
-    conv output and computes its positions' beta and g itself (`_packed_loader`), so no XLA op splits the conv output
+    conv output and computes its positions' beta and g itself (`packed.packed_loader`), so no XLA op splits the conv output
     or forms the gates between the layer's projections and the kernel.
 
     conv [B, R, C] (channels q | k | v, `layout`: packed.PackedLayout, K and V powers of two >= 16); gates
