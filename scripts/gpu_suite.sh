@@ -18,14 +18,14 @@
 #                                                  mtp-fuse, mtp-chain, mtp-chain-check, compile, pseudo-replay,
 #                                                  pseudo-replay-tune, pseudo-replay-check, head, defer, defer-check,
 #                                                  packed-form, packed-form-check, packed-form-curve, unroll-form,
-#                                                  step-block, sure-steps, fetch-first
+#                                                  step-block, sure-steps, fetch-first, step-ncu
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form | step-block | sure-steps | fetch-first}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form | step-block | sure-steps | fetch-first | step-ncu}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -1036,6 +1036,19 @@ fetch-first)  # issue 12: the step kernel issues every position's loads before i
     step $(( ${PROFILE_END_S:-575} - SECONDS )) profile_9b python scripts/bench_spec.py --random-9b \
         --forced-acceptance 1.0 --exact on --curve-method ngram --rollbacks replay --gammas 2,8,16 --repeats 1 \
         --max-new-tokens 64 --prompt-len 256 --kernel-profile --tag _fetch_first_profile --out "$dir"
+    ;;
+step-ncu)  # issue 12: where the packed step kernel's time goes (Nsight Compute: warp states, per-instruction stall
+    # samples), unrolled (bound 16) and as a loop (bound 2), at 1, 9 and 17 rows (9B layer shape, block 8, 1 warp)
+    ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    for u in 16 2; do
+        SPECDEC_GDN_UNROLL_MAX=$u step 170 "ncu_unroll$u" "$ncu_bin" --clock-control none -k regex:gdn_recurrent \
+            --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+            --section SchedulerStats --section InstructionStats --section SourceCounters -f -o "$dir/ncu_unroll$u" \
+            python scripts/tune_packed_step.py --profile-calls 2 --settings 8:1 --lengths 1,9,17
+        "$ncu_bin" -i "$dir/ncu_unroll$u.ncu-rep" --page details --csv > "$dir/ncu_unroll${u}_details.csv" 2>&1
+        "$ncu_bin" -i "$dir/ncu_unroll$u.ncu-rep" --page source --csv --print-source sass \
+            > "$dir/ncu_unroll${u}_source.csv" 2>&1
+    done
     ;;
 *)
     echo "unknown part $part" >&2

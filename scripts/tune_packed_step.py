@@ -7,6 +7,7 @@ setting, so any setting that keeps these is exact; the replay is elementwise, so
 
     python scripts/tune_packed_step.py --out "$OUT"                        # GPU (Qwen3.5-9B layer shape)
     python scripts/tune_packed_step.py --small --out /tmp/t                # CPU smoke run (interpret mode)
+    ncu ... python scripts/tune_packed_step.py --profile-calls 5 --settings 8:1   # launches only, for a profiler
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ def main():
     ap.add_argument("--chain", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--profile-calls", type=int, default=0,
+                    help="only launch each setting's kernels this many times per length (no checks, no timing): "
+                         "for a kernel profiler such as ncu")
     args = ap.parse_args()
     from pallas_kernels.gated_delta import PackedLayout, pallas_ops
 
@@ -66,6 +70,12 @@ def main():
                                                                replay_inputs=stash, **kw)
             return res.replay_inputs, res.o
 
+        if args.profile_calls:
+            for t in [int(x) for x in args.lengths.split(",")]:
+                fn = jax.jit(decode if t == 1 else functools.partial(verify, stash="new", t=t))
+                for _ in range(args.profile_calls):
+                    jax.block_until_ready(fn(stack, conv[:, :t], gates[:, :t], 0))
+            continue
         # Exactness of this setting: T decode steps against one verification of T rows and the replay of its stash.
         dec = jax.jit(decode)
         st, outs, states = stack, [], []
@@ -109,7 +119,8 @@ def main():
         md += [f"- {c}" for c in checks]
         write_results(args.out, "tune_packed_step" + ("_small" if args.small else ""),
                       {**header, "rows": rows, "checks": checks}, "\n".join(md) + "\n", echo=False)
-    print("\n".join(md))
+    if not args.profile_calls:
+        print("\n".join(md))
 
 
 if __name__ == "__main__":
