@@ -1040,11 +1040,13 @@ fetch-first)  # issue 12: the step kernel issues every position's loads before i
 step-ncu)  # issue 12: where the packed step kernel's time goes (Nsight Compute: warp states, per-instruction stall
     # samples), unrolled (bound 16) and as a loop (bound 2), at 1, 9 and 17 rows (9B layer shape, block 8, 1 warp)
     ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    # (no preallocation: ncu saves and restores the device memory the process holds around every replay pass)
     for u in 16 2; do
-        SPECDEC_GDN_UNROLL_MAX=$u step 170 "ncu_unroll$u" "$ncu_bin" --clock-control none -k regex:gdn_recurrent \
-            --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
-            --section SchedulerStats --section InstructionStats --section SourceCounters -f -o "$dir/ncu_unroll$u" \
-            python scripts/tune_packed_step.py --profile-calls 2 --settings 8:1 --lengths 1,9,17
+        XLA_PYTHON_CLIENT_PREALLOCATE=false SPECDEC_GDN_UNROLL_MAX=$u step 140 "ncu_unroll$u" timeout -k 5 130 \
+            "$ncu_bin" --clock-control none -k regex:gdn_recurrent --section SpeedOfLight --section LaunchStats \
+            --section WarpStateStats --section SourceCounters -f -o "$dir/ncu_unroll$u" \
+            python scripts/tune_packed_step.py --profile-calls 1 --settings 8:1 --lengths ${NCU_LENGTHS:-9,17}
+        pkill -f tune_packed_step; sleep 2
         "$ncu_bin" -i "$dir/ncu_unroll$u.ncu-rep" --page details --csv > "$dir/ncu_unroll${u}_details.csv" 2>&1
         "$ncu_bin" -i "$dir/ncu_unroll$u.ncu-rep" --page source --csv --print-source sass \
             > "$dir/ncu_unroll${u}_source.csv" 2>&1
