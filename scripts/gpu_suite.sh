@@ -18,14 +18,14 @@
 #                                                  mtp-fuse, mtp-chain, mtp-chain-check, compile, pseudo-replay,
 #                                                  pseudo-replay-tune, pseudo-replay-check, head, defer, defer-check,
 #                                                  packed-form, packed-form-check, packed-form-curve, unroll-form,
-#                                                  step-block, sure-steps, fetch-first, step-ncu
+#                                                  step-block, sure-steps, fetch-first, step-ncu, loop-form
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form | step-block | sure-steps | fetch-first | step-ncu}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form | step-block | sure-steps | fetch-first | step-ncu | loop-form}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -1051,6 +1051,24 @@ step-ncu)  # issue 12: where the packed step kernel's time goes (Nsight Compute:
         "$ncu_bin" -i "$dir/ncu_unroll$u.ncu-rep" --page source --csv --print-source sass \
             > "$dir/ncu_unroll${u}_source.csv" 2>&1
     done
+    ;;
+loop-form)  # issue 12: with every position's loads issued a step ahead (fetch-first), the step kernel as a loop from 3
+    # rows (SPECDEC_GDN_UNROLL_MAX=2) or 5 rows (=4) against unrolled up to 16 (the default): the 9B curve of each in its
+    # own process paired with its own AR; bf16 equality of every Qwen chain method with the loop from 3 rows. (ncu, one
+    # kernel in isolation, 9 rows: 13.38 us unrolled, 10.53 us as a loop; 31.8% of the unrolled kernel's warp samples
+    # waited for instructions: step-ncu)
+    for u in 16 2; do
+        SPECDEC_GDN_UNROLL_MAX=$u step 110 "curve_9b_unroll$u" python scripts/bench_spec.py --random-9b \
+            --forced-acceptance 0.8,1.0 --exact on --rollbacks replay --gammas 2,4,8 --repeats 3 \
+            --max-new-tokens 128 --prompt-len 256 --time-budget-s 95 --tag "_loop_form_unroll$u" --out "$dir"
+    done
+    SPECDEC_GDN_UNROLL_MAX=2 step 110 exact_qwen python scripts/bench_exact.py --part tiny --models qwen \
+        --num-prompts 8 --prompt-len 64 --modes exact \
+        --methods ngram,ngram:8,ngram-table,mtp,mtp-shortlist,layer-skip,residual-reuse,partial-mlp \
+        --tag _qwen_loop_form --out "$dir"
+    SPECDEC_GDN_UNROLL_MAX=4 step $(( ${CURVE_END_S:-570} - SECONDS )) "curve_9b_unroll4" python scripts/bench_spec.py \
+        --random-9b --forced-acceptance 0.8,1.0 --exact on --rollbacks replay --gammas 2,4,8 --repeats 3 \
+        --max-new-tokens 128 --prompt-len 256 --time-budget-s 95 --tag "_loop_form_unroll4" --out "$dir"
     ;;
 *)
     echo "unknown part $part" >&2
