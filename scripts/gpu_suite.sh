@@ -18,14 +18,14 @@
 #                                                  mtp-fuse, mtp-chain, mtp-chain-check, compile, pseudo-replay,
 #                                                  pseudo-replay-tune, pseudo-replay-check, head, defer, defer-check,
 #                                                  packed-form, packed-form-check, packed-form-curve, unroll-form,
-#                                                  step-block, sure-steps, fetch-first, step-ncu, loop-form
+#                                                  step-block, sure-steps, fetch-first, step-ncu, loop-form, loop-form-default
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form | step-block | sure-steps | fetch-first | step-ncu | loop-form}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form | step-block | sure-steps | fetch-first | step-ncu | loop-form | loop-form-default}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -1069,6 +1069,16 @@ loop-form)  # issue 12: with every position's loads issued a step ahead (fetch-f
     SPECDEC_GDN_UNROLL_MAX=4 step $(( ${CURVE_END_S:-570} - SECONDS )) "curve_9b_unroll4" python scripts/bench_spec.py \
         --random-9b --forced-acceptance 0.8,1.0 --exact on --rollbacks replay --gammas 2,4,8 --repeats 3 \
         --max-new-tokens 128 --prompt-len 256 --time-budget-s 95 --tag "_loop_form_unroll4" --out "$dir"
+    ;;
+loop-form-default)  # issue 12: at the new default (the step kernel a loop from 3 rows): the 9B curve, then the tiny
+    # checkpoint end to end (8 held-out prompts, 128 new tokens)
+    step 115 curve_9b python scripts/bench_spec.py --random-9b --forced-acceptance 0.8,1.0 --exact on \
+        --rollbacks replay --gammas 2,4,8,16 --repeats 3 --max-new-tokens 128 --prompt-len 256 --time-budget-s 100 \
+        --tag _loop_form_default --out "$dir"
+    step $(( ${E2E_END_S:-380} - SECONDS )) e2e_default python scripts/bench_spec.py \
+        --model checkpoints/tiny-qwen35-code --skip-steps --max-new-tokens 128 \
+        --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --e2e-methods ngram:4,ngram:8,mtp:4 \
+        --tag _loop_form --out "$dir"
     ;;
 *)
     echo "unknown part $part" >&2

@@ -47,13 +47,15 @@ from jax.experimental.pallas import triton as plt
 from ._kernel_utils import F32, l2norm_vec
 from .packed import packed_loader
 
-# Up to this many steps the kernel is unrolled; longer runs (a gamma-16 verification and its replay, 17 rows)
-# run the same step as a loop. Measured on an H200 at the 9B shape, exact path, full acceptance, one run
-# (spec_cost_curve_qwen35_9b_random_unroll{64,16,8}.md): a gamma-16 step 6.51 ms unrolled (bound 64) against
-# 6.02 / 6.25 ms as a loop (bounds 16 / 8: the same 17-row kernels, so their gap is run-to-run noise); a gamma-8
-# step (9 rows) 5.47 ms unrolled (bound 16) against 5.56 ms as a loop (bound 8), so 9 rows stay unrolled. Packed form
-# (018fadc, ..._unroll_max{16,8,2}.md): gamma 2 / 4 / 8 steps 4.941 / 5.008 / 5.109 ms (16), 4.936 / 5.001 / 5.119 (8).
-MAX_UNROLL = 16
+# Up to this many steps the kernel is unrolled; longer runs (every verification from 3 rows, and its replay) run the
+# same step as a loop. Unrolled, a 9-row verification is ~4,100 instructions of straight-line code that a warp runs once
+# per launch: in Nsight Compute (one 9B layer, 9 rows) 31.8% of its warp samples waited for instructions, and it took
+# 13.38 us against 10.53 us as a loop (benchmarks/results/ncu_step_kernel.md). Since each position's loads are issued a
+# step ahead (`_fetch_first`), the loop also wins in the model: H200, 9B shape, exact path, each bound in its own process
+# paired with its own AR (spec_cost_curve_qwen35_9b_random_loop_form_unroll{16,4,2}.md), ms per step at p 1, gamma 2 /
+# 4 / 8: 4.936 / 5.010 / 5.211 unrolled to 16, 4.938 / 4.993 / 5.080 with the bound 4, 4.910 / 4.964 / 5.122 with 2
+# (speedup / tokens per step at gamma 8: 0.937 -> 0.962 / 0.949).
+MAX_UNROLL = 2
 # From 2 to this many steps all inputs are loaded before the first update (registers allow it). Measured on
 # an H200 at the Qwen3.5-9B layer shape (benchmarks/results/tune_recurrent.md): T = 17 29.1 -> 19.9 us,
 # T = 9 20.6 -> 20.2 us, but T = 1 (decode) 15.8 -> 24.7 us, so a single step loads as it goes. In the model, a
