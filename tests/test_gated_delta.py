@@ -736,3 +736,23 @@ def test_packed_form_bad_inputs_and_switch(monkeypatch):
             monkeypatch.setenv(pallas_ops.STEP_BLOCK_ENV, bad)
             with pytest.raises(ValueError, match="SPECDEC_GDN_STEP_BLOCK must be BLOCK_V:WARPS|block_v must be"):
                 pallas_ops.step_block_setting()
+        # SPECDEC_GDN_FETCH_FIRST (every position's loads issued before any input is formed; 0: as they come): the
+        # same bits either way; a bad value is an error.
+        monkeypatch.delenv(pallas_ops.STEP_BLOCK_ENV)
+        monkeypatch.delenv(gd.PACKED_FORM_ENV)
+        from pallas_kernels.gated_delta.recurrent_kernel import FETCH_FIRST_ENV
+        stack = jnp.zeros((2, 1, 2, 16, 16), jnp.float32)
+        def run():  # the knob is read when the kernel is traced: no cached trace
+            jax.clear_caches()
+            return call(conv, gates, a_log, dt_bias, n_steps=3, initial_state=stack, state_layer=0,
+                        replay_inputs="new", use_qk_l2norm=True, **_kw("pallas"))
+        outs = []
+        for value in ("0", "1"):
+            monkeypatch.setenv(FETCH_FIRST_ENV, value)
+            res = run()
+            outs.append([np.asarray(x) for x in (res.o, *res.replay_inputs)])
+        for a, b in zip(*outs):
+            np.testing.assert_array_equal(a, b)
+        monkeypatch.setenv(FETCH_FIRST_ENV, "yes")
+        with pytest.raises(ValueError, match=FETCH_FIRST_ENV):
+            run()

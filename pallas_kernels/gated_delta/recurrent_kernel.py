@@ -47,14 +47,11 @@ from jax.experimental.pallas import triton as plt
 from ._kernel_utils import F32, l2norm_vec
 from .packed import packed_loader
 
-# Up to this many steps the kernel is unrolled; longer runs (every verification from 3 rows, and its replay) run the
-# same step as a loop. Unrolled, a 9-row verification is ~4,100 instructions of straight-line code that a warp runs once
-# per launch: in Nsight Compute (one 9B layer, 9 rows) 31.8% of its warp samples waited for instructions, and it took
-# 13.38 us against 10.53 us as a loop (benchmarks/results/ncu_step_kernel.md). Since each position's loads are issued a
-# step ahead (`_fetch_first`), the loop also wins in the model: H200, 9B shape, exact path, each bound in its own process
-# paired with its own AR (spec_cost_curve_qwen35_9b_random_loop_form_unroll{16,4,2}.md), ms per step at p 1, gamma 2 /
-# 4 / 8: 4.936 / 5.010 / 5.211 unrolled to 16, 4.938 / 4.993 / 5.080 with the bound 4, 4.910 / 4.964 / 5.122 with 2
-# (speedup / tokens per step at gamma 8: 0.937 -> 0.962 / 0.949).
+# Up to this many steps the kernel is unrolled; from 3 rows (every verification and its replay) the same step runs as a
+# loop. Unrolled at 9 rows it is ~4,600 instructions run once, 31.8% of its warp samples waiting for instructions, 13.38
+# against 10.53 us as a loop (benchmarks/results/ncu_step_kernel.md); in the model, with the loads a step ahead, gamma 2 /
+# 4 / 8 steps 4.936 / 5.010 / 5.211 ms unrolled to 16, 4.910 / 4.964 / 5.122 with this bound
+# (spec_cost_curve_qwen35_9b_random_loop_form_unroll{16,4,2}.md; kernel README, "A loop from 3 rows").
 MAX_UNROLL = 2
 # From 2 to this many steps all inputs are loaded before the first update (registers allow it). Measured on
 # an H200 at the Qwen3.5-9B layer shape (benchmarks/results/tune_recurrent.md): T = 17 29.1 -> 19.9 us,
@@ -82,10 +79,16 @@ def _skip_unkept() -> bool:
     return os.environ.get("SPECDEC_GDN_REPLAY_SKIP", "1") == "1"
 
 
+FETCH_FIRST_ENV = "SPECDEC_GDN_FETCH_FIRST"
+
+
 def _fetch_first() -> bool:
     # SPECDEC_GDN_FETCH_FIRST=0 forms each position's inputs right after its loads, as before (the A/B knob; the
     # arithmetic is the same either way).
-    return os.environ.get("SPECDEC_GDN_FETCH_FIRST", "1") == "1"
+    value = os.environ.get(FETCH_FIRST_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{FETCH_FIRST_ENV} must be 0 or 1; got {value!r}")
+    return value == "1"
 
 
 def _preload(preload, t: int, replay: bool = False) -> bool:
