@@ -18,14 +18,15 @@
 #                                                  mtp-fuse, mtp-chain, mtp-chain-check, compile, pseudo-replay,
 #                                                  pseudo-replay-tune, pseudo-replay-check, head, defer, defer-check,
 #                                                  packed-form, packed-form-check, packed-form-curve, unroll-form,
-#                                                  step-block, sure-steps, fetch-first, step-ncu, loop-form, loop-form-default
+#                                                  step-block, sure-steps, fetch-first, step-ncu, loop-form, loop-form-default,
+#                                                  train-bptt
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form | step-block | sure-steps | fetch-first | step-ncu | loop-form | loop-form-default}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form | step-block | sure-steps | fetch-first | step-ncu | loop-form | loop-form-default | train-bptt}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -1079,6 +1080,28 @@ loop-form-default)  # issue 12: at the new default (the step kernel a loop from 
         --model checkpoints/tiny-qwen35-code --skip-steps --max-new-tokens 128 \
         --prompts benchmarks/prompts/heldout_stdlib.json --num-prompts 8 --e2e-methods ngram:4,ngram:8,mtp:4 \
         --tag _loop_form --out "$dir"
+    ;;
+train-bptt)  # issue 15: does depth matter when the gradient reaches through the whole recurrence? The shipped 2+2+2
+    # checkpoint continued (--init-from) with backprop through every sampled step (windows 32 and 48, each step's
+    # activations recomputed: --remat-recurrence) at recurrence means 16 and 32, side by side; held-out loss at
+    # r = 1..64; both checkpoints come back as tar parts of <= 15 MiB
+    step 200 corpus python scripts/build_corpus.py --out build/corpus --tokenizer checkpoints/tiny-qwen35-code
+    budget=$(( ${TRAIN_END_S:-430} - SECONDS ))
+    echo "training budget ${budget} s per run" | tee -a "$dir/suite.log"
+    common=(--arch huginn --init-from checkpoints/tiny-huginn-code --corpus build/corpus --batch 128 --seq-len 512
+            --intermediate 1024 --prelude 2 --core 2 --coda 2 --lr 1e-3 --warmup-steps 30 --seed 1 --steps 200000
+            --time-budget-s "$budget" --eval-every 100 --eval-max-tokens 262144 --keep-best --log-every 25
+            --remat-recurrence --eval-depths 1,2,4,8,16,32,64 ${TRAIN_ARGS:-})
+    export XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
+    limit=$(( 560 - SECONDS ))
+    step "$limit" train_bptt_m16 python scripts/train_tiny.py --mean-recurrence 16 --backprop-depth 32 \
+        --out "$dir/ck/bptt-m16" "${common[@]}" &
+    step "$limit" train_bptt_m32 python scripts/train_tiny.py --mean-recurrence 32 --backprop-depth 48 \
+        --out "$dir/ck/bptt-m32" "${common[@]}" &
+    wait
+    for run in m16 m32; do cp "$dir/ck/bptt-$run/train_log.json" "$dir/train_log_bptt_$run.json"; done
+    tar czf "$out/ck.tgz" -C "$dir" ck && split -b 15m -d "$out/ck.tgz" "$out/ck.tgz.part" && rm "$out/ck.tgz" \
+        && rm -rf "$dir/ck"
     ;;
 *)
     echo "unknown part $part" >&2

@@ -61,6 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--keep-best", action="store_true",
                    help="save the parameters of the best periodic held-out evaluation if they beat the final ones")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--init-from", type=str, default=d.init_from,
+                   help="continue from this checkpoint folder (same architecture and sizes) instead of a fresh init")
     p.add_argument("--compute-dtype", choices=("bfloat16", "float32"), default=d.compute_dtype)
     g = p.add_argument_group("model sizes")
     for name in ("hidden", "heads", "intermediate", "layers", "kv_heads", "head_dim", "linear_key_heads",
@@ -76,6 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="huginn: sampled recurrences below this are raised to it (1: the official draw)")
     g.add_argument("--init-state-scale", type=float, default=d.init_state_scale,
                    help="huginn: 0 = train from a zero initial state; > 0 = from the official random draw at this scale")
+    g.add_argument("--remat-recurrence", action="store_true",
+                   help="huginn: recompute each backprop step's activations (memory flat in --backprop-depth)")
     g.add_argument("--eval-depths", type=_depths, default=d.eval_depths, help="huginn, e.g. 1,2,4,8,16,32")
     args = p.parse_args(argv)
     for name in ("steps", "batch", "seq_len", "log_every", "min_recurrence"):

@@ -122,10 +122,25 @@ def test_qwen35_checkpoint_matches_transformers(qwen_run):
 
 
 def test_huginn_training_lowers_loss_and_loads(tmp_path):
-    o = _options(tmp_path, "huginn", steps=30)
+    """Continued from a checkpoint (init_from; its first loss is the saved weights' loss on the first batch and
+    draw, which a fresh init does not give), with a deep rematerialized backprop window."""
+    o = _options(tmp_path, "huginn", steps=30, init_from=str(tmp_path / "start"), backprop_depth=6,
+                 remat_recurrence=True)
+    cfg = training.huginn_config(VOCAB, o)
+    start = training.init_huginn_params(cfg, jax.random.PRNGKey(7))
+    training.save_checkpoint(tmp_path / "start", "huginn", start, cfg, training.huginn_config_dict(VOCAB, o), None)
     data = bigram_tokens(12_000, seed=1)
+    first = training.sample_windows(np.random.default_rng(o.seed), data[:10_000], o.batch, o.seq_len + 1)
+    n, k = training.sample_recurrence(np.random.default_rng(o.seed + 1), o.mean_recurrence, o.backprop_depth)
+    start_loss = lambda p: float(training.huginn_loss(training.cast(training.cast(p, jnp.bfloat16), jnp.float32), cfg,
+                                                      jnp.asarray(first), jnp.int32(n), jnp.int32(k),
+                                                      backprop_depth=o.backprop_depth, compute_dtype=jnp.bfloat16)[0])
     summary = training.run_training(o, data[:10_000], data[10_000:], vocab_size=VOCAB)
     hist = _history(tmp_path / "huginn")
+    assert hist[0]["loss"] == pytest.approx(start_loss(start), abs=1e-3)  # bf16: jitted vs eager
+    fresh = training.init_huginn_params(cfg, jax.random.PRNGKey(o.seed))
+    assert abs(start_loss(fresh) - start_loss(start)) > 2e-2, (start_loss(fresh), start_loss(start))
+    assert json.loads((tmp_path / "huginn" / "train_log.json").read_text())["init_from"]["path"] == o.init_from
     assert summary["final_train_loss"] < hist[0]["loss"] - 1.0, (hist[0], summary["final_train_loss"])
     assert set(summary["eval"]["per_depth"]) == {1, 4}
     assert summary["eval"]["per_depth"][4]["ce"] < math.log(VOCAB) - 1.0
@@ -148,6 +163,40 @@ def test_huginn_loss_from_a_random_initial_state():
     k1, k2 = jax.random.PRNGKey(1), jax.random.PRNGKey(2)
     assert loss(k1, 0.0) == loss(k2, 0.0) == loss(None, 0.0)
     assert loss(k1, 1.0) != loss(k2, 1.0) and loss(k1, 1.0) != loss(k1, 0.0)
+
+
+def test_huginn_backprop_window_and_init_from_errors(tmp_path):
+    """A draw's loss does not depend on the window's length or on rematerialization; its gradient reaches as
+    deep as the window: 5 steps all with gradient differ from 3 without and 2 with. init_from of another size
+    or of no checkpoint is one error naming the parameter or the folder."""
+    o = training.TrainOptions(arch="huginn", **TINY_HUGINN)
+    cfg = training.huginn_config(VOCAB, o)
+    params = training.init_huginn_params(cfg, jax.random.PRNGKey(0))
+    tokens = jnp.asarray(bigram_tokens(2 * 17, seed=3).reshape(2, 17))
+
+    @jax.jit
+    def grad(n, k):
+        return {bd: jax.value_and_grad(lambda p: training.huginn_loss(
+            p, cfg, tokens, n, k, backprop_depth=bd, compute_dtype=jnp.float32, remat_recurrence=bd > 5)[0])(params)
+            for bd in (5, 8)}
+
+    flat = lambda g: jnp.concatenate([x.ravel() for x in jax.tree.leaves(g)])
+    (l5, g5), (l8, g8) = grad(jnp.int32(0), jnp.int32(5)).values()
+    (l_trunc, g_trunc), _ = grad(jnp.int32(3), jnp.int32(2)).values()
+    assert float(l5) == float(l8) == float(l_trunc)  # the same 5 recurrences forward
+    np.testing.assert_allclose(flat(g8), flat(g5), rtol=1e-4, atol=1e-6)
+    assert float(jnp.max(jnp.abs(flat(g5) - flat(g_trunc)))) > 1e-3
+    training.save_checkpoint(tmp_path / "ck", "huginn", params, cfg, training.huginn_config_dict(VOCAB, o), None)
+    wider = training.TrainOptions(arch="huginn", **dict(TINY_HUGINN, intermediate=128))
+    cfg_wide = training.huginn_config(VOCAB, wider)
+    with pytest.raises(ValueError, match="init_from .*ck.*does not match the huginn sizes"):
+        training.params_from_checkpoint(str(tmp_path / "ck"), "huginn", cfg_wide,
+                                        training.init_huginn_params(cfg_wide, jax.random.PRNGKey(0)))
+    with pytest.raises(ValueError, match="init_from .*nowhere.*not a checkpoint folder"):
+        training.params_from_checkpoint(str(tmp_path / "nowhere"), "huginn", cfg, params)
+    loaded = training.params_from_checkpoint(str(tmp_path / "ck"), "huginn", cfg, params)
+    np.testing.assert_array_equal(np.asarray(loaded["adapter"]), np.asarray(training.cast(params, jnp.bfloat16)["adapter"],
+                                                                           np.float32))
 
 
 def test_recurrence_sampler():

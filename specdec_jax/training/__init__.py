@@ -28,5 +28,5 @@ from .data import eval_windows, evaluate_huginn, evaluate_mtp_chain, evaluate_qw
 from .loop import learning_rate, make_optimizer, make_train_step, run_training  # noqa: F401
 from .recipe import (ARCHS, DEFAULT_OUT, TrainOptions, cast, ce_rows, count_params, huginn_config,  # noqa: F401
                      huginn_config_dict, huginn_loss, init_huginn_params, init_qwen35_params, mtp_chain_loss,
-                     mtp_chain_outputs, qwen35_config,
+                     mtp_chain_outputs, params_from_checkpoint, qwen35_config,
                      qwen35_config_json, qwen35_loss, qwen35_outputs, sample_recurrence)

@@ -90,6 +90,10 @@ def write_readme(out: Path, o: TrainOptions, summary: dict) -> None:
         lines.append(f"- recurrence per step ~ Poisson-LogNormal(mean {o.mean_recurrence}) + 1{floor}, truncated backprop "
                      f"through the last {o.backprop_depth}, zero initial state "
                      f"(mean sampled recurrence {s.get('mean_sampled_recurrence', float('nan')):.2f})")
+    if getattr(o, "init_from", ""):
+        lines.append(f"- continued from the weights of `{_shown_path(o.init_from)}`; how those were trained "
+                     "(options and summary) is kept in `train_log.json` under `init_from`; the figures here are "
+                     "this run's")
     lines += [
         f"- wall time: {s['train_seconds']:.1f} s training ({s['compile_seconds']:.1f} s compile), "
         f"{s['total_seconds']:.1f} s total; {s['tokens_per_second']:,.0f} tokens/s",

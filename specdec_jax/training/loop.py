@@ -22,8 +22,8 @@ import optax
 from .checkpoint import MAX_CHECKPOINT_BYTES, folder_bytes, save_checkpoint, write_readme
 from .data import eval_windows, evaluate_huginn, evaluate_qwen35, sample_windows
 from .recipe import (ARCHS, TrainOptions, count_params, huginn_config, huginn_config_dict, huginn_loss,
-                     init_huginn_params, init_qwen35_params, qwen35_config, qwen35_config_json, qwen35_loss,
-                     sample_recurrence)
+                     init_huginn_params, init_qwen35_params, params_from_checkpoint, qwen35_config,
+                     qwen35_config_json, qwen35_loss, sample_recurrence)
 
 
 # ---------------------------------------------------------------------------------------- optimizer
@@ -70,6 +70,15 @@ def _device_name() -> str:
     return f"{getattr(d, 'device_kind', d.platform)} x{jax.device_count()} ({d.platform})"
 
 
+def _earlier_run(folder: Path) -> dict:
+    """The options and summary of the run that wrote `folder` (and what it continued from), if it logged them."""
+    try:
+        earlier = json.loads((folder / "train_log.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: earlier[k] for k in ("options", "summary", "init_from") if k in earlier}
+
+
 def run_training(o: TrainOptions, train_ids: np.ndarray, heldout_ids: np.ndarray, *,
                  tokenizer_dir: str | os.PathLike | None = None, vocab_size: int | None = None,
                  data_description: str = "", eos_token_id: int = 0, extra_files=()) -> dict:
@@ -103,12 +112,16 @@ def run_training(o: TrainOptions, train_ids: np.ndarray, heldout_ids: np.ndarray
         width = o.seq_len + 1
         def loss_fn(params, tokens, n_no_grad, n_grad, init_key):
             return huginn_loss(params, cfg, tokens, n_no_grad, n_grad, init_key, backprop_depth=o.backprop_depth,
-                               compute_dtype=compute_dtype, init_state_scale=o.init_state_scale)
+                               compute_dtype=compute_dtype, init_state_scale=o.init_state_scale,
+                               remat_recurrence=o.remat_recurrence)
         config_json = huginn_config_dict(vocab, o, eos_token_id)
         sizes = {k: config_json[k] for k in ("n_embd", "n_heads", "n_layers_in_prelude",
                                                "n_layers_in_recurrent_block", "n_layers_in_coda",
                                                "intermediate_size", "vocab_size", "mean_recurrence",
                                                "mean_backprop_depth")}
+    if o.init_from:  # continue from a checkpoint: its weights replace the fresh init (same names and shapes)
+        params = params_from_checkpoint(o.init_from, o.arch, cfg, params)
+        earlier_run = {"path": o.init_from, **_earlier_run(Path(o.init_from))}  # read now: `out` may be that folder
     n_params = count_params(params)
     tx = make_optimizer(o.weight_decay, o.grad_clip)
     opt_state = tx.init(params)
@@ -247,9 +260,10 @@ def run_training(o: TrainOptions, train_ids: np.ndarray, heldout_ids: np.ndarray
     summary["total_seconds"] = time.perf_counter() - t_start
     write_readme(out, o, summary)
     options = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(o).items()}
-    (out / "train_log.json").write_text(json.dumps(
-        {"options": options, "config": config_json, "summary": summary, "history": history, "evals": evals},
-        indent=1) + "\n")
+    log_json = {"options": options, "config": config_json, "summary": summary, "history": history, "evals": evals}
+    if o.init_from:  # provenance survives the source folder being overwritten by this run's output
+        log_json["init_from"] = earlier_run
+    (out / "train_log.json").write_text(json.dumps(log_json, indent=1) + "\n")
     summary["checkpoint_bytes"] = folder_bytes(out)
     if summary["checkpoint_bytes"] > MAX_CHECKPOINT_BYTES:
         log(f"WARNING: {out} is {summary['checkpoint_bytes'] / 2**20:.2f} MiB (> 20 MiB)")

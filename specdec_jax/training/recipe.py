@@ -15,7 +15,7 @@ import optax
 from jax import lax
 
 from ..config import FULL_ATTENTION, LINEAR_ATTENTION, Qwen35Config
-from ..loading import build_tree
+from ..loading import TensorSource, build_tree, flatten_tree
 from ..models import looped, mtp, qwen35
 
 ARCHS = ("qwen35", "huginn")
@@ -66,6 +66,8 @@ class TrainOptions:
     min_recurrence: int = 1  # huginn: draws below it are raised to it (1 = the official draw, unchanged)
     backprop_depth: int = 4
     init_state_scale: float = 0.0  # huginn: 0 = zero initial state in training; > 0: the official random draw
+    remat_recurrence: bool = False  # huginn: recompute each backprop step's activations (deep windows)
+    init_from: str = ""  # a checkpoint folder of the same architecture and sizes to continue from ("" = random init)
     eval_depths: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     command: str = ""
     quiet: bool = False
@@ -178,6 +180,31 @@ def init_huginn_params(cfg: looped.LoopedConfig, key: jax.Array) -> dict:
     return build_tree({looped.param_path(k): k for k in shapes}, init)
 
 
+def params_from_checkpoint(folder: str, arch: str, cfg, like: dict) -> dict:
+    """fp32 parameters read from checkpoint `folder` (to continue training), checked against `like` (the tree a
+    fresh init of `cfg` gives): the same names and shapes, else one error naming the first difference."""
+    import os
+    where = f"init_from {folder!r}"
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        raise ValueError(f"{where}: not a checkpoint folder (no config.json); expected a folder written by "
+                         "scripts/train_tiny.py")
+    source = TensorSource(folder)
+    try:
+        if arch == "huginn":
+            params = looped.load_looped_params(source, cfg, jnp.float32)[1]
+        else:
+            params = qwen35.load_params(source, cfg, jnp.float32)
+    except Exception as err:  # names the tensor and the shapes; this adds which option caused the read
+        raise ValueError(f"{where}: does not match the {arch} sizes given: {err}") from err
+    want = {k: v.shape for k, v in flatten_tree(like).items()}
+    got = {k: v.shape for k, v in flatten_tree(params).items()}
+    for k in sorted(set(want) | set(got), key=str):
+        if want.get(k) != got.get(k):
+            raise ValueError(f"{where}: parameter {'.'.join(map(str, k))} is {got.get(k, 'missing')} in the "
+                             f"checkpoint; the {arch} sizes given expect {want.get(k, 'no such parameter')}")
+    return params
+
+
 def count_params(params) -> int:
     return int(sum(x.size for x in jax.tree.leaves(params)))
 
@@ -276,7 +303,7 @@ def mtp_chain_loss(mtp_params: dict, trunk_params: dict, cfg: Qwen35Config, toke
 
 def huginn_loss(params: dict, cfg: looped.LoopedConfig, tokens: jax.Array, n_no_grad: jax.Array,
                 n_grad: jax.Array, init_key: jax.Array | None = None, *, backprop_depth: int, compute_dtype,
-                init_state_scale: float = 0.0):
+                init_state_scale: float = 0.0, remat_recurrence: bool = False):
     """tokens [B, T + 1]; n_no_grad, n_grad: int32 scalars (traced: one compile for every draw).
 
     init_state_scale > 0: the recurrence starts from the official random draw (`looped.initial_state` with
@@ -285,7 +312,8 @@ def huginn_loss(params: dict, cfg: looped.LoopedConfig, tokens: jax.Array, n_no_
 
     The no-grad recurrences run in a while loop on stop-gradient inputs; the last `n_grad`
     (<= backprop_depth) run in a scan of backprop_depth steps whose first
-    backprop_depth - n_grad are skipped (identity), so shapes never change.
+    backprop_depth - n_grad are skipped (identity), so shapes never change. remat_recurrence: each grad step's
+    activations are recomputed in the backward pass (what a window of more than ~8 steps needs to fit).
     """
     p = cast(params, compute_dtype)
     B, W = tokens.shape
@@ -305,9 +333,15 @@ def huginn_loss(params: dict, cfg: looped.LoopedConfig, tokens: jax.Array, n_no_
     x = lax.stop_gradient(lax.fori_loop(0, n_no_grad, no_grad_step, x))
     skip = backprop_depth - n_grad
 
+    def apply_core(x, p, e, i):
+        return looped.core_step(p, cfg, None, x, e, i, cos, sin)[0]
+
+    if remat_recurrence:  # keep each step's input state only: memory flat in backprop_depth (one more forward)
+        apply_core = jax.checkpoint(apply_core)
+
     def grad_step(x, j):
-        y = looped.core_step(p, cfg, None, x, e, n_no_grad + j - skip, cos, sin)[0]
-        return jnp.where(j >= skip, y, x), None
+        # A skipped step costs nothing (cond, not compute-then-select), so a deep window is paid per draw.
+        return lax.cond(j >= skip, lambda x: apply_core(x, p, e, n_no_grad + j - skip), lambda x: x, x), None
 
     x, _ = lax.scan(grad_step, x, jnp.arange(backprop_depth, dtype=jnp.int32))
     logits, _, _, _ = looped.coda_head(p, cfg, None, x, cos, sin, "all")
