@@ -19,14 +19,14 @@
 #                                                  pseudo-replay-tune, pseudo-replay-check, head, defer, defer-check,
 #                                                  packed-form, packed-form-check, packed-form-curve, unroll-form,
 #                                                  step-block, sure-steps, fetch-first, step-ncu, loop-form, loop-form-default,
-#                                                  train-bptt
+#                                                  train-bptt, huginn-bptt-check
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form | step-block | sure-steps | fetch-first | step-ncu | loop-form | loop-form-default | train-bptt}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form | step-block | sure-steps | fetch-first | step-ncu | loop-form | loop-form-default | train-bptt | huginn-bptt-check}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -1102,6 +1102,18 @@ train-bptt)  # issue 15: does depth matter when the gradient reaches through the
     for run in m16 m32; do cp "$dir/ck/bptt-$run/train_log.json" "$dir/train_log_bptt_$run.json"; done
     tar czf "$out/ck.tgz" -C "$dir" ck && split -b 15m -d "$out/ck.tgz" "$out/ck.tgz.part" && rm "$out/ck.tgz" \
         && rm -rf "$dir/ck"
+    ;;
+huginn-bptt-check)  # issue 15: the tiny Huginn checkpoint continued with backprop through the whole recurrence
+    # (train-bptt): every lossless looped method against AR (bf16 equality, speed; exact path), DAS-Wave end to end at
+    # R = 32, then one generate() call's compile time per method on both tiny checkpoints at this code
+    step 120 exact_huginn python scripts/bench_exact.py --part tiny --models huginn --modes exact \
+        --num-prompts 8 --prompt-len 64 --tag _huginn_bptt --out "$dir"
+    step 140 looped_dw python scripts/bench_looped_spec.py --grid small --methods das-wave --num-prompts 8 \
+        --time-budget-s 110 --out "$dir"
+    step 80 compile_huginn python scripts/bench_compile.py --model checkpoints/tiny-huginn-code --time-budget-s 50 \
+        --out "$dir"
+    step $(( ${COMPILE_END_S:-510} - SECONDS )) compile_qwen python scripts/bench_compile.py \
+        --model checkpoints/tiny-qwen35-code --time-budget-s 110 --out "$dir"
     ;;
 *)
     echo "unknown part $part" >&2

@@ -56,7 +56,8 @@ def write_readme(out: Path, o: TrainOptions, summary: dict) -> None:
         f"# {out.name}",
         "",
         f"Tiny {'Qwen3.5 hybrid (Gated DeltaNet + gated full attention 3:1) with a 1-layer MTP head' if o.arch == 'qwen35' else 'Huginn-style looped (recurrent-depth) model'}, "
-        "trained from scratch by `scripts/train_tiny.py` on Python source code (see Data). "
+        f"trained {'further (from an earlier checkpoint, see Training)' if getattr(o, 'init_from', '') else 'from scratch'} "
+        "by `scripts/train_tiny.py` on Python source code (see Data). "
         "A test / demo checkpoint for specdec_jax, not a useful language model.",
         "",
         "## Data",
@@ -87,8 +88,9 @@ def write_readme(out: Path, o: TrainOptions, summary: dict) -> None:
         lines.append(f"- loss: next-token CE + {o.mtp_weight} x {mtp_loss} (joint)")
     else:
         floor = f", at least {o.min_recurrence}" if getattr(o, "min_recurrence", 1) > 1 else ""
-        lines.append(f"- recurrence per step ~ Poisson-LogNormal(mean {o.mean_recurrence}) + 1{floor}, truncated backprop "
-                     f"through the last {o.backprop_depth}, zero initial state "
+        # The official draw centres on max(mean_recurrence, backprop_depth) (`sample_recurrence`).
+        lines.append(f"- recurrence per step ~ Poisson-LogNormal(mean {max(o.mean_recurrence, o.backprop_depth)}) + 1"
+                     f"{floor}, truncated backprop through the last {o.backprop_depth}, zero initial state "
                      f"(mean sampled recurrence {s.get('mean_sampled_recurrence', float('nan')):.2f})")
     if getattr(o, "init_from", ""):
         lines.append(f"- continued from the weights of `{_shown_path(o.init_from)}`; how those were trained "

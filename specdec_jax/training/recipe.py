@@ -351,7 +351,7 @@ def huginn_loss(params: dict, cfg: looped.LoopedConfig, tokens: jax.Array, n_no_
 
 def sample_recurrence(rng: np.random.Generator, mean_recurrence: int, backprop_depth: int,
                       min_recurrence: int = 1) -> tuple[int, int]:
-    """(no-grad steps, grad steps), the official poisson-lognormal-filling draw (total mean ~ mean + 1), a total
+    """(no-grad steps, grad steps), the official poisson-lognormal-filling draw (total mean ~ max(mean, backprop_depth) + 1), a total
     below `min_recurrence` raised to it (the random draws are the same whatever the bound: 1 is the official draw)."""
     if min_recurrence < 1:
         raise ValueError(f"sample_recurrence: min_recurrence must be >= 1; got {min_recurrence}")
