@@ -1083,7 +1083,7 @@ loop-form-default)  # issue 12: at the new default (the step kernel a loop from 
     ;;
 train-bptt)  # issue 15: does depth matter when the gradient reaches through the whole recurrence? The shipped 2+2+2
     # checkpoint continued (--init-from) with backprop through every sampled step (windows 32 and 48, each step's
-    # activations recomputed: --remat-recurrence) at recurrence means 16 and 32, side by side; held-out loss at
+    # activations recomputed: --remat-recurrence; the draws centre on max(mean, window): 32 and 48), side by side; held-out loss at
     # r = 1..64; both checkpoints come back as tar parts of <= 15 MiB
     step 200 corpus python scripts/build_corpus.py --out build/corpus --tokenizer checkpoints/tiny-qwen35-code
     budget=$(( ${TRAIN_END_S:-430} - SECONDS ))
