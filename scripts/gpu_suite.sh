@@ -19,14 +19,14 @@
 #                                                  pseudo-replay-tune, pseudo-replay-check, head, defer, defer-check,
 #                                                  packed-form, packed-form-check, packed-form-curve, unroll-form,
 #                                                  step-block, sure-steps, fetch-first, step-ncu, loop-form, loop-form-default,
-#                                                  train-bptt, huginn-bptt-check
+#                                                  train-bptt, huginn-bptt-check, train-depth-curve
 #
 # Needs: fla-core 0.6.0 on PYTHONPATH for `gdn` (carried wheel), build/corpus (carried) for `qwen`.
 # Every benchmark runs under its own `timeout` and writes its JSON/Markdown as it goes; everything
 # under OUT_DIR/PART is packed into OUT_DIR/PART.tgz at the end (the device returns at most 8 files).
 # BENCH_GIT_COMMIT should hold the commit (the device copy has no .git).
 set -u
-part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form | step-block | sure-steps | fetch-first | step-ncu | loop-form | loop-form-default | train-bptt | huginn-bptt-check}
+part=${1:?part: decode | curve | final | tiny | exact | exact-curve | gdn | qwen | ab | tune | looped | looped-grid | exact-all | qwen-all | looped-scale | reuse | train | train-huginn | retrained | selfdraft | profile | graphs | replay | current | train-depth | live | live-check | preload | rolled | rolled-curve | rolled-check | waits | nocb | replay-kept | loop-forms | loop-forms-tiny | stacked | stacked-check | train-depth-floor | convstack | fixedcost | fixedcost-trace | cmdbuf | cbwhile | cbmodes | concurrent | tune-replay | cbmodes2 | unroll | loops | fp32 | fp32-check | looped-unroll | fp32-curve | fp32-g16 | stash | stash-check | stash-bits | repeat-procs | strict-xla | exact-options | exact-options-cost | looped-options | thunks | looped-curve-options | recycle | mtp-blocks | mtp-final | mtp-splits | mtp-gather | mtp-defaults | mtp-fuse | mtp-chain | mtp-chain-check | compile | pseudo-replay | pseudo-replay-tune | pseudo-replay-check | head | defer | defer-check | packed-form | packed-form-check | packed-form-curve | unroll-form | step-block | sure-steps | fetch-first | step-ncu | loop-form | loop-form-default | train-bptt | huginn-bptt-check | train-depth-curve}
 out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
@@ -1114,6 +1114,54 @@ huginn-bptt-check)  # issue 15: the tiny Huginn checkpoint continued with backpr
         --out "$dir"
     step $(( ${COMPILE_END_S:-510} - SECONDS )) compile_qwen python scripts/bench_compile.py \
         --model checkpoints/tiny-qwen35-code --time-budget-s 110 --out "$dir"
+    ;;
+train-depth-curve)  # issue 15: does the r = 4 - r = 32 gap keep growing with training, and does depth matter once no
+    # draw is shallow? The shipped checkpoint continued with its own recipe (mean 16, window 32) and with every draw
+    # >= 32 (--min-recurrence 32, window 32), side by side, held-out loss at r = 4, 8, 32 every 100 steps. LEG=2
+    # continues each leg-1 run (build/stage, kept on a warm machine) for a second leg; checkpoints come back as tar parts
+    step 200 corpus python scripts/build_corpus.py --out build/corpus --tokenizer checkpoints/tiny-qwen35-code
+    leg=${LEG:-1}
+    budget=$(( ${TRAIN_END_S:-440} - SECONDS ))
+    echo "leg $leg: training budget ${budget} s per run" | tee -a "$dir/suite.log"
+    common=(--arch huginn --corpus build/corpus --batch 128 --seq-len 512 --intermediate 1024 --prelude 2 --core 2
+            --coda 2 --lr 1e-3 --warmup-steps 30 --seed "$leg" --steps 200000 --time-budget-s "$budget" --eval-every 100
+            --eval-max-tokens 262144 --keep-best --log-every 25 --remat-recurrence --backprop-depth 32
+            --periodic-eval-depths 4,8,32 --eval-depths 1,2,4,8,16,32,64 ${TRAIN_ARGS:-})
+    export XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
+    limit=$(( ${LIMIT_END_S:-570} - SECONDS ))
+    for run in w32 floor32; do
+        init=checkpoints/tiny-huginn-code
+        if [ "$leg" != 1 ]; then
+            init=build/stage/$run-leg$((leg - 1))
+            [ -f "$init/model.safetensors" ] || { echo "leg $leg: $init missing (machine not warm)" | tee -a "$dir/suite.log"; continue; }
+        fi
+        extra=(--mean-recurrence 16)
+        [ "$run" = floor32 ] && extra=(--mean-recurrence 32 --min-recurrence 32)
+        step "$limit" "train_${run}_leg$leg" python scripts/train_tiny.py "${extra[@]}" --init-from "$init" \
+            --out "build/stage/$run-leg$leg" "${common[@]}" &
+    done
+    wait
+    mkdir -p "$dir/ck"
+    for run in w32 floor32; do
+        [ -d "build/stage/$run-leg$leg" ] || continue
+        cp "build/stage/$run-leg$leg/train_log.json" "$dir/train_log_${run}_leg$leg.json"
+        cp -r "build/stage/$run-leg$leg" "$dir/ck/"
+    done
+    python - "$dir" <<'PY'
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).glob("train_log_*.json")):
+    d = json.loads(f.read_text())
+    print(f.stem, "steps", d["summary"].get("steps"))
+    for e in d["evals"]:
+        c = e.get("ce_per_depth") or {}
+        if c:
+            print(f"  step {e['step']:5d}  r4 {c['4']:.4f} r8 {c['8']:.4f} r32 {c['32']:.4f}  r4-r32 {c['4'] - c['32']:.4f}"
+                  f"  r8-r32 {c['8'] - c['32']:.4f}")
+    pd = d["summary"].get("eval", {}).get("per_depth") or {}
+    print("  final", {k: round(v["ce"], 4) if isinstance(v, dict) else v for k, v in pd.items()})
+PY
+    tar czf "$out/ck.tgz" -C "$dir" ck && split -b 15m -d "$out/ck.tgz" "$out/ck.tgz.part" && rm "$out/ck.tgz" \
+        && rm -rf "$dir/ck"
     ;;
 *)
     echo "unknown part $part" >&2

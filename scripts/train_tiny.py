@@ -81,6 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     g.add_argument("--remat-recurrence", action="store_true",
                    help="huginn: recompute each backprop step's activations (memory flat in --backprop-depth)")
     g.add_argument("--eval-depths", type=_depths, default=d.eval_depths, help="huginn, e.g. 1,2,4,8,16,32")
+    g.add_argument("--periodic-eval-depths", type=_depths, default=d.periodic_eval_depths,
+                   help="huginn: depths each periodic evaluation also reports (besides the mean recurrence), e.g. 4,8,32")
     args = p.parse_args(argv)
     for name in ("steps", "batch", "seq_len", "log_every", "min_recurrence"):
         if getattr(args, name) < 1:

@@ -125,7 +125,7 @@ def test_huginn_training_lowers_loss_and_loads(tmp_path):
     """Continued from a checkpoint (init_from; its first loss is the saved weights' loss on the first batch and
     draw, which a fresh init does not give), with a deep rematerialized backprop window."""
     o = _options(tmp_path, "huginn", steps=30, init_from=str(tmp_path / "start"), backprop_depth=6,
-                 remat_recurrence=True)
+                 remat_recurrence=True, eval_every=20, periodic_eval_depths=(1,))
     cfg = training.huginn_config(VOCAB, o)
     start = training.init_huginn_params(cfg, jax.random.PRNGKey(7))
     training.save_checkpoint(tmp_path / "start", "huginn", start, cfg, training.huginn_config_dict(VOCAB, o), None)
@@ -140,7 +140,11 @@ def test_huginn_training_lowers_loss_and_loads(tmp_path):
     assert hist[0]["loss"] == pytest.approx(start_loss(start), abs=1e-3)  # bf16: jitted vs eager
     fresh = training.init_huginn_params(cfg, jax.random.PRNGKey(o.seed))
     assert abs(start_loss(fresh) - start_loss(start)) > 2e-2, (start_loss(fresh), start_loss(start))
-    assert json.loads((tmp_path / "huginn" / "train_log.json").read_text())["init_from"]["path"] == o.init_from
+    log = json.loads((tmp_path / "huginn" / "train_log.json").read_text())
+    assert log["init_from"]["path"] == o.init_from
+    periodic = log["evals"][0]  # step 20: the loss at the mean recurrence (4) and at each periodic depth
+    assert periodic["step"] == 20 and set(periodic["ce_per_depth"]) == {"1", "4"}
+    assert periodic["ce_per_depth"]["4"] == pytest.approx(periodic["ce"]) and periodic["ce_per_depth"]["1"] > periodic["ce"]
     assert summary["final_train_loss"] < hist[0]["loss"] - 1.0, (hist[0], summary["final_train_loss"])
     assert set(summary["eval"]["per_depth"]) == {1, 4}
     assert summary["eval"]["per_depth"][4]["ce"] < math.log(VOCAB) - 1.0

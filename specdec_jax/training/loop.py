@@ -203,15 +203,18 @@ def run_training(o: TrainOptions, train_ids: np.ndarray, heldout_ids: np.ndarray
         if o.eval_every and step % o.eval_every == 0 and step < o.steps:
             jax.block_until_ready(params)
             t_eval = time.perf_counter()
-            ev = evaluate(params)
-            evals.append(dict(step=step, **{k: v for k, v in ev.items() if k != "per_depth"}))
+            ev = evaluate(params, (o.mean_recurrence, *o.periodic_eval_depths) if o.arch == "huginn" else None)
+            evals.append(dict(step=step, **{k: v for k, v in ev.items() if k != "per_depth"},
+                              **({"ce_per_depth": {r: m["ce"] for r, m in ev["per_depth"].items()}}
+                                 if o.arch == "huginn" and o.periodic_eval_depths else {})))
             if o.keep_best and ev["ce"] < best_ce:
                 # A copy: the next step donates `params`.
                 best_ce, best_step, best_params = ev["ce"], step, jax.tree.map(jnp.copy, params)
             eval_s += time.perf_counter() - t_eval
             log(f"eval step {step}: held-out loss {ev['ce']:.4f} ppl {ev['ppl']:.2f} acc {ev['acc']:.3f}"
                 + (f"  mtp loss {ev['mtp_ce']:.4f} acc {ev['mtp_acc']:.3f} agree {ev['mtp_agree']:.3f}"
-                   if "mtp_ce" in ev else ""))
+                   if "mtp_ce" in ev else "")
+                + "".join(f"  r={r} {v:.4f}" for r, v in evals[-1].get("ce_per_depth", {}).items()))
     if pending is not None:
         m = {k: float(v) for k, v in jax.device_get(pending[2]).items()}
         window_losses.append(m["loss"])

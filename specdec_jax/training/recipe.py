@@ -69,6 +69,7 @@ class TrainOptions:
     remat_recurrence: bool = False  # huginn: recompute each backprop step's activations (deep windows)
     init_from: str = ""  # a checkpoint folder of the same architecture and sizes to continue from ("" = random init)
     eval_depths: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    periodic_eval_depths: tuple[int, ...] = ()  # huginn: extra depths each periodic evaluation reports (the loss curve per r)
     command: str = ""
     quiet: bool = False
 
