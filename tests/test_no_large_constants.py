@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 import specdec_jax as sj
 from specdec_jax.decoding import compiled
@@ -27,6 +28,23 @@ def _largest_hlo_constant(text: str) -> int:
 def _largest_stablehlo_constant(text: str) -> int:
     return max([int(np.prod([int(d) for d in dims.split("x") if d])) for dims in _STABLEHLO_CONSTANT.findall(text)]
                + [0])
+
+
+@pytest.fixture(autouse=True)
+def embed_every_constant():
+    """Since jax 0.12 a closed-over array larger than `jax_embedded_constants_max_bytes` (1 KiB) is hoisted into an
+    extra argument of the executable instead of an HLO constant, so the programs' text would no longer show it. Raised
+    here, every closed-over array is embedded as under jax 0.11 (the GPU image's), where it is what makes XLA fold
+    constants for minutes; the check reads the same programs under either version."""
+    if not hasattr(jax.config, "jax_embedded_constants_max_bytes"):  # jax 0.11: always embedded
+        yield
+        return
+    before = jax.config.jax_embedded_constants_max_bytes
+    jax.config.update("jax_embedded_constants_max_bytes", 2 ** 40)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_embedded_constants_max_bytes", before)
 
 
 def test_generation_programs_take_parameters_as_arguments():
