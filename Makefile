@@ -1,5 +1,6 @@
 # Two commands on a fresh machine: `make test` (whole CPU suite) and `make demo` (the main job).
-# Both create .venv with python3.12 when it is missing.
+# Both create .venv with python3.12 when it is missing; the demo installs the runtime only (no torch, optax or
+# matplotlib: .installed-demo), the tests everything (.installed), which also serves the demo.
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -13,7 +14,17 @@ $(VENV)/.installed: pyproject.toml
 	@if [ -z "$(PYTHON312)" ]; then echo "error: python3.12 not found (install it, or set PYTHON312=/path/to/python3.12)" >&2; exit 2; fi
 	@[ -x $(PY) ] || $(PYTHON312) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,train]'
+	$(PY) -m pip install -q -e '.[test,train,bench]'
+	@touch $@
+
+# The runtime only; an up-to-date test install already holds it.
+$(VENV)/.installed-demo: pyproject.toml
+	@if [ ! $(VENV)/.installed -nt pyproject.toml ]; then \
+		if [ -z "$(PYTHON312)" ]; then echo "error: python3.12 not found (install it, or set PYTHON312=/path/to/python3.12)" >&2; exit 2; fi; \
+		[ -x $(PY) ] || $(PYTHON312) -m venv $(VENV) || exit 2; \
+		echo "installing the runtime into $(VENV) (no torch: make test adds the test extras)"; \
+		$(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e . || exit 2; \
+	fi
 	@touch $@
 
 venv: $(VENV)/.installed
@@ -21,7 +32,7 @@ venv: $(VENV)/.installed
 test: $(VENV)/.installed
 	JAX_PLATFORMS=cpu $(PY) -m pytest -n 2 --dist loadfile tests
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.installed-demo
 	JAX_PLATFORMS=cpu $(PY) -m specdec_jax generate --method ngram --gamma 8 --compare-ar --max-new-tokens 128 \
 		--prompt 'def read_json(path):\n    """Load and return the JSON document stored at path."""'
 

@@ -1,15 +1,17 @@
 """specdec_jax: exact speculative decoding for Qwen3.5 hybrids and looped models in JAX.
 
 Public API:
-    load(path, dtype="bfloat16", mesh=None) -> Model   (mesh: a jax.sharding.Mesh with an axis "tp")
+    load(path, dtype="bfloat16", mesh=None) -> Model   (path: a checkpoint folder, or "tiny-qwen" / "tiny-huginn"
+        for the shipped ones; mesh: a jax.sharding.Mesh with an axis "tp")
     forward_logits(model, input_ids, **options) -> [B, T, vocab] float32
     generate(model, input_ids, max_new_tokens, method="ar", temperature=0.0, seed=0, **options)
         -> GenerateResult(tokens [B, max_new_tokens], stats)
+    generate_text(model, prompt_or_prompts, max_new_tokens, **options) -> TextResult(text, tokens, stats)
 """
 
-from .api import forward_logits, generate, load, supported_methods
+from .api import forward_logits, generate, generate_text, load, supported_methods
 from .errors import CheckpointError, InputError, SpecdecError
-from .model import GenerateResult, Model
+from .model import GenerateResult, Model, TextResult
 
-__all__ = ["load", "forward_logits", "generate", "supported_methods", "Model", "GenerateResult",
-           "SpecdecError", "CheckpointError", "InputError"]
+__all__ = ["load", "forward_logits", "generate", "generate_text", "supported_methods", "Model", "GenerateResult",
+           "TextResult", "SpecdecError", "CheckpointError", "InputError"]

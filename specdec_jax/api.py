@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax.numpy as jnp
@@ -11,11 +12,12 @@ from .config import read_config
 from .decoding.autoregressive import generate_ar
 from .decoding.decode_shape import exact_rows
 from .decoding.sampling import SamplingConfig
-from . import methods, sharding
+from . import compile_cache, methods, sharding, shipped
 from .errors import InputError
 from .loading import TensorSource, resolve_dtype
 from .methods import DRAFT_TABLES_FILE
-from .model import GenerateResult, Model
+from .model import GenerateResult, Model, TextResult
+from .decoding.buckets import split_prompts
 from .options import check_context_length, float_option, int_option, validate_input_ids
 
 QWEN35_METHODS = methods.family_methods("qwen3_5")
@@ -23,7 +25,9 @@ LOOPED_METHODS = methods.family_methods("looped")
 
 
 def load(path: str | os.PathLike, dtype="bfloat16", mesh=None) -> Model:
-    """Load an HF checkpoint folder (config.json + safetensors) as a `Model`.
+    """Load an HF checkpoint folder (config.json + safetensors) as a `Model`; `model.tokenizer` is the folder's
+    tokenizer (None when it has none). `path` may also name a shipped checkpoint: "tiny-qwen", "tiny-huginn"
+    (shipped.py; a folder of that name wins).
 
     Qwen3.5 (`qwen3_5`, `qwen3_5_text`, `qwen3_5_moe`, `qwen3_5_moe_text`) and looped models
     (`huginn_raven`: Huginn-0125 and the Raven retrofits). Every tensor's presence and shape is
@@ -33,14 +37,16 @@ def load(path: str | os.PathLike, dtype="bfloat16", mesh=None) -> Model:
     Heads, MLP columns, experts and the vocabulary are split over that axis (sharding.py); generation then
     runs the same jitted steps on every device of the mesh. Whether the model can be split is checked first.
     """
-    path = os.fspath(path)
+    compile_cache.enable()
+    path = shipped.resolve(path)
     cfg = read_config(path)
     jdtype = resolve_dtype(dtype)
     if mesh is not None:
         cfg = _with_mesh(cfg, mesh, path)
+    tokenizer = _folder_tokenizer(path)  # before the weights: a broken tokenizer fails fast
     if cfg.family == "looped":
         from .models import looped
-        return looped.load_looped(path, dtype)
+        return dataclasses.replace(looped.load_looped(path, dtype), tokenizer=tokenizer)
     from .models import qwen35
     source = TensorSource(path)
     params = qwen35.load_params(source, cfg, jdtype)
@@ -50,7 +56,13 @@ def load(path: str | os.PathLike, dtype="bfloat16", mesh=None) -> Model:
         params["draft"] = load_draft_tables(tables, cfg.vocab_size)
         if cfg.mesh is not None:
             params["draft"] = sharding.replicate(params["draft"], cfg.mesh)
-    return Model(config=cfg, params=params, path=path, dtype=jdtype)
+    return Model(config=cfg, params=params, path=path, dtype=jdtype, tokenizer=tokenizer)
+
+
+def _folder_tokenizer(path: str):
+    """The folder's tokenizer, None when it has no tokenizer files; CheckpointError when they do not load."""
+    from . import text
+    return text.load_tokenizer(path) if text.has_tokenizer(path) else None
 
 
 def _with_mesh(cfg, mesh, path: str):
@@ -91,25 +103,32 @@ def forward_logits(model: Model, input_ids, **options):
 def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", temperature: float = 0.0,
              seed: int = 0, *, top_k: int = 0, top_p: float = 1.0, eos_token_id=None, max_len: int | None = None,
              **method_options) -> GenerateResult:
-    """Generate `max_new_tokens` tokens after `input_ids` [B, T]; the whole loop runs on device.
+    """Generate `max_new_tokens` tokens after each prompt; the whole loop runs on device.
 
+    input_ids: [B, T] token ids, or a list of B 1-D sequences of any lengths (a ragged batch: Qwen3.5 models).
     result.tokens [B, max_new_tokens] (new tokens only; after its EOS a row is padded with the first EOS id);
-    result.stats: new_tokens, seconds, tokens_per_second, ... (see GenerateResult).
+    result.stats: new_tokens, seconds, tokens_per_second, compile_seconds, compiled_programs (0 when every
+    program was reused), ... (see GenerateResult).
     eos_token_id: None = the config's EOS ids, False/() = never stop early, int or list of ints.
-    max_len: KV-cache length (default prompt + max_new_tokens).
+    max_len: KV-cache length (default: the bucket of prompt + max_new_tokens + the last verification's rows;
+    Qwen3.5 programs are compiled per bucket, not per prompt length: decoding/buckets.py).
     """
-    ids = validate_input_ids(input_ids, model.vocab_size)
+    compile_cache.enable()
+    prompts = split_prompts(input_ids, model.vocab_size)
+    longest = max(len(p) for p in prompts)
     spec = methods.lookup(model, method)
     args = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
             "seed": seed}
     max_new_tokens = int_option(args, "max_new_tokens", None, 1)
-    sampling = SamplingConfig(float_option(args, "temperature", None, 0.0, 1e30, " (finite)"),
+    sampling = SamplingConfig(float_option(args, "temperature", None, 0.0),
                               int_option(args, "top_k", None, 0, None, " (0 = off)"),
-                              float_option(args, "top_p", None, 0.0, 1.0))
+                              float_option(args, "top_p", None, 0.0, 1.0, lo_open=True))
     seed = int_option(args, "seed", None, 0, 2 ** 32 - 1, " (a 32-bit PRNG seed)")
     if max_len is not None:
         max_len = int_option({"max_len": max_len}, "max_len", None, 1)
     eos_ids = _eos_ids(eos_token_id, model)
+    if model.family == "looped":
+        ids = _equal_lengths(prompts, "looped models")
     if spec.kind == methods.LOOPED_SPEC:
         # Looped self-speculation sizes its own cache (its default gamma depends on the method).
         from .decoding.looped_spec import generate_looped_spec
@@ -117,43 +136,68 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
                                     eos_ids=eos_ids, max_len=max_len, **method_options)
     methods.check_options(spec, method_options)
     if spec.kind == methods.TREE:
-        return _generate_tree_qwen(model, ids, int(max_new_tokens), spec, max_len, sampling, seed, eos_ids,
+        # The tree's node count is known only once its options are read: _generate_tree_qwen buckets the cache.
+        return _generate_tree_qwen(model, prompts, int(max_new_tokens), spec, max_len, sampling, seed, eos_ids,
                                    method_options)
-    gamma = (int_option(method_options, "gamma", spec.default_gamma, 0, None, " (the draft length)")
+    gamma = (int_option(method_options, "gamma", spec.default_gamma, 1, None, " (the draft length)")
              if spec.kind == methods.CHAIN else 0)
     rows = exact_rows(method_options, gamma, model.family, _not_exact_because(model.family, method_options, gamma))
     extra, extra_what = (rows, f"decode_rows ({rows})") if rows else (gamma, f"gamma ({gamma})")
-    needed = ids.shape[1] + int(max_new_tokens) + extra
-    check_context_length(needed, model.config.max_position_embeddings,
-                         f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens})"
-                         + (f" + {extra_what}" if extra else ""))
-    if max_len is None:
-        max_len = needed
-    if needed > max_len:
-        raise InputError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens})"
-                         + (f" + {extra_what}" if extra else "") + f" = {needed} exceeds the cache length "
-                         f"max_len={max_len}")
+    needed = longest + int(max_new_tokens) + extra
+    what = (f"prompt ({longest} tokens{' in the longest row' if len(prompts) > 1 else ''}) + max_new_tokens "
+            f"({max_new_tokens})" + (f" + {extra_what}" if extra else ""))
+    check_context_length(needed, model.config.max_position_embeddings, what)
+    if max_len is not None and needed > max_len:
+        raise InputError(f"{what} = {needed} exceeds the cache length max_len={max_len}")
     if spec.kind == methods.CHAIN:
-        return _generate_speculative_qwen(model, ids, int(max_new_tokens), spec, gamma, max_len, sampling, seed,
-                                          eos_ids, method_options, rows)
+        buckets = _buckets(model, prompts, needed, max_len, eos_ids)
+        return _generate_speculative_qwen(model, int(max_new_tokens), spec, gamma, sampling, seed, eos_ids,
+                                          method_options, rows, buckets)
     # AR: the family's remaining options choose the model (looped: num_steps, cache_mode); checked there.
     from .models.family import family_for
     family = family_for(model.config, **{k: v for k, v in method_options.items() if k not in ("exact", "decode_rows")})
-    return generate_ar(family, model, ids, int(max_new_tokens), decode_rows=rows, max_len=max_len, sampling=sampling,
-                       seed=seed, eos_ids=eos_ids)
+    if family.prefill_forward is None:  # exact shapes: the prompt as given, the cache as needed
+        return generate_ar(family, model, ids, int(max_new_tokens), decode_rows=rows, max_len=max_len or needed,
+                           sampling=sampling, seed=seed, eos_ids=eos_ids)
+    buckets = _buckets(model, prompts, needed, max_len, eos_ids)
+    return generate_ar(family, model, buckets.pop("ids"), int(max_new_tokens), decode_rows=rows, sampling=sampling,
+                       seed=seed, eos_ids=eos_ids, **buckets)
+
+
+def _equal_lengths(prompts: list, who: str) -> np.ndarray:
+    """The prompts as one [B, T] array; InputError when their lengths differ (a family without padded prefill)."""
+    lengths = sorted({len(p) for p in prompts})
+    if len(lengths) > 1:
+        raise InputError(f"prompts of unequal lengths ({lengths[0]}..{lengths[-1]} tokens) are not supported for "
+                         f"{who} yet; pass a batch of equal lengths, or one prompt per call")
+    return np.stack(prompts)
+
+
+def _buckets(model: Model, prompts: list, needed: int, max_len: int | None, eos_ids: tuple) -> dict:
+    """The shapes a generation compiles for (`decoding.buckets`): the padded prompt buffer `ids` [B, P] and its
+    valid lengths `lens` [B], the cache length `max_len` (the caller's, or the bucket of `needed` positions,
+    within the model's context), the prefill `chunk`, and `token_buffer` (0: max_new_tokens is part of the decode
+    program, see `buckets.static_new_tokens`)."""
+    from .decoding import buckets
+    from .decoding.speculative import sure_steps_enabled
+    if max_len is None:
+        max_len = max(needed, min(buckets.cache_bucket(needed), model.config.max_position_embeddings))
+    longest = max(len(p) for p in prompts)
+    chunk = buckets.prefill_chunk(longest)
+    ids, lens = buckets.pad_prompts(prompts, buckets.prompt_buffer(max_len, chunk))
+    token_buffer = 0 if buckets.static_new_tokens(eos_ids, sure_steps_enabled()) else max_len
+    return dict(ids=ids, lens=lens, max_len=max_len, chunk=chunk, token_buffer=token_buffer)
 
 
 def _not_exact_because(family: str, options: dict, gamma: int) -> str | None:
-    """Why a generation of this family with these options cannot take the exact path (None: it can)."""
-    from .decoding.decode_shape import MAX_DECODE_ROWS
+    """Why a generation of this family with these options cannot take the exact path (None: it can; a gamma
+    past the exact path's rows is refused by exact_rows unless exact=False)."""
     if family == "looped":
         return ("a compressed cache is another model (cache_mode='full' is exact)"
                 if options.get("cache_mode") == "compressed" else None)
     if options.get("rollback") == "pseudo":
         return ("rollback='pseudo' rebuilds the GDN state from pseudo-values, exact only in exact arithmetic "
                 "(use rollback='replay' or 'snapshot')")
-    if gamma + 1 > MAX_DECODE_ROWS:
-        return f"gamma + 1 = {gamma + 1} exceeds the {MAX_DECODE_ROWS} rows the step recurrence verifies"
     return None
 
 
@@ -171,13 +215,14 @@ def _eos_ids(eos_token_id, model: Model) -> tuple[int, ...]:
     return tuple(int(i) for i in ids)
 
 
-def _generate_speculative_qwen(model, ids, max_new_tokens, spec, gamma, max_len, sampling, seed, eos_ids,
-                               options, rows: int) -> GenerateResult:
-    """Chain speculation with the method's drafter (options already checked against the method's set)."""
+def _generate_speculative_qwen(model, max_new_tokens, spec, gamma, sampling, seed, eos_ids, options, rows: int,
+                               buckets: dict) -> GenerateResult:
+    """Chain speculation with the method's drafter (options already checked against the method's set), at the
+    shapes `buckets` (`_buckets`)."""
     from .decoding.speculative import DEFAULT_ROLLBACK, ROLLBACK_MODES, generate_speculative
     from .models.qwen35 import MAX_RECURRENT_VERIFY
     # Replay verifies through the step recurrence (at most MAX_RECURRENT_VERIFY positions); longer drafts
-    # default to the pseudo-value commit, which has no limit.
+    # (reached only with exact=False: exact_rows refuses them otherwise) default to the pseudo-value commit.
     rollback = options.get("rollback", DEFAULT_ROLLBACK if gamma + 1 <= MAX_RECURRENT_VERIFY else "pseudo")
     if rollback not in ROLLBACK_MODES:
         raise InputError(f"rollback must be one of {ROLLBACK_MODES}; got {rollback!r}")
@@ -185,15 +230,16 @@ def _generate_speculative_qwen(model, ids, max_new_tokens, spec, gamma, max_len,
         raise InputError(f"{rollback} rollback verifies at most {MAX_RECURRENT_VERIFY} positions; gamma={gamma} "
                          f"needs {gamma + 1} (rollback='pseudo' has no limit)")
     drafter = spec.drafter(model, options)
-    return generate_speculative(model.params, model.config, ids, max_new_tokens, drafter=drafter, gamma=gamma,
-                                max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
-                                state_dtype=model.dtype, rollback=rollback, decode_rows=rows)
+    buckets = dict(buckets)
+    return generate_speculative(model.params, model.config, buckets.pop("ids"), max_new_tokens, drafter=drafter,
+                                gamma=gamma, sampling=sampling, seed=seed, eos_ids=eos_ids, state_dtype=model.dtype,
+                                rollback=rollback, decode_rows=rows, **buckets)
 
 
 DEFAULT_TREE = (4, 2, 1)
 
 
-def _generate_tree_qwen(model, ids, max_new_tokens, spec, max_len, sampling, seed, eos_ids,
+def _generate_tree_qwen(model, prompts, max_new_tokens, spec, max_len, sampling, seed, eos_ids,
                         options) -> GenerateResult:
     """Draft trees (static branching per level), verified with tree attention and tree-WY GDN; greedy or
     exact sampling (multi-draft recursive rejection sampling over the tree)."""
@@ -213,13 +259,64 @@ def _generate_tree_qwen(model, ids, max_new_tokens, spec, max_len, sampling, see
     rollback = options.get("rollback", "pseudo")
     if rollback not in ROLLBACK_MODES:
         raise InputError(f"rollback must be one of {ROLLBACK_MODES}; got {rollback!r}")
-    need = ids.shape[1] + max_new_tokens + len(parents)
+    longest = max(len(p) for p in prompts)
+    need = longest + max_new_tokens + len(parents)
     check_context_length(need, model.config.max_position_embeddings,
-                         f"prompt ({ids.shape[1]}) + max_new_tokens ({max_new_tokens}) + tree nodes ({len(parents)})")
+                         f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) + tree nodes ({len(parents)})")
     if max_len is not None and max_len < need:
-        raise InputError(f"prompt ({ids.shape[1]}) + max_new_tokens ({max_new_tokens}) + tree nodes "
+        raise InputError(f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) + tree nodes "
                          f"({len(parents)}) = {need} exceeds max_len={max_len}")
     drafter = spec.drafter(model, options)
-    return generate_tree(model.params, model.config, ids, max_new_tokens, drafter=drafter, parents=parents,
-                         max_len=max_len, eos_ids=eos_ids, state_dtype=model.dtype, rollback=rollback, seed=seed,
-                         sampling=sampling)
+    buckets = _buckets(model, prompts, need, max_len, eos_ids)
+    return generate_tree(model.params, model.config, buckets.pop("ids"), max_new_tokens, drafter=drafter,
+                         parents=parents, eos_ids=eos_ids, state_dtype=model.dtype, rollback=rollback, seed=seed,
+                         sampling=sampling, **buckets)
+
+
+def generate_text(model: Model, prompt, max_new_tokens: int, **options) -> TextResult:
+    """Text in, text out: encode `prompt` (a str, or a list of str) with `model.tokenizer`, `generate`, decode
+    each continuation through its first EOS. options: `generate`'s (method, temperature, gamma, ...).
+
+    result.text: a str for a str prompt, a list of str for a list; result.tokens likewise (lists of ids);
+    result.stats: the generation's. Prompts of unequal token lengths go to `generate` as a ragged list, or one
+    call each where it takes none.
+    """
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise InputError(f"generate_text needs a tokenizer; the model loaded from {model.path!r} has none (a "
+                         f"tokenizer.json beside config.json), so encode the prompt yourself and call generate")
+    single = isinstance(prompt, str)
+    prompts = [prompt] if single else prompt
+    if not isinstance(prompts, (list, tuple)) or not prompts or not all(isinstance(p, str) for p in prompts):
+        raise InputError(f"generate_text takes a prompt (str) or a non-empty list of str; got {prompt!r:.80}")
+    encoded = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    for p, ids in zip(prompts, encoded):
+        if not ids:
+            raise InputError(f"prompt {p!r:.80} encodes to no tokens")
+    eos_ids = set(_eos_ids(options.get("eos_token_id"), model))
+    if len({len(ids) for ids in encoded}) == 1:
+        outs = [generate(model, np.asarray(encoded, np.int32), max_new_tokens, **options)]
+    else:
+        try:
+            outs = [generate(model, [np.asarray(ids, np.int32) for ids in encoded], max_new_tokens, **options)]
+        except InputError as e:
+            # A generate without ragged batches refuses the list (input_ids / equal lengths): one call per prompt.
+            if "input_ids" not in str(e) and "equal" not in str(e):
+                raise
+            outs = [generate(model, [ids], max_new_tokens, **options) for ids in encoded]
+    tokens = []
+    for row in (r for out in outs for r in np.asarray(out.tokens)):
+        ids = [int(t) for t in row]
+        end = next((i + 1 for i, t in enumerate(ids) if t in eos_ids), len(ids))
+        tokens.append(ids[:end])
+    text = [tokenizer.decode(ids, skip_special_tokens=True) for ids in tokens]
+    stats = outs[0].stats if len(outs) == 1 else _summed_stats([out.stats for out in outs])
+    return TextResult(text[0] if single else text, tokens[0] if single else tokens, stats)
+
+
+def _summed_stats(per_prompt: list[dict]) -> dict:
+    """Stats of one call per prompt: counts and seconds summed, the rate over the sums, each call's in per_prompt."""
+    total = {k: sum(s.get(k) or 0 for s in per_prompt)
+             for k in ("new_tokens", "seconds", "prefill_seconds", "decode_seconds", "compile_seconds")}
+    total["tokens_per_second"] = total["new_tokens"] / total["seconds"] if total["seconds"] else 0.0
+    return {**per_prompt[0], **total, "per_prompt": per_prompt}

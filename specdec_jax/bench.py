@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import shipped
 from .errors import CheckpointError, InputError
 from .harness import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, alternation, bootstrap_ci,
                       decode_tokens_per_second, jsonable, own_reference_rows, result_header, write_results)
@@ -135,6 +136,7 @@ def run_bench(model_dir: str | os.PathLike, methods: Sequence[str] | str, prompt
               command: str | None = None) -> dict:
     """Run the paired benchmark; returns a JSON-serialisable dict (see write_report).
 
+    model_dir: a checkpoint folder or a shipped checkpoint's name ("tiny-qwen", "tiny-huginn").
     methods: names the model supports ("ar" is added first when missing). prompts: "heldout", a prompts
     file (see load_prompt_texts) or a list of strings; the first `num_prompts` are used (None: all).
     method_options: {method: {option: value}} passed to `generate` for that method (e.g. gamma, rollback).
@@ -154,7 +156,7 @@ def run_bench(model_dir: str | os.PathLike, methods: Sequence[str] | str, prompt
         raise InputError(f"temperature must be a finite number >= 0; got {temperature}")
     method_options = {k: dict(v) for k, v in (method_options or {}).items()}
 
-    folder = os.path.expanduser(os.fspath(model_dir))
+    folder = shipped.resolve(os.path.expanduser(os.fspath(model_dir)))
     if not os.path.isdir(folder):
         raise CheckpointError(f"model folder '{folder}' does not exist" if not os.path.exists(folder)
                               else f"model '{folder}' is not a folder")
@@ -426,7 +428,7 @@ def write_report(result: dict, out_dir: str | os.PathLike) -> dict[str, str | No
         plot_report(result, png)
         png_path = str(png)
     except ImportError as e:
-        result["plot_error"] = f"no plot: matplotlib is not installed ({e})"
+        result["plot_error"] = f"no plot: matplotlib is not installed ({e}); pip install 'specdec_jax[bench]'"
         png_path = None
     md = markdown_report(result, png.name if png_path else None)
     paths = {"json": str(out / f"{REPORT_STEM}.json"), "markdown": str(out / f"{REPORT_STEM}.md"), "png": png_path}

@@ -1,11 +1,14 @@
-"""Command line: `python -m specdec_jax generate --model DIR --prompt TEXT [...]` and
-`python -m specdec_jax bench --model DIR --methods ar,ngram --prompts heldout|FILE --out DIR [...]`.
+"""Command line: `specdec-jax generate --model DIR --prompt TEXT [...]` and
+`specdec-jax bench --model DIR --methods ar,ngram --prompts heldout|FILE --out DIR [...]`
+(or `python -m specdec_jax ...`).
 
 generate: loads a checkpoint folder and its tokenizer, generates, prints the prompt and its continuation,
-then a table (method, tokens/s, new tokens, verify steps, mean accepted tokens); `--compare-ar`
-adds a plain autoregressive run and the speedup.
+then a table (method, tokens/s, new tokens, verify steps, mean accepted tokens, compile seconds);
+`--compare-ar` adds a plain autoregressive run and the speedup. `generate --help` lists the methods and
+their options.
 bench: paired runs of several methods on the same prompts (specdec_jax/bench.py) with a progress bar;
 writes bench.json, bench.md and bench.png to --out and prints the Markdown report.
+--model also takes the shipped checkpoints' names: tiny-qwen (the default), tiny-huginn.
 Bad input is one line on stderr and exit code 2.
 """
 
@@ -16,13 +19,22 @@ import math
 import os
 import shlex
 import sys
-from pathlib import Path
+import time
 
+from . import shipped
 from .text import unescape
 
 EXIT_USAGE = 2
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "checkpoints" / "tiny-qwen35-code"
+DEFAULT_MODEL = shipped.DEFAULT_ALIAS
 DEFAULT_PROMPT = 'def fibonacci(n):\\n    """Return the n-th Fibonacci number."""\\n'
+DEFAULT_BENCH_OUT = "specdec_bench_out"  # under the working folder, never the repository's committed results
+MODEL_HELP = (f"checkpoint folder with config.json, safetensors and a tokenizer, or a shipped checkpoint: "
+              f"{shipped.describe()} (default {DEFAULT_MODEL})")
+# CLI flags that set a method option of the same name (the option must apply to the method).
+FLAG_OPTIONS = {"gamma": "--gamma", "skip_layers": "--skip-layers", "mlp_keep": "--mlp-keep",
+                "shortlist_size": "--shortlist-size", "num_steps": "--num-steps", "exact": "--no-exact"}
+SAMPLING_FLAGS = {"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed",
+                  "max_new_tokens": "--max-new-tokens", "method": "--method"}
 
 
 class UsageError(Exception):
@@ -30,20 +42,57 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    epilog_fn = None  # builds the epilog when help is printed (it imports the method registry)
+
     def error(self, message):  # argparse prints usage + message on two or more lines; we want one
         raise UsageError(message)
 
+    def format_help(self):
+        if self.epilog_fn is not None:
+            self.epilog = self.epilog_fn()
+        return super().format_help()
+
+
+def methods_help() -> str:
+    """Each family's methods with the options each takes, then what each option means (from methods.py)."""
+    import textwrap
+
+    from . import methods
+
+    def item(indent: int, name: str, text: str) -> str:
+        return textwrap.fill(text, 100, initial_indent=f"{' ' * indent}{name:<17}",
+                             subsequent_indent=" " * (indent + 17))
+    families = {"qwen3_5": "Qwen3.5", "looped": "looped (Huginn / Raven)"}
+    lines = [textwrap.fill("methods and their options (set with --option key=value, repeatable; --gamma, "
+                           "--skip-layers, --mlp-keep, --shortlist-size, --num-steps and --no-exact set the option "
+                           "of the same name):", 100)]
+    for family, title in families.items():
+        lines.append(f"  {title}:")
+        for name in methods.family_methods(family):
+            spec = methods.spec_for(family, name)
+            needs = f" [needs {spec.needs}]" if spec.needs else ""
+            lines.append(item(4, name, ", ".join(methods.accepted_options(spec)) + needs))
+    lines.append(item(4, "every method", ", ".join(methods.GENERATE_OPTIONS)))
+    lines.append("options:")
+    lines += [item(2, name, text) for name, text in methods.OPTION_HELP.items()]
+    lines.append(textwrap.fill("values: integers, decimals, true/false, none, comma-separated lists (tree=4,2,1), "
+                               "else text (rollback=snapshot)", 100))
+    return "\n".join(lines)
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m specdec_jax", description=__doc__,
+    parser = _Parser(prog="specdec-jax", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="{generate,bench}")
     sub.required = True
-    g = sub.add_parser("generate", help="generate a continuation of a prompt")
-    g.add_argument("--model", default=str(DEFAULT_MODEL),
-                   help=f"checkpoint folder with config.json, safetensors and a tokenizer (default {DEFAULT_MODEL})")
+    g = sub.add_parser("generate", help="generate a continuation of a prompt",
+                       description="Generate a continuation of a prompt and print it with a timing table.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    g.epilog_fn = methods_help
+    g.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     g.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text; \\n and \\t escapes are interpreted")
-    g.add_argument("--method", default="ar", help="decoding method (default ar; the model lists what it supports)")
+    g.add_argument("--method", default="ar", help="decoding method (default ar; the methods and their options are "
+                                                   "listed below)")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -65,15 +114,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shortlist-size", type=int, default=None,
                    help="mtp-shortlist and self-drafts: draft among the first N tokens of the checkpoint's token "
                         "shortlist (draft_tables.safetensors)")
+    g.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a method option (repeatable), e.g. --option rollback=snapshot --option tree=4,2,1; "
+                        "the list is below")
     g.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
                    help="parameter dtype (default bfloat16 on GPU/TPU, float32 on CPU)")
+    g.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress lines on stderr while loading and compiling (default: when stderr is a terminal)")
 
     b = sub.add_parser("bench", help="benchmark decoding methods on the same prompts (paired with ar)",
                        description="Paired benchmark: per prompt, every method runs once untimed, then --repeats "
                                    "timed rounds with the methods alternating; ar is always the baseline. Writes "
                                    "bench.json, bench.md and bench.png to --out.")
-    b.add_argument("--model", default=str(DEFAULT_MODEL),
-                   help=f"checkpoint folder with config.json, safetensors and a tokenizer (default {DEFAULT_MODEL})")
+    b.add_argument("--model", default=DEFAULT_MODEL, help=MODEL_HELP)
     b.add_argument("--methods", default="ar,ngram",
                    help="comma-separated methods (default ar,ngram; ar is always run as the baseline)")
     b.add_argument("--prompts", default="heldout",
@@ -90,33 +143,94 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
                    help="parameter dtype (default bfloat16 on GPU/TPU, float32 on CPU)")
-    b.add_argument("--out", default=None, help="report folder (default benchmarks/results/bench-<model name>)")
+    b.add_argument("--out", default=None,
+                   help=f"report folder (default ./{DEFAULT_BENCH_OUT}/bench-<model name>, under the working folder)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
 def _check_numbers(args) -> None:
+    from .options import range_text
     if args.max_new_tokens < 1:
-        raise UsageError(f"--max-new-tokens must be >= 1; got {args.max_new_tokens}")
+        raise UsageError(f"--max-new-tokens must be {range_text(1)}; got {args.max_new_tokens}")
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        raise UsageError(f"--temperature must be a finite number >= 0; got {args.temperature}")
+        raise UsageError(f"--temperature must be a finite number {range_text(0)}; got {args.temperature}")
     if args.top_k < 0:
-        raise UsageError(f"--top-k must be >= 0 (0 = off); got {args.top_k}")
+        raise UsageError(f"--top-k must be {range_text(0)} (0 = off); got {args.top_k}")
     if not 0 < args.top_p <= 1:
-        raise UsageError(f"--top-p must be in (0, 1]; got {args.top_p}")
+        raise UsageError(f"--top-p must be {range_text(0, 1, lo_open=True)}; got {args.top_p}")
     if args.num_steps is not None and args.num_steps < 1:
-        raise UsageError(f"--num-steps must be >= 1; got {args.num_steps}")
+        raise UsageError(f"--num-steps must be {range_text(1)}; got {args.num_steps}")
 
 
-def _known_methods() -> set[str]:
-    """Every method some model family supports (the method registry)."""
+def _resolve_model(text: str) -> str:
+    """--model as a folder: a path, or a shipped checkpoint's name (CheckpointError saying where it looked)."""
+    folder = shipped.resolve(os.path.expanduser(text))
+    if not os.path.isdir(folder):
+        raise UsageError(f"model folder '{folder}' does not exist" if not os.path.exists(folder)
+                         else f"--model '{folder}' is not a folder")
+    return folder
+
+
+def parse_value(text: str, as_list: bool = False):
+    """An --option value: int, float, true/false, none, a comma-separated list of those, else the text itself."""
+    if as_list or "," in text:
+        return tuple(parse_value(part) for part in text.split(",") if part.strip())
+    text = text.strip()
+    words = {"true": True, "false": False, "none": None}
+    if text.lower() in words:
+        return words[text.lower()]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def method_options(args, family: str) -> dict:
+    """The method's options from its flags and --option key=value; one UsageError for an option the method does
+    not take (with a close match), a malformed or repeated one."""
     from . import methods
-    return methods.known()
-
-
-def _load_tokenizer(folder: str):
-    from .text import load_tokenizer  # lazy: transformers; CheckpointError is a SpecdecError: one line, exit 2
-    return load_tokenizer(folder)
+    spec = methods.spec_for(family, args.method)
+    if spec is None:
+        names = methods.family_methods(family)
+        hint = methods.did_you_mean(args.method, names)
+        known = " (a method of another family)" if args.method in methods.known() else ""
+        raise UsageError(f"unknown method '{args.method}' for this {family} model{known}{hint}; "
+                         f"supported: {', '.join(names)}")
+    accepted = methods.accepted_options(spec)
+    flags = {"gamma": args.gamma, "mlp_keep": args.mlp_keep, "shortlist_size": args.shortlist_size,
+             "num_steps": args.num_steps, "exact": False if args.no_exact else None}
+    if args.skip_layers is not None:
+        try:
+            flags["skip_layers"] = tuple(int(x) for x in args.skip_layers.split(",") if x.strip())
+        except ValueError:
+            raise UsageError(f"--skip-layers takes comma-separated layer indices; got {args.skip_layers!r}") from None
+    options = {}
+    for key, value in flags.items():
+        if value is None:
+            continue
+        if key not in accepted:
+            raise UsageError(f"{FLAG_OPTIONS[key]} does not apply to method '{args.method}' of this {family} model; "
+                             f"its options: {', '.join(accepted) or 'none'}")
+        options[key] = value
+    for item in args.option:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise UsageError(f"--option takes key=value; got {item!r}")
+        if key in SAMPLING_FLAGS:
+            raise UsageError(f"--option {key}: use {SAMPLING_FLAGS[key]}")
+        if key not in accepted + methods.GENERATE_OPTIONS:
+            hint = methods.did_you_mean(key, accepted + methods.GENERATE_OPTIONS)
+            raise UsageError(f"unknown option '{key}' for method '{args.method}'{hint}; its options: "
+                             f"{', '.join(accepted + methods.GENERATE_OPTIONS)}")
+        if key in options:
+            what = FLAG_OPTIONS[key] if key in flags and flags[key] is not None else "--option"
+            raise UsageError(f"option '{key}' is set twice ({what} and --option {item})")
+        options[key] = parse_value(text, as_list=key in methods.LIST_OPTIONS)
+    return options
 
 
 def _trim_at_eos(tokens, eos_ids) -> list[int]:
@@ -133,79 +247,83 @@ def _row(stats: dict) -> list[str]:
         v = stats.get(key)
         return "-" if v is None else fmt.format(v)
     return [str(stats.get("method", "?")), get("tokens_per_second", "{:,.1f}"), get("new_tokens", "{:d}"),
-            get("verify_steps", "{:d}"), get("mean_accepted", "{:.2f}")]
+            get("verify_steps", "{:d}"), get("mean_accepted", "{:.2f}"), get("compile_seconds", "{:.1f}")]
 
 
 def _table(rows: list[list[str]]) -> str:
-    header = ["method", "tokens/s", "new tokens", "verify steps", "mean accepted"]
+    header = ["method", "tokens/s", "new tokens", "verify steps", "mean accepted", "compile s"]
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
     fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
     return "\n".join([fmt(header)] + [fmt(r) for r in rows])
 
 
+def _progress_printer(setting):
+    """print-like function for progress lines on stderr (setting None: when stderr is a terminal)."""
+    on = sys.stderr.isatty() if setting is None else setting
+    start = time.perf_counter()
+
+    def say(message: str) -> None:
+        if on:
+            print(f"[{time.perf_counter() - start:5.1f} s] {message}", file=sys.stderr, flush=True)
+    return say
+
+
 def generate_command(args) -> int:
     _check_numbers(args)
-    folder = os.path.expanduser(args.model)
-    if not os.path.isdir(folder):
-        raise UsageError(f"model folder '{folder}' does not exist" if not os.path.exists(folder)
-                         else f"--model '{folder}' is not a folder")
+    say = _progress_printer(args.progress)
+    folder = _resolve_model(args.model)
     prompt = unescape(args.prompt)
     if not prompt:
         raise UsageError("--prompt is empty")
+    from .config import read_config  # the family decides which options apply: checked before any weight is read
+    family = read_config(folder).family
+    if args.num_steps is not None and family != "looped":
+        raise UsageError(f"--num-steps applies to looped models only; '{folder}' is a {family} model")
+    options = method_options(args, family)
 
+    say(f"loading {folder} ...")
     import jax
     import numpy as np
     import specdec_jax as sj
 
     dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
-    tokenizer = _load_tokenizer(folder)
     model = sj.load(folder, dtype=dtype)
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        from .text import load_tokenizer
+        tokenizer = load_tokenizer(folder)  # raises: no tokenizer in the folder
     methods = tuple(sj.supported_methods(model))
     if args.method not in methods:
-        family = model.family
-        if args.method in _known_methods():
-            raise UsageError(f"method '{args.method}' is not supported by this {family} model; "
-                             f"supported: {', '.join(methods)}")
-        raise UsageError(f"unknown method '{args.method}'; supported for this {family} model: {', '.join(methods)}")
-    options = {}
-    if args.num_steps is not None:
-        if model.family != "looped":
-            raise UsageError(f"--num-steps applies to looped models only; '{folder}' is a {model.family} model")
-        options["num_steps"] = args.num_steps
+        from .methods import requirement
+        need = requirement(args.method, family)
+        raise UsageError(f"method '{args.method}' is not supported by this {family} model"
+                         + (f": it needs {need}" if need else "") + f"; supported: {', '.join(methods)}")
 
     ids = tokenizer.encode(prompt, add_special_tokens=False)
     if not ids:
         raise UsageError("the prompt encodes to no tokens")
     ids = np.asarray([ids], np.int64)
     sampling = dict(temperature=args.temperature, seed=args.seed, top_k=args.top_k, top_p=args.top_p)
-    if args.gamma is not None and args.method != "ar":
-        options["gamma"] = args.gamma
-    if args.no_exact:
-        options["exact"] = False
-    if args.skip_layers is not None:
-        try:
-            options["skip_layers"] = tuple(int(x) for x in args.skip_layers.split(",") if x.strip())
-        except ValueError:
-            raise UsageError(f"--skip-layers takes comma-separated layer indices; got {args.skip_layers!r}") from None
-    if args.mlp_keep is not None:
-        options["mlp_keep"] = args.mlp_keep
-    if args.shortlist_size is not None:
-        options["shortlist_size"] = args.shortlist_size
 
     def run(method, opts):
-        # With --compare-ar each method first runs once untimed: first executions pay one-time
-        # costs (allocation, thread pools) that would bias the comparison.
-        for _ in range(2 if args.compare_ar else 1):
+        """The result, and the compile seconds of the method's first call."""
+        say(f"compiling and running {method} ({args.max_new_tokens} new tokens) ...")
+        out = sj.generate(model, ids, args.max_new_tokens, method=method, **sampling, **opts)
+        compile_s = out.stats.get("compile_seconds")
+        if args.compare_ar:
+            # With --compare-ar each method runs a second time for the timing: first executions pay one-time
+            # costs (allocation, thread pools) that would bias the comparison.
             out = sj.generate(model, ids, args.max_new_tokens, method=method, **sampling, **opts)
-        return out
+        return out, compile_s
 
-    result = run(args.method, options)
+    result, compile_s = run(args.method, options)
+    say("done")
     eos_ids = set(model.config.eos_token_id)
     new = _trim_at_eos(result.tokens[0], eos_ids)
     text = tokenizer.decode(new, skip_special_tokens=True)
     print(prompt + text)
     print()
-    rows = [_row(dict(result.stats, method=result.stats.get("method", args.method)))]
+    rows = [_row(dict(result.stats, method=result.stats.get("method", args.method), compile_seconds=compile_s))]
     notes = [f"model: {folder} ({model.family}, {dtype}); prompt {ids.shape[1]} tokens"]
     if args.compare_ar:
         if args.method == "ar":
@@ -214,8 +332,9 @@ def generate_command(args) -> int:
             ar_options = {k: v for k, v in options.items() if k in ("num_steps", "exact")}
             if result.stats.get("exact"):  # exact output is AR's at the same decode row count
                 ar_options["decode_rows"] = result.stats["decode_rows"]
-            base = run("ar", ar_options)
-            rows.append(_row(dict(base.stats, method="ar")))
+            base, base_compile = run("ar", ar_options)
+            say("done")
+            rows.append(_row(dict(base.stats, method="ar", compile_seconds=base_compile)))
             speedup = result.stats["tokens_per_second"] / max(base.stats["tokens_per_second"], 1e-9)
             notes.append(f"speedup over ar: {speedup:.2f}x")
             if args.temperature == 0:
@@ -235,20 +354,19 @@ def _parse_methods(text: str) -> list[str]:
 
 
 def bench_command(args) -> int:
+    from .options import range_text
     for name, value, low in (("--max-new-tokens", args.max_new_tokens, 2), ("--num-prompts", args.num_prompts, 1),
                              ("--max-prompt-tokens", args.max_prompt_tokens, 1), ("--repeats", args.repeats, 1)):
         if value < low:
-            raise UsageError(f"{name} must be >= {low}; got {value}")
+            raise UsageError(f"{name} must be {range_text(low)}; got {value}")
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        raise UsageError(f"--temperature must be a finite number >= 0; got {args.temperature}")
-    if args.gamma is not None and not 0 <= args.gamma <= args.max_new_tokens:
-        raise UsageError(f"--gamma must be in [0, --max-new-tokens={args.max_new_tokens}]; got {args.gamma}")
+        raise UsageError(f"--temperature must be a finite number {range_text(0)}; got {args.temperature}")
+    if args.gamma is not None and not 1 <= args.gamma <= args.max_new_tokens:
+        raise UsageError(f"--gamma must be {range_text(1, args.max_new_tokens)} (at most --max-new-tokens); "
+                         f"got {args.gamma}")
     methods = _parse_methods(args.methods)
-    folder = os.path.expanduser(args.model)
-    if not os.path.isdir(folder):
-        raise UsageError(f"model folder '{folder}' does not exist" if not os.path.exists(folder)
-                         else f"--model '{folder}' is not a folder")
-    out = args.out or os.path.join("benchmarks", "results", f"bench-{os.path.basename(os.path.normpath(folder))}")
+    folder = _resolve_model(args.model)
+    out = args.out or os.path.join(DEFAULT_BENCH_OUT, f"bench-{os.path.basename(os.path.normpath(folder))}")
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--out '{out}' exists and is not a folder")
 

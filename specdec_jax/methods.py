@@ -10,6 +10,7 @@ CLI and the benchmark harness find it through `lookup` / `supported` / `known`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Callable
 
 from .errors import InputError
@@ -171,6 +172,64 @@ REGISTRY: tuple[MethodSpec, ...] = (
 )
 
 
+# What each option does, one line each, for `specdec-jax generate --help` (which methods take which options is
+# the registry's, `accepted_options`). Listed in the order the help shows them.
+OPTION_HELP = {
+    "gamma": "draft tokens per step, >= 1 (default 4; self-drafts 2; das-wave, parallel-sampler 16: the window "
+             "width)",
+    "exact": "true (default where possible): every decode forward at one padded row count, output equal to AR's "
+             "bit for bit; false: faster, in bfloat16 may differ",
+    "decode_rows": "the exact path's row count (default max(8, gamma + 1); looped max(17, gamma + 1))",
+    "rollback": "how the GDN state is committed: replay (chain default), snapshot, pseudo (tree default)",
+    "max_n": "longest n-gram matched against the context (default 3)",
+    "min_n": "shortest n-gram matched (default 1)",
+    "search": "table lookup: compare_all (default), scan_unrolled, scan, sort (jnp.searchsorted's methods)",
+    "unroll_drafts": "drafts as straight-line code (default true) or a loop",
+    "kernels": "the MTP head's few-row forwards: auto (default), xla, blocks",
+    "shortlist_size": "draft among the first N tokens of the checkpoint's token shortlist (self-drafts: 0 = all)",
+    "skip_layers": "layer indices the draft skips, e.g. 3,4 (default the middle quarter)",
+    "mlp_keep": "share of each MLP's channels the draft keeps, in (0, 1] (default 0.75)",
+    "tree": "branching factor per tree level, e.g. 4,2,1 (the default)",
+    "num_steps": "recurrence depth of the target (default the config's mean recurrence)",
+    "cache_mode": "full (default, exact) or compressed KV cache",
+    "draft_steps": "recurrence depth of the draft (default max(1, num_steps // 8))",
+    "read_k": "which depth's keys of the verified prefix the draft reads: aligned or deep",
+    "read_v": "which depth's values of the verified prefix the draft reads: aligned or deep",
+    "k": "recurrent updates per round (default 2)",
+    "carry": "carry the unverified window into the next block (default true)",
+    "window_init": "initial window width (default 2)",
+    "rounds": "rounds per block (default gamma - window_init + 1), or fill",
+    "inner_steps": "recurrences per round (default 4)",
+    "epsilon": "latent-difference freezing threshold (default 0.03)",
+    "ema": "embedding moving-average weight, in [0, 1) (default 0.1)",
+    "max_len": "KV-cache length (default prompt + max_new_tokens + the method's extra rows)",
+    "eos_token_id": "stop ids: an id, a list, or false (never stop early); default the config's",
+}
+GENERATE_OPTIONS = ("max_len", "eos_token_id")  # generate()'s own keywords, for every method
+LIST_OPTIONS = frozenset({"tree", "skip_layers"})  # lists even when one value is given
+
+
+def accepted_options(spec: MethodSpec) -> tuple[str, ...]:
+    """The options `spec`'s method takes beyond generate()'s own, in OPTION_HELP's order."""
+    if spec.options is not None:
+        names = set(spec.options)
+    else:  # looped self-speculation checks its own set (looped_plan.make_plan); num_steps is generate_looped_spec's
+        from .decoding.looped_plan import _OPTIONS
+        names = {"num_steps", *_OPTIONS[spec.name]}
+    return tuple(k for k in OPTION_HELP if k in names) + tuple(sorted(names - set(OPTION_HELP)))
+
+
+def did_you_mean(name: str, choices) -> str:
+    """" (did you mean 'x'?)" for the closest of `choices` (difflib), or ""."""
+    close = difflib.get_close_matches(str(name), list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def spec_for(family: str, name: str) -> MethodSpec | None:
+    """The registry entry of `name` in `family` (whether a given checkpoint can run it is `lookup`'s question)."""
+    return next((s for s in REGISTRY if s.name == name and s.family == family), None)
+
+
 def family_methods(family: str) -> tuple[str, ...]:
     return tuple(s.name for s in REGISTRY if s.family == family)
 
@@ -192,11 +251,12 @@ def requirement(name: str, family: str = "qwen3_5") -> str:
 
 def lookup(model, name: str) -> MethodSpec:
     """The spec of `name` for this model, or one InputError saying what is missing / what is supported."""
-    spec = next((s for s in REGISTRY if s.name == name and s.family == model.family), None)
+    spec = spec_for(model.family, name)
     if spec is None or not spec.available(model):
         names = supported(model)
         need = spec.needs if spec is not None else ""
-        raise InputError(f"method {name!r} is not supported for this {model.family} model"
+        hint = did_you_mean(name, names or family_methods(model.family)) if spec is None else ""
+        raise InputError(f"method {name!r} is not supported for this {model.family} model{hint}"
                          + (f": it needs {need}" if need else "") + f"; supported: {', '.join(names)}")
     return spec
 
@@ -207,5 +267,6 @@ def check_options(spec: MethodSpec, options: dict) -> None:
         return
     unknown = set(options) - spec.options
     if unknown:
-        raise InputError(f"generate(method={spec.name!r}): unknown options {sorted(unknown)}; "
+        hints = "".join(did_you_mean(k, spec.options) for k in sorted(unknown))
+        raise InputError(f"generate(method={spec.name!r}): unknown options {sorted(unknown)}{hints}; "
                          f"accepted: {sorted(spec.options)}")

@@ -11,12 +11,14 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-    """A loaded checkpoint: static config (hashable), parameter pytree, and where it came from."""
+    """A loaded checkpoint: static config (hashable), parameter pytree, where it came from, and its tokenizer
+    (None when the folder has none; `generate_text` needs one)."""
 
     config: Any  # Qwen35Config | LoopedConfig (frozen, jit-static)
     params: Any  # pytree of device arrays
     path: str | None = None
     dtype: Any = None
+    tokenizer: Any = dataclasses.field(default=None, compare=False, repr=False)  # a transformers tokenizer
 
     @property
     def family(self) -> str:
@@ -37,6 +39,17 @@ class GenerateResult:
     """
 
     tokens: np.ndarray
+    stats: dict
+
+
+@dataclasses.dataclass
+class TextResult:
+    """The result of `generate_text`, shaped like its prompt: for a str prompt, text (str, the continuation
+    only) and tokens (list of int, through the first EOS); for a list of prompts, a list of each. stats: the
+    generation's (see GenerateResult); per-prompt calls add their sums and `per_prompt`."""
+
+    text: str | list[str]
+    tokens: list[int] | list[list[int]]
     stats: dict
 
 

@@ -3,6 +3,8 @@ bound and the value."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .errors import InputError
@@ -14,9 +16,17 @@ def int_option(options: dict, name: str, default, lo: int, hi: int | None = None
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise InputError(f"{name} must be an integer; got {value!r}")
     if value < lo or (hi is not None and value > hi):
-        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise InputError(f"{name} must be {bound}{why}; got {value}")
+        raise InputError(f"{name} must be {range_text(lo, hi)}{why}; got {value}")
     return int(value)
+
+
+def range_text(lo, hi=None, lo_open: bool = False, hi_open: bool = False) -> str:
+    """The one wording of a bound, shared by the API and the CLI: ">= 1", "in [0, 64]", "in (0, 1]"; hi None
+    (or inf): no upper bound."""
+    fmt = lambda x: f"{x:g}" if isinstance(x, float) else str(x)
+    if hi is None or hi == math.inf:
+        return f"{'>' if lo_open else '>='} {fmt(lo)}"
+    return f"in {'(' if lo_open else '['}{fmt(lo)}, {fmt(hi)}{')' if hi_open else ']'}"
 
 
 def bool_option(options: dict, name: str, default: bool) -> bool:
@@ -33,14 +43,20 @@ def check_context_length(needed: int, limit: int, what: str) -> None:
         raise InputError(f"{what} = {needed} exceeds the model's context length (max_position_embeddings={limit})")
 
 
-def float_option(options: dict, name: str, default, lo: float, hi: float, why: str = "") -> float:
-    """options[name] (or `default`) as a finite-or-bounded float in [lo, hi]; NaN, bools and strings are refused."""
+def float_option(options: dict, name: str, default, lo: float, hi: float = math.inf, why: str = "", *,
+                 lo_open: bool = False, hi_open: bool = False) -> float:
+    """options[name] (or `default`) as a finite float between lo and hi (each bound closed unless `*_open`; hi
+    inf: unbounded); NaN, infinities, bools and strings are refused."""
     value = options.get(name, default)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise InputError(f"{name} must be a number; got {value!r}")
-    if not lo <= float(value) <= hi:  # also false for NaN
-        raise InputError(f"{name} must be in [{lo}, {hi}]{why}; got {value}")
-    return float(value)
+    x = float(value)
+    above = x > lo if lo_open else x >= lo
+    below = x < hi if hi_open else x <= hi
+    if not (math.isfinite(x) and above and below):  # NaN fails every comparison
+        bound = range_text(float(lo), float(hi), lo_open, hi_open)
+        raise InputError(f"{name} must be {'a finite number ' if hi == math.inf else ''}{bound}{why}; got {value}")
+    return x
 
 
 def validate_input_ids(input_ids, vocab_size: int) -> np.ndarray:

@@ -15,16 +15,32 @@ def unescape(text: str) -> str:
     return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], text)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def has_tokenizer(folder: str | os.PathLike) -> bool:
+    """Whether the folder holds tokenizer files (whether they load is `load_tokenizer`'s to say)."""
+    return any(os.path.isfile(os.path.join(folder, n)) for n in TOKENIZER_FILES)
+
 
 def load_tokenizer(folder: str | os.PathLike):
     """The checkpoint folder's tokenizer (transformers AutoTokenizer)."""
     folder = os.fspath(folder)
-    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-    if not any(os.path.isfile(os.path.join(folder, n)) for n in names):
+    if not has_tokenizer(folder):
         raise CheckpointError(f"no tokenizer in '{folder}' (expected tokenizer.json / tokenizer_config.json "
                               f"beside config.json)")
     try:
-        from transformers import AutoTokenizer
+        # Only the tokenizer is used: its import-time advice that PyTorch is missing (the runtime install has
+        # none) would be a stray line on stderr.
+        advice = os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
+        os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+        try:
+            from transformers import AutoTokenizer
+        finally:
+            if advice is None:
+                del os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"]
+            else:
+                os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = advice
         from transformers.utils import logging as hf_logging
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # it reads config.json and warns about model types it does not know

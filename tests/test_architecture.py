@@ -3,8 +3,9 @@ into another's underscore names. Read from the source (ast), so it costs no comp
 
 Layers, lowest first (a module may import its own layer and those below):
   0  pallas_kernels.*; specdec_jax.errors, options, model          kernels, errors, option checks, result types
-  1  specdec_jax.loading, looped_config, config, text, corpus,     files: safetensors, configs, tokenizers, corpus;
-     sharding                                                    where parameters and states live on a mesh
+  1  specdec_jax.loading, looped_config, config, text, corpus,     files: safetensors, configs, tokenizers, corpus,
+     shipped, compile_cache, sharding                            the shipped checkpoints, the compilation cache;
+                                                                 where parameters and states live on a mesh
   2  specdec_jax.models.*                                          the model families (pure functions) and
                                                                  their common interface (models.family)
   3  specdec_jax.decoding.*, specdec_jax.drafters.*                AR / speculative loops, acceptance, drafters
@@ -26,7 +27,7 @@ PACKAGES = ("specdec_jax", "pallas_kernels")
 LAYERS = [
     ("pallas_kernels", "specdec_jax.errors", "specdec_jax.options", "specdec_jax.model"),
     ("specdec_jax.loading", "specdec_jax.looped_config", "specdec_jax.config", "specdec_jax.text",
-     "specdec_jax.corpus", "specdec_jax.sharding"),
+     "specdec_jax.corpus", "specdec_jax.shipped", "specdec_jax.compile_cache", "specdec_jax.sharding"),
     ("specdec_jax.models",),
     ("specdec_jax.decoding", "specdec_jax.drafters"),
     ("specdec_jax.api", "specdec_jax.methods", "specdec_jax.training"),

@@ -257,7 +257,7 @@ def test_bad_options_raise_before_compute(fixtures):
         gen("das-wave", carry="yes")
     with pytest.raises(InputError, match="gamma must be >= 1"):
         gen("das-wave", gamma=0)
-    with pytest.raises(InputError, match="ema must be < 1"):
+    with pytest.raises(InputError, match=r"ema must be in \[0, 1\)"):
         gen("parallel-sampler", ema=1.0)
     with pytest.raises(InputError, match="epsilon"):
         gen("parallel-sampler", epsilon=-0.1)

@@ -229,13 +229,15 @@ def test_single_jitted_step_driven_from_python(model):
 
 
 def test_rollback_default_and_limits(model):
-    """Replay by default; drafts longer than the step recurrence verifies fall back to pseudo-values unless
-    replay is asked for by name, which is one clear error."""
+    """Replay by default; drafts longer than the step recurrence verifies are refused unless exact=False, which
+    falls back to pseudo-values unless replay is asked for by name, which is one clear error."""
     ids = np.random.default_rng(5).integers(0, model.vocab_size, size=(1, 5))
     assert sj.generate(model, ids, 3, method="ngram", gamma=2).stats["rollback"] == "replay"
-    assert sj.generate(model, ids, 3, method="ngram", gamma=64).stats["rollback"] == "pseudo"
+    with pytest.raises(sj.InputError, match=r"gamma=64 needs gamma \+ 1 <= 64 rows .* pass exact=False"):
+        sj.generate(model, ids, 3, method="ngram", gamma=64)
+    assert sj.generate(model, ids, 3, method="ngram", gamma=64, exact=False).stats["rollback"] == "pseudo"
     with pytest.raises(sj.SpecdecError, match="replay rollback verifies at most 64 positions"):
-        sj.generate(model, ids, 3, method="ngram", gamma=64, rollback="replay")
+        sj.generate(model, ids, 3, method="ngram", gamma=64, rollback="replay", exact=False)
 
 
 def test_compiler_options_are_the_familys_on_the_gpu_none_elsewhere_and_the_environment_overrides(monkeypatch):

@@ -22,6 +22,7 @@ from ..model import GenerateResult
 from .compiled import compiled, output_structs
 from .compiled import compiler_options as family_compiler_options
 from .decode_shape import pad_rows
+from .prefill import chunked_prefill
 from .sampling import SamplingConfig, select_token
 
 if TYPE_CHECKING:  # the families import both model modules; `import specdec_jax` stays light without them
@@ -32,6 +33,7 @@ class FamilyOps(NamedTuple):
     init_state: Callable
     step: Callable  # (params, cfg, state, ids) -> (logits [B, V], state)
     decode: Callable | None = None  # as step, for one token per row; None: step
+    prefill_chunk: Callable | None = None  # (params, cfg, state, ids [B, C], n_valid [B]) -> (logits [B, V], state)
 
 
 @functools.cache
@@ -47,7 +49,12 @@ def ar_ops(family: Family, decode_rows: int = 0) -> FamilyOps:
                                               jnp.ones((ids.shape[0],), jnp.int32), live_rows=ids.shape[1])
         return logits[:, 0], state
 
-    return FamilyOps(init_state=family.init_state, step=step, decode=decode if decode_rows else None)
+    def prefill_chunk(params, cfg, state, ids, n_valid):
+        logits, state = family.prefill_forward(params, cfg, state, ids, n_valid)
+        return logits[:, 0], state
+
+    return FamilyOps(init_state=family.init_state, step=step, decode=decode if decode_rows else None,
+                     prefill_chunk=prefill_chunk if family.prefill_forward is not None else None)
 
 
 def _eos_hit(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
@@ -62,11 +69,25 @@ def _prefill(params, prompt, *, ops: FamilyOps, cfg, max_len: int, state_dtype):
     return ops.step(params, cfg, state, prompt)
 
 
+@functools.partial(jax.jit, static_argnames=("ops", "cfg", "max_len", "state_dtype", "chunk"))
+def _prefill_chunked(params, prompt, lens, *, ops: FamilyOps, cfg, max_len: int, state_dtype, chunk: int):
+    """Padded prompts [B, P] with valid lengths lens [B] -> (logits at each row's last token [B, V], state)."""
+    state = ops.init_state(cfg, prompt.shape[0], max_len, state_dtype)
+    logits_shape = jax.eval_shape(lambda s, i, n: ops.prefill_chunk(params, cfg, s, i, n)[0], state,
+                                  prompt[:, :chunk], lens)
+    run = lambda st, ids, n: (*ops.prefill_chunk(params, cfg, st, ids, n), None)
+    logits, state, _ = chunked_prefill(run, state, prompt, lens, chunk, logits_shape=logits_shape)
+    return logits, state
+
+
 @functools.partial(jax.jit, static_argnames=("ops", "cfg", "max_new_tokens", "sampling", "eos_ids"),
                    donate_argnames=("state",))
-def _decode_loop(params, state, first_logits, key, *, ops: FamilyOps, cfg, max_new_tokens: int,
+def _decode_loop(params, state, first_logits, key, budget=None, *, ops: FamilyOps, cfg, max_new_tokens: int,
                  sampling: SamplingConfig, eos_ids: tuple[int, ...]):
-    """Tokens [B, max_new_tokens]: the first from the prefill logits, the rest one forward each."""
+    """Tokens [B, max_new_tokens]: the first from the prefill logits, the rest one forward each. budget: None (every
+    one of the max_new_tokens, a loop of known trip count), or a traced count <= max_new_tokens (max_new_tokens is
+    then only the buffer's length; `buckets`)."""
+    budget = max_new_tokens if budget is None else budget
     B = first_logits.shape[0]
     key, sub = jax.random.split(key)
     first = select_token(first_logits, sub, sampling)  # [B]
@@ -76,7 +97,7 @@ def _decode_loop(params, state, first_logits, key, *, ops: FamilyOps, cfg, max_n
 
     def cond(carry):
         i, _, _, done, _, _ = carry
-        return (i < max_new_tokens) & ~jnp.all(done)
+        return (i < budget) & ~jnp.all(done)
 
     def body(carry):
         i, state, tokens, done, last, key = carry
@@ -105,31 +126,41 @@ def generated_counts(tokens: np.ndarray, steps: int, eos_ids: tuple[int, ...]) -
 
 def generate_autoregressive(ops: FamilyOps, params, cfg, prompt: np.ndarray, max_new_tokens: int, *,
                             max_len: int, sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...],
-                            state_dtype, return_state: bool = False,
-                            compiler_options: dict | None = None) -> GenerateResult:
+                            state_dtype, return_state: bool = False, compiler_options: dict | None = None,
+                            lens: np.ndarray | None = None, chunk: int = 0, token_buffer: int = 0) -> GenerateResult:
     """Compile (with the XLA `compiler_options`), then time prefill and decode separately (compile time reported
-    apart)."""
+    apart). lens: None (prompt [B, T] all valid, one prefill forward), or each row's valid length in the padded
+    prompt buffer [B, P], prefilled `chunk` tokens at a time (`buckets`); token_buffer > 0: the decode loop's
+    output buffer, max_new_tokens then traced (0: max_new_tokens is part of the program)."""
     prompt = jnp.asarray(prompt, jnp.int32)
     key = jax.random.PRNGKey(seed)
-    static_p = dict(ops=ops, cfg=cfg, max_len=max_len, state_dtype=state_dtype)
-    static_d = dict(ops=ops, cfg=cfg, max_new_tokens=max_new_tokens, sampling=sampling, eos_ids=eos_ids)
-    prefill_c, compile_p = compiled(_prefill, static_p, params, prompt, options=compiler_options)
+    if lens is None:
+        static_p = dict(ops=ops, cfg=cfg, max_len=max_len, state_dtype=state_dtype)
+        prefill_fn, prefill_args = _prefill, (params, prompt)
+    else:
+        static_p = dict(ops=ops, cfg=cfg, max_len=max_len, state_dtype=state_dtype, chunk=chunk)
+        prefill_fn, prefill_args = _prefill_chunked, (params, prompt, jnp.asarray(lens, jnp.int32))
+    static_d = dict(ops=ops, cfg=cfg, max_new_tokens=token_buffer or max_new_tokens, sampling=sampling,
+                    eos_ids=eos_ids)
+    budget = (jnp.int32(max_new_tokens),) if token_buffer else ()
+    prefill_c, compile_p = compiled(prefill_fn, static_p, *prefill_args, options=compiler_options)
     logits_shape, state_shape = output_structs(prefill_c)
-    decode_c, compile_d = compiled(_decode_loop, static_d, params, state_shape, logits_shape, key,
+    decode_c, compile_d = compiled(_decode_loop, static_d, params, state_shape, logits_shape, key, *budget,
                                    options=compiler_options)
     compile_s = compile_p + compile_d
 
     t0 = time.perf_counter()
-    logits, state = jax.block_until_ready(prefill_c(params, prompt))
+    logits, state = jax.block_until_ready(prefill_c(*prefill_args))
     t1 = time.perf_counter()
-    tokens, state, steps = jax.block_until_ready(decode_c(params, state, logits, key))
+    tokens, state, steps = jax.block_until_ready(decode_c(params, state, logits, key, *budget))
     t2 = time.perf_counter()
-    tokens = np.asarray(tokens)
+    tokens = np.asarray(tokens)[:, :max_new_tokens]
     n_new = int(generated_counts(tokens, int(steps), eos_ids).sum())
     B = tokens.shape[0]
     stats = {
         "method": "ar", "new_tokens": n_new, "seconds": t2 - t0, "prefill_seconds": t1 - t0,
         "decode_seconds": t2 - t1, "compile_seconds": compile_s,
+        "compiled_programs": int(compile_p > 0) + int(compile_d > 0),
         "tokens_per_second": n_new / max(t2 - t0, 1e-9),
         "decode_tokens_per_second": max(n_new - B, 0) / max(t2 - t1, 1e-9),
     }
@@ -139,12 +170,15 @@ def generate_autoregressive(ops: FamilyOps, params, cfg, prompt: np.ndarray, max
 
 
 def generate_ar(family: Family, model, prompt, max_new_tokens: int, *, decode_rows: int = 0, max_len: int,
-                sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...]) -> GenerateResult:
+                sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...], lens=None, chunk: int = 0,
+                token_buffer: int = 0) -> GenerateResult:
     """AR generation of `model` through its family (inputs already checked); decode_rows > 0: the exact path.
-    stats add the family's settings (`Family.describe`), exact and decode_rows."""
+    lens, chunk, token_buffer: a bucketed generation (`generate_autoregressive`). stats add the family's settings
+    (`Family.describe`), exact and decode_rows."""
     result = generate_autoregressive(ar_ops(family, decode_rows), model.params, model.config, prompt, max_new_tokens,
                                      max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
                                      state_dtype=family.state_dtype(model),
-                                     compiler_options=family_compiler_options(family.name))
+                                     compiler_options=family_compiler_options(family.name), lens=lens, chunk=chunk,
+                                     token_buffer=token_buffer)
     result.stats.update(family.describe(), exact=bool(decode_rows), decode_rows=decode_rows or 1)
     return result

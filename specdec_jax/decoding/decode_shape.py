@@ -59,7 +59,8 @@ def pad_rows(ids: jax.Array, rows: int) -> jax.Array:
 
 def exact_rows(options: dict, gamma: int, family: str, why_not: str | None) -> int:
     """The exact path's decode row count from options "exact" (default: True where possible) and
-    "decode_rows", or 0 (not exact). why_not: None when these settings can be exact, else the reason."""
+    "decode_rows", or 0 (not exact). why_not: None when these settings can be exact, else the reason.
+    A gamma too long for the exact path is an InputError unless exact=False is explicit."""
     exact = options.get("exact")
     if exact is not None and not isinstance(exact, (bool, np.bool_)):
         raise InputError(f"exact must be True or False; got {exact!r}")
@@ -67,6 +68,10 @@ def exact_rows(options: dict, gamma: int, family: str, why_not: str | None) -> i
         raise InputError(f"exact=True is not available: {why_not}")
     if exact is None:
         exact = why_not is None
+    if exact and gamma + 1 > MAX_DECODE_ROWS:  # refused, never silently inexact: exactness is the default's promise
+        how = " (rollback='pseudo')" if family == "qwen3_5" else ""
+        raise InputError(f"gamma={gamma} needs gamma + 1 <= {MAX_DECODE_ROWS} rows for the exact path; pass "
+                         f"exact=False to run it inexactly{how}")
     if not exact:
         if options.get("decode_rows") is not None:
             raise InputError("decode_rows sets the exact path's row count; it needs exact=True")

@@ -125,9 +125,8 @@ def _make_plan(method: str, R: int, gamma: int, options: dict) -> LoopedSpecPlan
                               read_v=_read_option(options, "read_v", "deep"), k=k, carry=bool(carry),
                               window_init=window_init, rounds=rounds)
     inner = int_option(options, "inner_steps", 4, 1)
-    eps = float_option(options, "epsilon", 0.03, 0.0, float("inf"))
-    ema = float_option(options, "ema", 0.1, 0.0, 1.0, " (0 = no smoothing)")
-    if ema >= 1.0:
-        raise InputError(f"ema must be < 1 (1 would freeze the first embedding); got {ema}")
+    eps = float_option(options, "epsilon", 0.03, 0.0)
+    # 1 would freeze the first embedding
+    ema = float_option(options, "ema", 0.1, 0.0, 1.0, " (0 = no smoothing)", hi_open=True)
     return LoopedSpecPlan(method, R, gamma, inner_steps=inner, epsilon=eps, ema=ema, read_k="deep", read_v="deep",
                           window_init=1)

@@ -38,6 +38,7 @@ from .compiled import compiled, compiler_options, output_structs
 from ..models import qwen35
 from .acceptance import accept
 from .decode_shape import pad_rows
+from .prefill import chunked_prefill
 from .sampling import SamplingConfig, select_token
 
 ROLLBACK_MODES = ("replay", "pseudo", "snapshot")
@@ -58,6 +59,7 @@ class SpecState:
     history [B, H], hist_len [B]: prompt + emitted tokens (the anchor is the last), for drafters.
     out [B, N + gamma + 1], n_out [B]: emitted tokens; done [B]: EOS seen or budget reached.
     steps: verify steps taken; accepted [N, B]: accepted drafts per step (-1 = sequence inactive).
+    budget: the new tokens each sequence is to emit (a traced scalar: the buffers hold N >= budget).
     """
 
     model: qwen35.Qwen35State
@@ -69,6 +71,7 @@ class SpecState:
     done: jax.Array
     steps: jax.Array
     accepted: jax.Array
+    budget: jax.Array
 
 
 def append_rows(buf: jax.Array, start: jax.Array, new: jax.Array) -> jax.Array:
@@ -102,7 +105,7 @@ def emit_accepted(drafts: jax.Array, n_acc: jax.Array, next_token: jax.Array, ac
     return emitted, n_emit, n_keep, hit_eos
 
 
-def advance(state: SpecState, model, emitted, n_emit, n_acc, hit_eos, active, max_new_tokens: int) -> SpecState:
+def advance(state: SpecState, model, emitted, n_emit, n_acc, hit_eos, active) -> SpecState:
     """The next SpecState: committed model state, new anchor, history/output appended, stats."""
     new_anchor = jnp.take_along_axis(emitted, jnp.maximum(n_emit - 1, 0)[:, None], axis=1)[:, 0]
     n_out = state.n_out + n_emit
@@ -113,10 +116,11 @@ def advance(state: SpecState, model, emitted, n_emit, n_acc, hit_eos, active, ma
         hist_len=state.hist_len + n_emit,
         out=append_rows(state.out, state.n_out, emitted),
         n_out=n_out,
-        done=state.done | hit_eos | (n_out >= max_new_tokens),
+        done=state.done | hit_eos | (n_out >= state.budget),
         steps=state.steps + 1,
         accepted=state.accepted.at[jnp.minimum(state.steps, state.accepted.shape[0] - 1)].set(
             jnp.where(active, n_acc, -1)),
+        budget=state.budget,
     )
 
 
@@ -192,7 +196,7 @@ def _step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gamma, 
         model, pending = qwen35.commit_deferred(state.model, verified, extras, n_keep)
     else:
         model, pending = qwen35.commit(state.model, verified, extras, n_keep, impl=impl, mesh=cfg.mesh), None
-    state = advance(state, model, emitted, n_emit, n_acc, hit_eos, active, max_new_tokens)
+    state = advance(state, model, emitted, n_emit, n_acc, hit_eos, active)
     drafter_state = drafter.update(drafter_state, emitted=emitted, n_emitted=n_emit, n_keep=n_keep, verified=extras,
                                    params=params, cfg=cfg)
     return state, drafter_state, emitted, n_emit, pending
@@ -217,24 +221,41 @@ spec_step_jit = jax.jit(spec_step, static_argnames=("cfg", "drafter", "gamma", "
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_len", "sampling", "eos_ids", "state_dtype",
-                                             "gamma", "max_new_tokens", "drafter", "impl"))
-def _spec_prefill(params, prompt, key, *, cfg, max_len, sampling, eos_ids, state_dtype, gamma, max_new_tokens,
-                  drafter, impl):
-    """Prompt -> SpecState whose anchor is the first new token (chosen exactly as AR chooses it)."""
+                                             "gamma", "max_new_tokens", "drafter", "impl", "chunk"))
+def _spec_prefill(params, prompt, key, lens=None, budget=None, *, cfg, max_len, sampling, eos_ids, state_dtype, gamma,
+                  max_new_tokens, drafter, impl, chunk: int = 0):
+    """Prompt -> SpecState whose anchor is the first new token (chosen exactly as AR chooses it).
+
+    lens: None (prompt [B, T] all valid, one forward), or each row's valid length in the padded prompt buffer
+    [B, P], prefilled `chunk` tokens at a time (`buckets`). budget: None (max_new_tokens new tokens), or the traced
+    count, max_new_tokens then the output buffer's length."""
     B, T = prompt.shape
     model = qwen35.init_state(cfg, B, max_len, state_dtype)
     needs_hidden = getattr(drafter, "needs_hidden", False)
-    logits, model, extras = qwen35.forward(params, cfg, model, prompt, impl=impl, logits_for="last",
-                                           collect="hidden" if needs_hidden else None)
-    first = select_token(logits[:, 0], key, sampling)
-    history = jnp.zeros((B, max_len + gamma + 1), jnp.int32).at[:, :T].set(prompt).at[:, T].set(first)
+    if lens is None:
+        logits, model, extras = qwen35.forward(params, cfg, model, prompt, impl=impl, logits_for="last",
+                                               collect="hidden" if needs_hidden else None)
+        logits, hidden, lens = logits[:, 0], extras.get("hidden"), jnp.full((B,), T, jnp.int32)
+    else:
+        def run(state, ids, n_valid):
+            lg, state, ex = qwen35.forward(params, cfg, state, ids, impl=impl, logits_for="last",
+                                           collect="hidden" if needs_hidden else None, prefill_lens=n_valid)
+            return lg[:, 0], state, ex.get("hidden")
+        shapes = jax.eval_shape(run, model, prompt[:, :chunk], lens)
+        hidden_shape = (jax.ShapeDtypeStruct((B, T) + shapes[2].shape[2:], shapes[2].dtype) if needs_hidden
+                        else None)
+        logits, model, hidden = chunked_prefill(run, model, prompt, lens, chunk, logits_shape=shapes[0],
+                                                hidden_shape=hidden_shape)
+    budget = jnp.int32(max_new_tokens) if budget is None else budget.astype(jnp.int32)
+    first = select_token(logits, key, sampling)
+    rows = jnp.arange(B)
+    history = jnp.zeros((B, max(max_len, T) + gamma + 1), jnp.int32).at[:, :T].set(prompt).at[rows, lens].set(first)
     out = jnp.zeros((B, max_new_tokens + gamma + 1), jnp.int32).at[:, 0].set(first)
-    done = eos_mask(first, eos_ids) | (max_new_tokens <= 1)
-    state = SpecState(model=model, anchor=first, history=history, hist_len=jnp.full((B,), T + 1, jnp.int32),
+    done = eos_mask(first, eos_ids) | (budget <= 1)
+    state = SpecState(model=model, anchor=first, history=history, hist_len=lens + 1,
                       out=out, n_out=jnp.ones((B,), jnp.int32), done=done, steps=jnp.int32(0),
-                      accepted=jnp.full((max_new_tokens, B), -1, jnp.int32))
-    return state, drafter.init(params, cfg, prompt, max_len + gamma + 1, hidden=extras.get("hidden"),
-                               first_token=first)
+                      accepted=jnp.full((max_new_tokens, B), -1, jnp.int32), budget=budget)
+    return state, drafter.init(params, cfg, prompt, max_len + gamma + 1, hidden=hidden, first_token=first, lens=lens)
 
 
 SURE_STEPS_ENV = "SPECDEC_SURE_STEPS"
@@ -267,13 +288,14 @@ def sure_steps_enabled() -> bool:
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "sampling", "eos_ids", "gamma", "max_new_tokens", "drafter",
-                                             "rollback", "impl", "decode_rows", "defer", "sure"),
+                                             "rollback", "impl", "decode_rows", "defer", "sure", "traced_budget"),
                    donate_argnames=("state", "drafter_state"))
 def _spec_loop(params, state, drafter_state, key, accept_p=None, *, cfg, sampling, eos_ids, gamma, max_new_tokens,
-               drafter, rollback, impl, decode_rows=0, defer=None, sure=None):
+               drafter, rollback, impl, decode_rows=0, defer=None, sure=None, traced_budget: bool = False):
     """The decode loop. defer: carry each step's GDN commit into the next (`defer_commit`; None: the default,
     DEFER_DEFAULT under replay rollback; a static argument, so that the setting is part of what is compiled).
-    sure: run the sure steps (`sure_steps`) first in a loop of known trip count (None: `sure_steps_enabled()`)."""
+    sure: run the sure steps (`sure_steps`) first in a loop of known trip count (None: `sure_steps_enabled()`).
+    traced_budget: state.budget, not max_new_tokens (then the buffers' length), is the count: no step is sure."""
     step = functools.partial(_step, params, cfg, drafter=drafter, gamma=gamma, sampling=sampling,
                              rollback=rollback, max_new_tokens=max_new_tokens, eos_ids=eos_ids, impl=impl,
                              accept_p=accept_p, decode_rows=decode_rows)
@@ -295,7 +317,8 @@ def _spec_loop(params, state, drafter_state, key, accept_p=None, *, cfg, samplin
         return state, drafter_state, key, pending
 
     carry = (state, drafter_state, key, pending)
-    n_sure = sure_steps(max_new_tokens, gamma + 1, eos_ids) if (sure_steps_enabled() if sure is None else sure) else 0
+    n_sure = (sure_steps(max_new_tokens, gamma + 1, eos_ids)
+              if (sure_steps_enabled() if sure is None else sure) and not traced_budget else 0)
     if n_sure:  # every sequence is still running through these steps (no EOS id; a step emits at most gamma + 1)
         carry = lax.fori_loop(0, n_sure, lambda _, c: body(c), carry)
     state, drafter_state, _, pending = lax.while_loop(cond, body, carry)
@@ -310,11 +333,14 @@ def _spec_loop(params, state, drafter_state, key, accept_p=None, *, cfg, samplin
 def generate_speculative(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, drafter, gamma: int,
                          max_len: int, sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...], state_dtype,
                          rollback: str = DEFAULT_ROLLBACK, impl: str = "auto", decode_rows: int = 0,
-                         return_state: bool = False) -> GenerateResult:
+                         return_state: bool = False, lens=None, chunk: int = 0,
+                         token_buffer: int = 0) -> GenerateResult:
     """Compile, then time prefill and the speculative loop (compile time reported apart).
 
     max_len must leave room for the last verification: prompt + max_new_tokens + gamma, or + decode_rows
     on the exact path (decode_rows > 0: every verification padded to that many rows, as exact AR runs).
+    lens, chunk: a padded, ragged prompt buffer prefilled in chunks (`_spec_prefill`); token_buffer > 0: the output
+    buffers' length, max_new_tokens then traced (`buckets`).
     """
     if rollback not in ROLLBACK_MODES:
         raise ValueError(f"rollback must be one of {ROLLBACK_MODES}; got {rollback!r}")
@@ -323,32 +349,37 @@ def generate_speculative(params, cfg, prompt: np.ndarray, max_new_tokens: int, *
     prompt = jnp.asarray(prompt, jnp.int32)
     # The first token is drawn with the key AR uses for it, so seeded runs start identically.
     key_loop, key_first = jax.random.split(jax.random.PRNGKey(seed))
+    buffer = token_buffer or max_new_tokens
     static_p = dict(cfg=cfg, max_len=max_len, sampling=sampling, eos_ids=eos_ids, state_dtype=state_dtype,
-                    gamma=gamma, max_new_tokens=max_new_tokens, drafter=drafter, impl=impl)
-    static_l = dict(cfg=cfg, sampling=sampling, eos_ids=eos_ids, gamma=gamma, max_new_tokens=max_new_tokens,
+                    gamma=gamma, max_new_tokens=buffer, drafter=drafter, impl=impl, chunk=chunk)
+    static_l = dict(cfg=cfg, sampling=sampling, eos_ids=eos_ids, gamma=gamma, max_new_tokens=buffer,
                     drafter=drafter, rollback=rollback, impl=impl, decode_rows=decode_rows,
-                    defer=defer_commit(rollback), sure=sure_steps_enabled())
+                    defer=defer_commit(rollback), sure=sure_steps_enabled(), traced_budget=bool(token_buffer))
     return run_spec_loop(params, prompt, key_first, key_loop, static_p, _spec_loop, static_l, max_new_tokens,
                          {"method": drafter.name, "gamma": gamma, "rollback": rollback, "exact": bool(decode_rows),
-                          "decode_rows": decode_rows or gamma + 1}, return_state)
+                          "decode_rows": decode_rows or gamma + 1}, return_state, lens=lens,
+                         budget=max_new_tokens if token_buffer else None)
 
 
 def run_spec_loop(params, prompt, key_first, key_loop, static_p: dict, loop, static_l: dict, max_new_tokens: int,
-                  info: dict, return_state: bool) -> GenerateResult:
+                  info: dict, return_state: bool, lens=None, budget=None) -> GenerateResult:
     """Compile the prefill and a speculative loop (chain `_spec_loop` or tree `_tree_loop`), run them
-    timed (compile reported apart), and collect the shared statistics (`info` first)."""
+    timed (compile reported apart), and collect the shared statistics (`info` first). lens, budget: the prefill's
+    traced valid lengths and new-token count (`_spec_prefill`), or None."""
     options = compiler_options("qwen3_5")
-    prefill_c, compile_p = compiled(_spec_prefill, static_p, params, prompt, key_first, options=options)
+    extra = () if lens is None else (jnp.asarray(lens, jnp.int32),
+                                     None if budget is None else jnp.int32(budget))
+    prefill_c, compile_p = compiled(_spec_prefill, static_p, params, prompt, key_first, *extra, options=options)
     shapes = output_structs(prefill_c)
     loop_c, compile_l = compiled(loop, static_l, params, shapes[0], shapes[1], key_loop, options=options)
     compile_s = compile_p + compile_l
 
     t0 = time.perf_counter()
-    state, dstate = jax.block_until_ready(prefill_c(params, prompt, key_first))
+    state, dstate = jax.block_until_ready(prefill_c(params, prompt, key_first, *extra))
     t1 = time.perf_counter()
     tokens, state, dstate = jax.block_until_ready(loop_c(params, state, dstate, key_loop))
     t2 = time.perf_counter()
-    tokens = np.asarray(tokens)
+    tokens = np.asarray(tokens)[:, :max_new_tokens]
     steps = int(state.steps)
     accepted = np.asarray(state.accepted)[:steps]  # [steps, B]
     valid = accepted >= 0
@@ -356,7 +387,9 @@ def run_spec_loop(params, prompt, key_first, key_loop, static_p: dict, loop, sta
     stats = {
         **info, "new_tokens": n_new,
         "seconds": t2 - t0, "prefill_seconds": t1 - t0, "decode_seconds": t2 - t1, "compile_seconds": compile_s,
+        "compiled_programs": int(compile_p > 0) + int(compile_l > 0),
         "tokens_per_second": n_new / max(t2 - t0, 1e-9),
+        "decode_tokens_per_second": max(n_new - tokens.shape[0], 0) / max(t2 - t1, 1e-9),
         "verify_steps": steps,
         "mean_accepted": float(accepted[valid].mean()) if valid.any() else 0.0,
         "tokens_per_step": float((accepted[valid] + 1).mean()) if valid.any() else 0.0,

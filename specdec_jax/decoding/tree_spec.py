@@ -370,7 +370,7 @@ def tree_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, par
     path_tokens = jnp.take_along_axis(node_ids, path, axis=1)  # [B, Dmax + 1], root first
     emitted, n_emit, n_keep, hit_eos = emit_accepted(path_tokens[:, 1:], n_acc, next_token, active, eos_ids)
     model = tree_commit(state.model, verified, extras, parents, node, path, n_keep)
-    state = advance(state, model, emitted, n_emit, n_acc, hit_eos, active, max_new_tokens)
+    state = advance(state, model, emitted, n_emit, n_acc, hit_eos, active)
     path_hidden = jnp.take_along_axis(extras["hidden"], path[:, :, None], axis=1)  # [B, Dmax + 1, D]
     # emitted[:, d] is the token after path node d: a chain drafter's update reads the tree's path as a chain.
     drafter_state = drafter.update(drafter_state, emitted=emitted, n_emitted=n_emit, n_keep=n_keep,
@@ -402,13 +402,15 @@ def _tree_loop(params, state, drafter_state, key, *, cfg, max_new_tokens, drafte
 def generate_tree(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, drafter, parents, max_len: int | None = None,
                   eos_ids: tuple[int, ...] = (), state_dtype=jnp.float32, rollback: str = "pseudo",
                   impl: str = "auto", seed: int = 0, return_state: bool = False,
-                  sampling: SamplingConfig = SamplingConfig()) -> GenerateResult:
+                  sampling: SamplingConfig = SamplingConfig(), lens=None, chunk: int = 0,
+                  token_buffer: int = 0) -> GenerateResult:
     """Tree speculative generation. parents: static tree [N]. Exact: greedy (the default `sampling`)
     equals greedy AR; with temperature > 0 the tokens are distributed as AR sampling with the same
     temperature / top-k / top-p (the first token is sampled from the prefill with AR's key for it).
 
     max_len defaults to (and must be at least) prompt + max_new_tokens + N: the last verification
-    writes N node slots past the committed length.
+    writes N node slots past the committed length. lens, chunk, token_buffer: a bucketed generation (padded,
+    ragged prompt buffer; traced new-token count: `speculative.generate_speculative`).
     """
     if rollback not in ROLLBACK_MODES:
         raise ValueError(f"rollback must be one of {ROLLBACK_MODES}; got {rollback!r}")
@@ -417,15 +419,17 @@ def generate_tree(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, draft
     check_tree(parents, depth)
     n, dmax = parents.shape[0], int(depth.max())
     prompt = jnp.asarray(prompt, jnp.int32)
-    need = prompt.shape[1] + max_new_tokens + n
+    longest = prompt.shape[1] if lens is None else int(np.max(lens))
+    need = longest + max_new_tokens + n
     max_len = need if max_len is None else max_len
     if max_len < need:
         raise ValueError(f"max_len must be >= prompt + max_new_tokens + N = {need}; got {max_len}")
     key_loop, key_first = jax.random.split(jax.random.PRNGKey(seed))
+    buffer = token_buffer or max_new_tokens
     static_p = dict(cfg=cfg, max_len=max_len, sampling=sampling, eos_ids=eos_ids, state_dtype=state_dtype,
-                    gamma=dmax, max_new_tokens=max_new_tokens, drafter=drafter, impl=impl)
-    static_l = dict(cfg=cfg, max_new_tokens=max_new_tokens, drafter=drafter, parents=tuple(parents.tolist()),
+                    gamma=dmax, max_new_tokens=buffer, drafter=drafter, impl=impl, chunk=chunk)
+    static_l = dict(cfg=cfg, max_new_tokens=buffer, drafter=drafter, parents=tuple(parents.tolist()),
                     rollback=rollback, eos_ids=eos_ids, impl=impl, sampling=sampling)
     info = {"method": "tree-" + drafter.name, "tree_nodes": n, "tree_depth": dmax, "rollback": rollback}
     return run_spec_loop(params, prompt, key_first, key_loop, static_p, _tree_loop, static_l, max_new_tokens, info,
-                         return_state)
+                         return_state, lens=lens, budget=max_new_tokens if token_buffer else None)

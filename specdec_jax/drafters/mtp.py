@@ -118,8 +118,12 @@ class MtpDrafter:
         return self._head_logits(params, hout), hout, k, v
 
     # ------------------------------------------------------------------------------- interface
-    def init(self, params, cfg, prompt, max_len, *, hidden, first_token, **_):
+    def init(self, params, cfg, prompt, max_len, *, hidden, first_token, lens=None, **_):
+        """lens [B]: each row's prompt length in a padded prompt buffer (None: every row holds T tokens). The rows
+        past a row's length are run too (one forward for the batch); their K/V lie past its cache length, masked
+        and later overwritten."""
         B, T = prompt.shape
+        lens = jnp.full((B,), T, jnp.int32) if lens is None else lens
         # Slots past max_len: the decode blocks store a block of new rows from each start (`cached_attention`), and
         # read whole blocks of slots: the cache is rounded up to their multiple only where a draft's forward will run
         # as blocks (at a batch of 20,000 rows on the CPU the rounding made the cache 20x the slots it needed).
@@ -128,10 +132,13 @@ class MtpDrafter:
         blocks = self._blocks_run(params, cfg, 1, B, rounded)
         k, v = mtp_head.init_mtp_cache(cfg, B, rounded if blocks else slots, params["embed"].dtype)
         next_ids = jnp.concatenate([prompt[:, 1:], first_token[:, None]], axis=1)  # [B, T]
+        next_ids = next_ids.at[jnp.arange(B), lens - 1].set(first_token)  # the first new token after each prompt
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T))
         logits, hout, k, v = self._run(params, cfg, hidden, next_ids, k, v, positions)
-        return {"k": k, "v": v, "length": jnp.full((B,), T, jnp.int32), "logits": logits[:, -1],
-                "hidden": hout[:, T - 1:T]}
+        last = (lens - 1)[:, None]
+        return {"k": k, "v": v, "length": lens.astype(jnp.int32),
+                "logits": jnp.take_along_axis(logits, last[:, :, None], axis=1)[:, 0],
+                "hidden": jnp.take_along_axis(hout, last[:, :, None], axis=1)}
 
     def propose(self, params, cfg, state, history, hist_len, gamma: int, key, *, sampling=SamplingConfig(), **_):
         keys = jax.random.split(key, gamma)

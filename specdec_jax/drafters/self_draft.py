@@ -151,22 +151,26 @@ class SelfDrafter:
         layers = [dict(layer, mlp=mlp) for layer, mlp in zip(params["layers"], dstate["mlp"])]
         return dict(params, layers=layers), cut_config(cfg, self.mlp_keep)
 
-    def _forward(self, params, cfg, dstate: dict, model, ids, deltas=None, n_valid=None, logits_for="all"):
+    def _forward(self, params, cfg, dstate: dict, model, ids, deltas=None, n_valid=None, logits_for="all",
+                 prefill_lens=None):
         """Draft forward of ids [B, T] from `model`; deltas [B, T, n, D] stand in for residual-reuse's skipped
         layers. Returns (logits, model)."""
         p, c = self._draft(params, cfg, dstate)
         skip = () if self.method == "partial-mlp" else self.skip_layers
         logits, model, _ = qwen35.forward(p, c, model, ids, skip=skip, n_valid=n_valid, logits_for=logits_for,
-                                          skip_deltas=deltas, head=dstate.get("head"))
+                                          skip_deltas=deltas, head=dstate.get("head"), prefill_lens=prefill_lens)
         return logits, model
 
-    def _catch_up(self, params, cfg, dstate: dict, model, ids, n_valid=None, logits_for="all"):
+    def _catch_up(self, params, cfg, dstate: dict, model, ids, n_valid=None, logits_for="all", prefill_lens=None):
         """The forward that advances the committed state: (logits, model, the skipped layers' deltas or None).
-        residual-reuse runs the whole model (recording the deltas); the others their draft model."""
+        residual-reuse runs the whole model (recording the deltas); the others their draft model.
+        prefill_lens: a padded prompt (`qwen35.forward`)."""
         if self.method != "residual-reuse":
-            return (*self._forward(params, cfg, dstate, model, ids, n_valid=n_valid, logits_for=logits_for), None)
+            return (*self._forward(params, cfg, dstate, model, ids, n_valid=n_valid, logits_for=logits_for,
+                                   prefill_lens=prefill_lens), None)
         logits, model, extras = qwen35.forward(params, cfg, model, ids, n_valid=n_valid, logits_for=logits_for,
-                                               record=self.skip_layers, head=dstate.get("head"))
+                                               record=self.skip_layers, head=dstate.get("head"),
+                                               prefill_lens=prefill_lens)
         return logits, model, extras["deltas"]  # [B, T, n, D]
 
     @staticmethod
@@ -179,7 +183,8 @@ class SelfDrafter:
         return ids, (None if sampling.greedy else probabilities(logits, sampling))
 
     # ------------------------------------------------------------------------------- interface
-    def init(self, params, cfg, prompt, max_len, *, first_token, **_):
+    def init(self, params, cfg, prompt, max_len, *, first_token, lens=None, **_):
+        """lens [B]: each row's prompt length in a padded prompt buffer (None: every row holds T tokens)."""
         B, T = prompt.shape
         dstate = {"mlp": partial_mlp_weights(params, cfg, self.mlp_keep) if self.method == "partial-mlp" else ()}
         if self.shortlist_size:
@@ -188,8 +193,15 @@ class SelfDrafter:
             dstate.update(shortlist=ids, head=head[ids])  # [N, D], gathered once per generation
         model = qwen35.init_state(cfg, B, max_len, params["embed"].dtype)
         ids = jnp.concatenate([prompt, first_token[:, None]], axis=1)  # [B, T + 1]: the anchor included
-        logits, model, deltas = self._catch_up(params, cfg, dstate, model, ids, logits_for="last")
-        last = deltas[:, -1] if deltas is not None else jnp.zeros((B, 0), params["embed"].dtype)
+        if lens is None:
+            logits, model, deltas = self._catch_up(params, cfg, dstate, model, ids, logits_for="last")
+            last = deltas[:, -1] if deltas is not None else jnp.zeros((B, 0), params["embed"].dtype)
+        else:
+            ids = ids.at[jnp.arange(B), lens].set(first_token)  # the anchor after each row's prompt
+            logits, model, deltas = self._catch_up(params, cfg, dstate, model, ids, logits_for="last",
+                                                   prefill_lens=lens + 1)
+            last = (jnp.take_along_axis(deltas, lens[:, None, None, None], axis=1)[:, 0] if deltas is not None
+                    else jnp.zeros((B, 0), params["embed"].dtype))
         return dict(dstate, model=model, logits=logits[:, -1], delta=last)
 
     def propose(self, params, cfg, state, history, hist_len, gamma: int, key, *, sampling=SamplingConfig(), **_):

@@ -21,9 +21,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
 from ..errors import CheckpointError
+from ..loading import check_safetensors, open_safetensors
 from .stateless import StatelessDrafter
 
 PHRASE = 4  # tokens per stored continuation
@@ -79,7 +80,9 @@ def save_draft_tables(tables: dict[str, np.ndarray], path: str, metadata: dict[s
 
 def load_draft_tables(path: str, vocab_size: int) -> dict[str, jax.Array]:
     """Read and validate draft tables (shapes, id ranges) into device arrays."""
-    raw = load_file(path)
+    check_safetensors(path)
+    with open_safetensors(path) as f:  # the library's errors as one CheckpointError
+        raw = {k: f.get_tensor(k) for k in f.keys()}
     need = {"table_ctx": 2, "table_keys": 1, "table_next": 2, "uni_next": 2, "shortlist": 1}
     for name, ndim in need.items():
         if name not in raw:

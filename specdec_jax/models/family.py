@@ -49,6 +49,9 @@ class Family:
     commit: Callable
     decode_forward: Callable
     state_dtype: Callable
+    prefill_forward: Callable | None = None  # (params, cfg, state, ids [B, C], n_valid [B]) -> (logits [B, 1, V],
+    # state): a padded prefill chunk, rows past n_valid padding, logits at each row's last valid row (None: the
+    # family prefills exact shapes only)
 
     def describe(self) -> dict:
         """Settings that choose among this family's models (reported in generation stats)."""
@@ -89,8 +92,14 @@ def _qwen_decode_forward(params, cfg, state, ids, n_valid, live_rows=None):
     return logits, state
 
 
+def _qwen_prefill_forward(params, cfg, state, ids, n_valid):
+    logits, state, _ = qwen35.forward(params, cfg, state, ids, logits_for="last", prefill_lens=n_valid)
+    return logits, state
+
+
 QWEN35 = Family(name="qwen3_5", init_state=qwen35.init_state, forward=_qwen_forward, verify=_qwen_verify,
-                commit=qwen35.commit, decode_forward=_qwen_decode_forward, state_dtype=lambda model: model.dtype)
+                commit=qwen35.commit, decode_forward=_qwen_decode_forward, state_dtype=lambda model: model.dtype,
+                prefill_forward=_qwen_prefill_forward)
 
 
 # ---------------------------------------------------------------------------------------------- looped

@@ -252,6 +252,14 @@ def write_cache(cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array
     return jax.vmap(one)(cache, new, start)
 
 
+def scatter_cache(cache: jax.Array, new: jax.Array, positions: jax.Array, valid: jax.Array) -> jax.Array:
+    """Write the rows of new [B, T, ...] where valid [B, T] into cache [B, S, ...] at positions [B, T]; the other
+    rows write nothing (sent past the cache and dropped), so a padded prefill leaves the cache as an unpadded one."""
+    slots = jnp.where(valid, positions, cache.shape[1])
+    rows = jnp.broadcast_to(jnp.arange(cache.shape[0])[:, None], slots.shape)
+    return cache.at[rows, slots].set(new.astype(cache.dtype), mode="drop")
+
+
 def causal_cache_mask(query_positions: jax.Array, cache_len: int) -> jax.Array:
     """[B, T, S] mask: key slot s is visible to a query at position p iff s <= p."""
     slots = jnp.arange(cache_len, dtype=jnp.int32)

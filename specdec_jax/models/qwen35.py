@@ -127,11 +127,16 @@ def attention_output(p: dict, attn: jax.Array, gate: jax.Array) -> jax.Array:
 
 
 def attention_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
-                    positions: jax.Array, mask: jax.Array):
-    """Gated full attention. positions [B, T]; mask [B, T, S]. Returns out and the updated caches."""
+                    positions: jax.Array, mask: jax.Array, valid=None):
+    """Gated full attention. positions [B, T]; mask [B, T, S]; valid: None, or [B, T] bool, the rows whose K/V are
+    written (a padded prefill: padding rows write nothing). Returns out and the updated caches."""
     q, k, v, gate = attention_projections(p, cfg, x, positions)
-    k_cache = L.write_cache(k_cache, k, positions[:, 0])
-    v_cache = L.write_cache(v_cache, v, positions[:, 0])
+    if valid is None:
+        k_cache = L.write_cache(k_cache, k, positions[:, 0])
+        v_cache = L.write_cache(v_cache, v, positions[:, 0])
+    else:
+        k_cache = L.scatter_cache(k_cache, k, positions, valid)
+        v_cache = L.scatter_cache(v_cache, v, positions, valid)
     attn = L.attention(q, k_cache, v_cache, mask, cfg.head_dim ** -0.5)  # [B, T, nH, hd]
     return attention_output(p, attn, gate), k_cache, v_cache
 
@@ -149,7 +154,7 @@ def _inv_freq(cfg: Qwen35Config):
 
 def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.Array, *,
             impl: str = "auto", collect=None, logits_for: str = "all", n_valid=None, skip: tuple = (),
-            skip_deltas=None, record: tuple = (), head=None, live_rows=None):
+            skip_deltas=None, record: tuple = (), head=None, live_rows=None, prefill_lens=None):
     """Run T >= 1 new tokens [B, T] from `state`; returns (logits, new_state, extras).
 
     logits: [B, T, vocab] float32 ("all") or [B, 1, vocab] for the last position ("last").
@@ -170,6 +175,10 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     record (static layer indices): extras["deltas"] [B, T, len(record), D], what each of those layers
     (mixer + MLP) added to the residual stream.
     head: None (the model's output head), or [N, D]: logits over N rows only (a draft's token shortlist).
+    prefill_lens: None, or [B] int32 (traced): a padded prefill (chunked GDN rule), rows past prefill_lens are
+    padding: their K/V are not written, their GDN steps leave the state as it is, the conv window is taken at the
+    valid boundary, length advances by prefill_lens, and "last" logits are those of each row's last valid row
+    (a row with none gets row 0's, unread). The state is the one an unpadded forward of the valid rows leaves.
     """
     B, T = input_ids.shape
     dtype = params["embed"].dtype
@@ -179,6 +188,7 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     keys, values = list(state.keys), list(state.values)
     conv, rec = state.conv, state.recurrent
     gdn_extras, deltas, replay_inputs = [], [], None
+    valid = None if prefill_lens is None else jnp.arange(T, dtype=jnp.int32)[None, :] < prefill_lens[:, None]
     for i, layer_type in enumerate(cfg.layer_types):
         if i in skip:
             if skip_deltas is not None:
@@ -190,11 +200,11 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
         h = L.rms_norm(x, p["input_norm"], cfg.rms_norm_eps, zero_centered=True)
         if layer_type == FULL_ATTENTION:
             h, keys[slot], values[slot] = attention_mixer(p["mixer"], cfg, h, keys[slot], values[slot],
-                                                          positions, mask)
+                                                          positions, mask, valid)
         else:
             h, new_conv, rec, ex = gdn_mixer(p["mixer"], cfg, h, conv[slot], rec, slot, impl,
                                              None if collect == "hidden" else collect, n_valid, live_rows,
-                                             replay_inputs)
+                                             replay_inputs, prefill_lens)
             conv = conv.at[slot].set(new_conv)
             replay_inputs = ex.pop("replay_inputs", replay_inputs)
             gdn_extras.append(ex)
@@ -203,11 +213,17 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
         if i in record:
             deltas.append(x - x_in)
     hidden = L.rms_norm(x, params["final_norm"], cfg.rms_norm_eps, zero_centered=True)
-    head_in = hidden[:, -1:] if logits_for == "last" else hidden
+    if logits_for != "last":
+        head_in = hidden
+    elif prefill_lens is None:
+        head_in = hidden[:, -1:]
+    else:  # each row's last valid row
+        head_in = jnp.take_along_axis(hidden, jnp.maximum(prefill_lens - 1, 0)[:, None, None], axis=1)
     head = lm_head_weight(params) if head is None else head
     logits = L.linear(head_in, head.astype(dtype), out_dtype=jnp.float32)  # [B, T | 1, vocab]
     new_state = Qwen35State(keys=tuple(keys), values=tuple(values), conv=conv, recurrent=rec,
-                            length=state.length + (T if n_valid is None else n_valid))
+                            length=state.length + (T if n_valid is None and prefill_lens is None
+                                                   else (n_valid if prefill_lens is None else prefill_lens)))
     extras = {"gdn": gdn_extras, "hidden": hidden} if collect else {}
     if replay_inputs is not None:  # (k, g, u) [n_gdn, B, T, ...]: every GDN layer's, for the replay commit
         extras["replay_inputs"] = replay_inputs

@@ -124,7 +124,7 @@ def stacked_conv_windows_at(windows: list, n: jax.Array, width: int) -> jax.Arra
 
 
 def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, rec_states: jax.Array, slot: int,
-              impl: str, collect, n_valid=None, live_rows=None, replay_inputs=None):
+              impl: str, collect, n_valid=None, live_rows=None, replay_inputs=None, prefill_lens=None):
     """Gated DeltaNet token mixer. x [B, T, D] -> out [B, T, D], new conv state, new recurrent states, extras.
 
     rec_states: every GDN layer's state [n_gdn, B, HV, K, V]; this layer's is rec_states[slot]. The step kernel
@@ -135,7 +135,10 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
     runs on those only and the rest get a zero GDN output (see `forward`).
     replay_inputs: under replay rollback on one device, the (k, g, u) stacks [n_gdn, B, T, ...] of the layers before
     (None: created here), returned in extras with this layer's keys, gates and pseudo-values stored by the step
-    kernel."""
+    kernel.
+    prefill_lens [B] or None: a padded prefill chunk whose rows past prefill_lens are padding. Their gates are set
+    to g = 0, beta = 0, under which a step leaves the state exactly as it is (decay e^0 = 1, update 0 * ...), so
+    the chunked rule's final state is the state after the valid rows; the conv window is taken at that boundary."""
     B, T, _ = x.shape
     HV, V, W = cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim
     proj = L.linear(x, p["in_proj"])  # [B, T, C + HV*V + 2*HV]; the packed form reads b and a where they lie in it
@@ -146,6 +149,12 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
     conv = gated_delta.short_conv_silu(window, p["conv"], T)  # [B, T, C]
     q, k, v = gdn_heads(cfg, conv)
     beta, g = gdn_gates(p, b, a)
+    if prefill_lens is not None:
+        if n_valid is not None or collect:
+            raise ValueError("gdn_mixer: prefill_lens is a prefill's padding; it takes neither n_valid nor collect")
+        valid = (jnp.arange(T, dtype=jnp.int32)[None, :] < prefill_lens[:, None])[..., None]  # [B, T, 1]
+        beta, g = jnp.where(valid, beta, 0.0).astype(beta.dtype), jnp.where(valid, g, 0.0).astype(g.dtype)
+        new_conv = conv_window_at(window, prefill_lens, W - 1)
     live = T if n_valid is None or live_rows is None else min(int(live_rows), T)
     layout = packed_form(cfg, impl)
     if n_valid is not None and gated_delta.resolve(impl, "recurrent") != "pallas":
@@ -200,8 +209,8 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         res, new_states = run(recurrent, steps, return_all_states=snapshots, **kwargs)
     elif snapshots:
         res, new_states = run(recurrent, return_all_states=True, **kwargs)
-    elif T == 1 or replay or (collect and T <= MAX_RECURRENT_VERIFY
-                              and gated_delta.resolve(impl, "recurrent") == "pallas"):
+    elif prefill_lens is None and (T == 1 or replay or (collect and T <= MAX_RECURRENT_VERIFY
+                              and gated_delta.resolve(impl, "recurrent") == "pallas")):
         # Decode; verification under replay rollback (the commit re-runs this very step, so the committed
         # state is the recurrence's); short verification when the recurrent op is a Pallas kernel (one
         # launch per layer, measured faster than the chunk kernels on the GPU: see verify_forms_choice()).

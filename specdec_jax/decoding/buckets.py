@@ -1,0 +1,100 @@
+"""Shape buckets: a generation's compiled programs are keyed on a few sizes, not on the exact prompt length, cache
+length and number of new tokens, so a user's next prompt reuses what an earlier one compiled.
+
+- The cache length S (prompt + new tokens + the last verification's rows) is rounded up the ladder
+  256, 1024, 4096, then powers of two up to 65,536, then multiples of 16,384 (past 64K a doubling would read twice
+  the KV cache a step needs; a multiple of 16K adds at most 25% there).
+- The prompt is prefilled in chunks of a fixed size (`prefill_chunk`: 256 tokens, 1024 past 4,096 prompt tokens)
+  from a buffer of S tokens (rounded up to a chunk), with each row's valid length traced: a chunk's padding rows
+  change nothing in the state (`qwen35.forward(prefill_lens=...)`), so the prefill program depends on (S, chunk)
+  only, and a prompt gives the same bits in every bucket that prefills it in the same chunk size.
+- The number of new tokens is traced; the output buffers hold S tokens. Where a loop must know its trip count to
+  run without reading a flag back each step (on the GPU, with no EOS id: `static_new_tokens`), the exact count is
+  part of the program instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InputError
+
+CACHE_LADDER = (256, 1024, 4096)
+POW2_LIMIT = 65536
+LONG_STEP = 16384
+SHORT_CHUNK, LONG_CHUNK, LONG_PROMPT = 256, 1024, 4096
+
+
+def cache_bucket(needed: int) -> int:
+    """The cache length a generation needing `needed` positions runs at."""
+    for size in CACHE_LADDER:
+        if needed <= size:
+            return size
+    if needed <= POW2_LIMIT:
+        return 1 << (int(needed) - 1).bit_length()
+    return -(-int(needed) // LONG_STEP) * LONG_STEP
+
+
+def prefill_chunk(longest_prompt: int) -> int:
+    """Tokens per prefill chunk for a batch whose longest prompt has `longest_prompt` tokens."""
+    return SHORT_CHUNK if longest_prompt <= LONG_PROMPT else LONG_CHUNK
+
+
+def prompt_buffer(cache_len: int, chunk: int) -> int:
+    """Length of the padded prompt buffer: the cache length rounded up to whole chunks."""
+    return -(-cache_len // chunk) * chunk
+
+
+def pad_prompts(rows: list[np.ndarray], width: int, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged prompts -> (ids [B, width] int32, right-padded with pad_id; lengths [B] int32)."""
+    ids = np.full((len(rows), width), pad_id, np.int32)
+    for b, row in enumerate(rows):
+        ids[b, : len(row)] = row
+    return ids, np.asarray([len(r) for r in rows], np.int32)
+
+
+def static_new_tokens(eos_ids: tuple, sure_steps: bool) -> bool:
+    """Whether max_new_tokens is part of the decode program (a loop of known trip count) rather than traced: on the
+    GPU a loop of unknown trip count reads its predicate back every step (measured ~90 us a step at the 9B shape:
+    `speculative.sure_steps_enabled`); with no EOS id every step is known to run, so the count is worth a program.
+    With an EOS id any step may be the last and the count is traced."""
+    return not eos_ids and sure_steps
+
+
+def split_prompts(input_ids, vocab_size: int) -> list[np.ndarray]:
+    """A [B, T] array or a list of 1-D integer sequences (ragged) -> a list of B int32 rows, each checked: at least
+    one token, integers, inside the vocabulary. One InputError naming the row and position otherwise."""
+    if isinstance(input_ids, (list, tuple)) and not input_ids:
+        raise InputError("input_ids is empty: a batch needs at least one prompt")
+    if isinstance(input_ids, (list, tuple)) and all(np.ndim(r) == 1 for r in input_ids):
+        rows = list(input_ids)
+        where = lambda b: f"prompts[{b}]"
+    else:
+        try:
+            ids = np.asarray(input_ids)
+        except Exception as e:  # noqa: BLE001 (ragged nesting and the like)
+            raise InputError(f"input_ids must be an integer array [batch, tokens] or a list of 1-D token sequences; "
+                             f"could not convert: {e}") from None
+        if ids.ndim == 1:
+            raise InputError(f"input_ids must be 2-D [batch, tokens] or a list of 1-D sequences; got shape {ids.shape} "
+                             f"(wrap a single prompt as [ids])")
+        if ids.ndim != 2:
+            raise InputError(f"input_ids must be 2-D [batch, tokens]; got shape {ids.shape}")
+        if ids.shape[0] == 0:
+            raise InputError(f"input_ids is empty (shape {ids.shape}): a batch needs at least one prompt")
+        rows = list(ids)
+        where = lambda b: f"input_ids[{b}]"
+    out = []
+    for b, row in enumerate(rows):
+        arr = np.asarray(row)
+        if arr.size == 0:
+            raise InputError(f"{where(b)} is empty: a prompt needs at least one token")
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise InputError(f"{where(b)} must hold integers; got dtype {arr.dtype}")
+        bad = (arr < 0) | (arr >= vocab_size)
+        if bad.any():
+            t = int(np.argmax(bad))
+            raise InputError(f"{where(b)}[{t}] = {int(arr[t])} is outside the vocabulary [0, {vocab_size})")
+        out.append(arr.astype(np.int32))
+    return out
+

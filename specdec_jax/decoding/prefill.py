@@ -1,0 +1,44 @@
+"""Chunked prefill of padded, ragged prompts: the prompt buffer [B, P] is run through the model `chunk` tokens at a
+time (a loop whose trip count, the chunks the longest prompt needs, is traced), each chunk with its rows' valid
+counts, so one compiled program prefills every prompt that fits its buffer, and activations stay those of one
+chunk however long the prompt."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def chunked_prefill(run_chunk: Callable, state, ids: jax.Array, lens: jax.Array, chunk: int, *, logits_shape,
+                    hidden_shape=None):
+    """Prefill prompts ids [B, P] (row b's first lens[b] >= 1 tokens are valid) from `state`, `chunk` tokens a pass.
+
+    run_chunk(state, ids [B, chunk], n_valid [B]) -> (last-valid-row logits [B, V], state, hidden [B, chunk, D] or
+    None); n_valid may be 0 (a row already done: its state must not move).
+    logits_shape: the [B, V] float32 struct of those logits. hidden_shape: None, or [B, P, D] (dtype): every
+    prompt position's hidden state is gathered into that buffer (what an MTP drafter starts from).
+    Returns (each row's logits at its last prompt token [B, V], state, hidden [B, P, D] or None)."""
+    B, P = ids.shape
+    if P % chunk:
+        raise ValueError(f"chunked_prefill: the prompt buffer ({P}) must hold whole chunks of {chunk}")
+    n_chunks = (jnp.max(lens) + chunk - 1) // chunk
+    logits0 = jnp.zeros(logits_shape.shape, logits_shape.dtype)
+    hidden0 = None if hidden_shape is None else jnp.zeros(hidden_shape.shape, hidden_shape.dtype)
+
+    def body(c, carry):
+        state, last, hidden = carry
+        start = c * chunk
+        piece = lax.dynamic_slice_in_dim(ids, start, chunk, axis=1)
+        n_valid = jnp.clip(lens - start, 0, chunk).astype(jnp.int32)
+        logits, state, h = run_chunk(state, piece, n_valid)
+        ends_here = (lens > start) & (lens <= start + chunk)
+        last = jnp.where(ends_here[:, None], logits, last)
+        if hidden is not None:
+            hidden = lax.dynamic_update_slice_in_dim(hidden, h.astype(hidden.dtype), start, axis=1)
+        return state, last, hidden
+
+    state, last, hidden = lax.fori_loop(0, n_chunks, body, (state, logits0, hidden0))
+    return last, state, hidden

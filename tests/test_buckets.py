@@ -1,0 +1,122 @@
+"""Shape buckets and ragged batches (decoding/buckets.py, decoding/prefill.py): a padded, chunked prefill leaves the
+state an unpadded one leaves; programs are reused across prompt lengths and new-token counts within a bucket; a
+ragged batch's rows equal their own batch-1 runs (float32), and speculation equals AR within the call."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specdec_jax as sj
+from specdec_jax.decoding import buckets
+from specdec_jax.decoding.prefill import chunked_prefill
+from specdec_jax.models import qwen35
+from tests import qwen_helpers as H
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    ref = H.build_reference(H.tiny_text_config(ratio=2, vocab=61), seed=23)
+    folder = str(tmp_path_factory.mktemp("buckets"))
+    H.save_reference(ref, folder)
+    return sj.load(folder, dtype="float32")
+
+
+def _prompts(lengths, vocab, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, n).astype(np.int32) for n in lengths]
+
+
+def test_cache_bucket_ladder():
+    assert [buckets.cache_bucket(n) for n in (1, 256, 257, 1024, 1025, 4097, 40000, 65537, 70000)] == \
+        [256, 256, 1024, 1024, 4096, 8192, 65536, 65536 + 16384, 65536 + 16384]
+    assert buckets.prefill_chunk(10) == 256 and buckets.prefill_chunk(5000) == 1024
+    assert buckets.prompt_buffer(300, 256) == 512
+
+
+def _chunked_state(model, rows, chunk, width, max_len=96):
+    cfg = model.config
+    ids, lens = buckets.pad_prompts(rows, width, pad_id=5)
+    state = qwen35.init_state(cfg, len(rows), max_len, jnp.float32)
+
+    def run(st, piece, n_valid):
+        logits, st, _ = qwen35.forward(model.params, cfg, st, piece, logits_for="last", prefill_lens=n_valid)
+        return logits[:, 0], st, None
+
+    shape = jax.ShapeDtypeStruct((len(rows), cfg.vocab_size), jnp.float32)
+    return chunked_prefill(run, state, jnp.asarray(ids), jnp.asarray(lens), chunk, logits_shape=shape)[:2]
+
+
+@pytest.mark.parametrize("length", [1, 7, 16, 17, 40])
+def test_padded_chunked_prefill_is_the_unpadded_state(model, length):
+    """One prompt, prefilled in chunks of 16 from buffers of 48 and 80 tokens: the same bits (the padding changes
+    nothing), and the state and last logits of one unpadded forward (fp32 tolerance: other matrix shapes)."""
+    cfg = model.config
+    row = _prompts([length], cfg.vocab_size, seed=length)
+    logits_a, state_a = _chunked_state(model, row, 16, 48)
+    logits_b, state_b = _chunked_state(model, row, 16, 80)
+    for a, b in zip(jax.tree.leaves((logits_a, state_a)), jax.tree.leaves((logits_b, state_b))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    fresh = qwen35.init_state(cfg, 1, 96, jnp.float32)
+    logits_u, state_u, _ = qwen35.forward(model.params, cfg, fresh, jnp.asarray(row[0])[None], logits_for="last")
+    np.testing.assert_allclose(np.asarray(logits_a), np.asarray(logits_u[:, 0]), rtol=1e-5, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(state_a), jax.tree.leaves(state_u)):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-5, atol=1e-5)
+    assert int(state_a.length[0]) == length
+
+
+def test_ragged_rows_prefill_as_alone(model):
+    """Rows of 3, 16 and 35 tokens prefilled together (chunks of 16): each row's state is its batch-1 state."""
+    rows = _prompts([3, 16, 35], model.config.vocab_size, seed=3)
+    logits, state = _chunked_state(model, rows, 16, 48)
+    for b, row in enumerate(rows):
+        logits_1, state_1 = _chunked_state(model, [row], 16, 48)
+        np.testing.assert_allclose(np.asarray(logits[b]), np.asarray(logits_1[0]), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(state.recurrent[:, b]), np.asarray(state_1.recurrent[:, 0]),
+                                   rtol=1e-5, atol=1e-5)
+        assert int(state.length[b]) == len(row)
+
+
+@pytest.mark.parametrize("method,options", [("ar", {}), ("ngram", {"gamma": 3})])
+def test_programs_are_reused_within_a_bucket(model, method, options):
+    """Other prompt lengths and new-token counts in the same bucket compile nothing (EOS on: the count is traced)."""
+    eos = [7]
+    first = sj.generate(model, _prompts([11], 61, seed=1), 9, method=method, eos_token_id=eos, **options)
+    again = sj.generate(model, _prompts([29], 61, seed=2), 14, method=method, eos_token_id=eos, **options)
+    assert again.stats["compiled_programs"] == 0 and again.stats["compile_seconds"] == 0.0, again.stats
+    assert first.tokens.shape == (1, 9) and again.tokens.shape == (1, 14)
+
+
+@pytest.mark.parametrize("method,options", [("ar", {}), ("ngram", {"gamma": 3}), ("ngram-tree", {"tree": [2, 1]})])
+def test_ragged_batch_rows_equal_their_own_runs(model, method, options):
+    """A ragged batch (fp32, greedy): every row's tokens are its batch-1 tokens, and AR's."""
+    rows = _prompts([5, 19, 12], 61, seed=4)
+    batch = sj.generate(model, rows, 12, method=method, eos_token_id=False, **options)
+    assert batch.tokens.shape == (3, 12)
+    for b, row in enumerate(rows):
+        alone = sj.generate(model, [row], 12, method=method, eos_token_id=False, **options)
+        ar = sj.generate(model, [row], 12, eos_token_id=False)
+        np.testing.assert_array_equal(batch.tokens[b], alone.tokens[0])
+        np.testing.assert_array_equal(alone.tokens[0], ar.tokens[0])
+
+
+def test_a_2d_array_and_its_rows_as_a_list_agree(model):
+    ids = np.stack(_prompts([9, 9], 61, seed=5))
+    a = sj.generate(model, ids, 6, method="ngram", eos_token_id=False)
+    b = sj.generate(model, list(ids), 6, method="ngram", eos_token_id=False)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+
+
+@pytest.mark.parametrize("prompts,needle", [
+    ([np.arange(4), np.zeros(0, np.int32)], "prompts[1] is empty"),
+    ([np.arange(4), np.asarray([1, 99])], "prompts[1][1] = 99 is outside the vocabulary"),
+    ([np.arange(4), np.asarray([1.5, 2.0])], "prompts[1] must hold integers"),
+    ([], "input_ids is empty"),
+])
+def test_bad_prompt_lists_are_one_error_before_any_compute(model, monkeypatch, prompts, needle):
+    from specdec_jax.decoding import autoregressive
+    monkeypatch.setattr(autoregressive, "generate_autoregressive", lambda *a, **k: pytest.fail("ran before the error"))
+    with pytest.raises(sj.InputError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        sj.generate(model, prompts, 4)
