@@ -24,10 +24,10 @@ a)
         --chunks 256,1024 --chunk-lengths 1000,4000 --budget-s 250 --name workload_qwen35_9b_random_lengths --out "$out"
     ;;
 b)
-    step 300 batch python scripts/bench_workload.py --random-9b --parts batch,second --batches 1,4,8,16 \
-        --budget-s 240 --name workload_qwen35_9b_random_batch --out "$out"
-    step 150 exact_qwen python scripts/bench_workload.py --model checkpoints/tiny-qwen35-code --parts exact \
-        --methods ngram,ngram:8,ngram-table,mtp,mtp-shortlist,layer-skip,residual-reuse,partial-mlp --budget-s 130 \
+    step 300 batch python scripts/bench_workload.py --random-9b --parts batch,second,chunks --batches 1,4,8,16 \
+        --chunks 256,1024 --chunk-lengths 128,256,512 --budget-s 270 --name workload_qwen35_9b_random_batch --out "$out"
+    step 140 exact_qwen python scripts/bench_workload.py --model checkpoints/tiny-qwen35-code --parts exact \
+        --methods ngram,ngram:8,ngram-table,mtp,mtp-shortlist,layer-skip,residual-reuse,partial-mlp --budget-s 120 \
         --name exact_tiny_qwen_buckets --out "$out"
     step 100 exact_huginn python scripts/bench_workload.py --model checkpoints/tiny-huginn-code --parts exact \
         --methods self-spec,mature-spec,das-wave --budget-s 80 --name exact_tiny_huginn_buckets --out "$out"
