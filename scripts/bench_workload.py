@@ -218,7 +218,7 @@ def part_batch(model, args, rng, out, t_start):
     out["batch"] = {"max_new_tokens": args.batch_new, "rows": rows}
 
 
-def part_exact(model, args, rng, out, t_start):
+def part_exact(model, args, rng, out, t_start, save=lambda: None):
     files = heldout_token_files(model)
     looped = model.family == "looped"
     if looped:
@@ -244,6 +244,9 @@ def part_exact(model, args, rng, out, t_start):
             "batch_rows_equal_batch1": int(sum(np.array_equal(b, r.tokens[0]) for b, r in zip(batch.tokens, one))),
             "tokens_per_step_batch1": float(np.mean([r.stats.get("tokens_per_step", 1.0) for r in one])),
         }
+        out["exact"] = {"prompts": len(prompts), "prompt_lengths": [len(p) for p in prompts], "max_new_tokens": n,
+                        "methods": rows}
+        save()
         print(f"  exact {text}: batch 1 equal to AR {rows[text]['batch1_equal_ar']}/{len(prompts)}, ragged batch equal "
               f"to AR in the call {rows[text]['batch_equal_ar_within_call']}/{len(prompts)}, batch rows equal to "
               f"batch 1 {rows[text]['batch_rows_equal_batch1']}/{len(prompts)}", flush=True)
@@ -355,7 +358,7 @@ def main(argv=None):
         elif part == "chunks":
             part_chunks(model, args, rng, out, t_start)
         elif part == "exact":
-            part_exact(model, args, rng, out, t_start)
+            part_exact(model, args, rng, out, t_start, save)
         else:
             raise SystemExit(f"unknown part {part!r}")
         save()
