@@ -311,7 +311,7 @@ print(f"{t1 - t0:.3f} {t2 - t1:.3f} {r.stats['compile_seconds']:.3f}")
 
 def part_second(model, args, out):
     """Two fresh processes on one empty cache folder: the second's first generate after load."""
-    source = model.path or "random-9b"
+    source = "random-9b" if model is None or model.path is None else model.path
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, SPECDEC_COMPILATION_CACHE=cache)
@@ -333,7 +333,10 @@ def main(argv=None):
     args = parse_args(argv)
     t_start = time.perf_counter()
     rng = np.random.default_rng(args.seed)
-    model, name = load_model(args)
+    if args.parts == "second" and args.random_9b:  # the processes make their own weights: none held here
+        model, name = None, "qwen35_tiny_random" if args.tiny else "qwen35_9b_random"
+    else:
+        model, name = load_model(args)
     stem = args.name or f"workload_{name}"
     out = result_header(stem)
     out.update(model=name, dtype=args.dtype)

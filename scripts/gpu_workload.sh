@@ -33,10 +33,12 @@ b)
         --methods self-spec,mature-spec,das-wave --budget-s 80 --name exact_tiny_huginn_buckets --out "$out"
     ;;
 c)  # what part b's time limits cut: a second process, short-prompt chunks, the rest of the tiny Qwen's methods
-    step 150 second python scripts/bench_workload.py --random-9b --parts second,chunks --chunks 256,1024 \
-        --chunk-lengths 128,512 --budget-s 140 --name workload_qwen35_9b_random_second --out "$out"
-    step 280 exact_qwen python scripts/bench_workload.py --model checkpoints/tiny-qwen35-code --parts exact \
-        --methods mtp,mtp-shortlist,layer-skip,residual-reuse,partial-mlp --budget-s 270 \
+    step 150 second python scripts/bench_workload.py --random-9b --parts second --name workload_qwen35_9b_random_second \
+        --out "$out"
+    step 120 chunks python scripts/bench_workload.py --random-9b --parts chunks --chunks 256,1024 \
+        --chunk-lengths 128,512 --budget-s 110 --name workload_qwen35_9b_random_chunks --out "$out"
+    [ -n "${SKIP_EXACT:-}" ] || step 280 exact_qwen python scripts/bench_workload.py --model checkpoints/tiny-qwen35-code \
+        --parts exact --methods mtp,mtp-shortlist,layer-skip,residual-reuse,partial-mlp --budget-s 270 \
         --name exact_tiny_qwen_buckets2 --out "$out"
     ;;
 esac
