@@ -214,8 +214,8 @@ def accepted_options(spec: MethodSpec) -> tuple[str, ...]:
     if spec.options is not None:
         names = set(spec.options)
     else:  # looped self-speculation checks its own set (looped_plan.make_plan); num_steps is generate_looped_spec's
-        from .decoding.looped_plan import _OPTIONS
-        names = {"num_steps", *_OPTIONS[spec.name]}
+        from .decoding.looped_plan import METHOD_OPTIONS
+        names = {"num_steps", *METHOD_OPTIONS[spec.name]}
     return tuple(k for k in OPTION_HELP if k in names) + tuple(sorted(names - set(OPTION_HELP)))
 
 

@@ -33,13 +33,18 @@ class Model:
 class GenerateResult:
     """tokens: [B, max_new_tokens] new tokens only (after its EOS a row is padded with the first EOS id).
 
-    stats: new_tokens, seconds (prefill + decode, compile excluded), tokens_per_second,
-    prefill_seconds, decode_seconds, compile_seconds, and for speculative methods
-    verify_steps, mean_accepted, accepted_counts.
+    stats, every method of every family (STATS_KEYS): method, new_tokens, seconds (prefill + decode, compile
+    excluded), prefill_seconds, decode_seconds, compile_seconds, compiled_programs (programs this call compiled or
+    loaded from the persistent cache: 0 when every one was reused), tokens_per_second, decode_tokens_per_second;
+    speculative methods add verify_steps, mean_accepted, tokens_per_step, accepted_counts.
     """
 
     tokens: np.ndarray
     stats: dict
+
+
+STATS_KEYS = ("method", "new_tokens", "seconds", "prefill_seconds", "decode_seconds", "compile_seconds",
+              "compiled_programs", "tokens_per_second", "decode_tokens_per_second")
 
 
 @dataclasses.dataclass

@@ -120,3 +120,20 @@ def test_bad_prompt_lists_are_one_error_before_any_compute(model, monkeypatch, p
     monkeypatch.setattr(autoregressive, "generate_autoregressive", lambda *a, **k: pytest.fail("ran before the error"))
     with pytest.raises(sj.InputError, match=needle.replace("[", r"\[").replace("]", r"\]")):
         sj.generate(model, prompts, 4)
+
+
+def test_stats_keys_are_the_same_for_every_family_and_kind(model):
+    """Every generation reports model.STATS_KEYS (speculative methods add their step statistics), the looped family
+    included (its exact-shape path)."""
+    from pathlib import Path
+    from specdec_jax.model import STATS_KEYS
+    ids = _prompts([6], 61, seed=6)
+    runs = [sj.generate(model, ids, 5), sj.generate(model, ids, 5, method="ngram", gamma=3)]
+    huginn = sj.load(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-huginn-code", dtype="float32")
+    hids = np.asarray([[1542, 12, 290, 1239]])
+    runs += [sj.generate(huginn, hids, 6, num_steps=2), sj.generate(huginn, hids, 6, method="das-wave", num_steps=2,
+                                                                      gamma=3)]
+    for res in runs:
+        assert set(STATS_KEYS) <= set(res.stats), sorted(set(STATS_KEYS) - set(res.stats))
+    for res in runs[1::2]:
+        assert {"verify_steps", "mean_accepted", "tokens_per_step", "accepted_counts"} <= set(res.stats)

@@ -73,7 +73,7 @@ def test_greedy_equals_ar_with_mostly_hitting_drafts(model, gamma, rollback):
     assert res.stats["verify_steps"] < 30
 
 
-@pytest.mark.parametrize("gamma", [0, 4])  # gammas 1 and 8: test_greedy_equals_ar_with_mostly_hitting_drafts
+@pytest.mark.parametrize("gamma", [2, 4])  # gammas 1 and 8: test_greedy_equals_ar_with_mostly_hitting_drafts
 def test_ngram_greedy_equals_ar(model, gamma):
     rng = np.random.default_rng(3)
     repetitive = np.tile(rng.integers(0, model.vocab_size, size=5), 5)[None]
@@ -82,8 +82,6 @@ def test_ngram_greedy_equals_ar(model, gamma):
     ar = sj.generate(model, ids, 24, eos_token_id=False).tokens
     res = sj.generate(model, ids, 24, method="ngram", gamma=gamma, eos_token_id=False)
     np.testing.assert_array_equal(res.tokens, ar)
-    if gamma == 0:
-        assert res.stats["verify_steps"] == 23 and res.stats["mean_accepted"] == 0
 
 
 def test_state_after_generation_equals_ar_state(model):

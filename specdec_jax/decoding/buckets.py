@@ -71,7 +71,7 @@ def split_prompts(input_ids, vocab_size: int) -> list[np.ndarray]:
         raise InputError("input_ids is empty: a batch needs at least one prompt")
     if isinstance(input_ids, (list, tuple)) and all(np.ndim(r) == 1 for r in input_ids):
         rows = list(input_ids)
-        where = lambda b: f"prompts[{b}]"
+        where = lambda b, t=None: f"prompts[{b}]" + ("" if t is None else f"[{t}]")
     else:
         try:
             ids = np.asarray(input_ids)
@@ -86,7 +86,7 @@ def split_prompts(input_ids, vocab_size: int) -> list[np.ndarray]:
         if ids.shape[0] == 0:
             raise InputError(f"input_ids is empty (shape {ids.shape}): a batch needs at least one prompt")
         rows = list(ids)
-        where = lambda b: f"input_ids[{b}]"
+        where = lambda b, t=None: f"input_ids[{b}" + ("]" if t is None else f", {t}]")
     out = []
     for b, row in enumerate(rows):
         arr = np.asarray(row)
@@ -97,7 +97,7 @@ def split_prompts(input_ids, vocab_size: int) -> list[np.ndarray]:
         bad = (arr < 0) | (arr >= vocab_size)
         if bad.any():
             t = int(np.argmax(bad))
-            raise InputError(f"{where(b)}[{t}] = {int(arr[t])} is outside the vocabulary [0, {vocab_size})")
+            raise InputError(f"{where(b, t)} = {int(arr[t])} is outside the vocabulary [0, {vocab_size})")
         out.append(arr.astype(np.int32))
     return out
 

@@ -15,7 +15,7 @@ from .decode_shape import exact_rows
 LOOPED_SPEC_METHODS = ("self-spec", "mature-spec", "das-wave", "parallel-sampler")
 READ_MODES = ("aligned", "deep")
 
-_OPTIONS = {
+METHOD_OPTIONS = {
     "self-spec": ("draft_steps", "gamma", "exact", "decode_rows"),
     "mature-spec": ("draft_steps", "gamma", "read_k", "read_v", "exact", "decode_rows"),
     "das-wave": ("gamma", "k", "read_k", "read_v", "carry", "window_init", "rounds", "exact", "decode_rows"),
@@ -61,7 +61,7 @@ class LoopedSpecPlan:
         return float((passes * self.core_steps_per_pass() + verify) / max(tokens, 1))
 
     def describe(self) -> dict:
-        keys = ("num_steps", "gamma") + tuple(k for k in _OPTIONS[self.method] if k != "exact")
+        keys = ("num_steps", "gamma") + tuple(k for k in METHOD_OPTIONS[self.method] if k != "exact")
         out = {name: getattr(self, name) for name in dict.fromkeys(keys)}
         out["exact"] = bool(self.decode_rows)
         if out.get("rounds") == 0:
@@ -94,9 +94,9 @@ def make_plan(method: str, num_steps: int, **options) -> LoopedSpecPlan:
     if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
         raise InputError(f"num_steps (recurrence depth) must be an integer >= 1; got {num_steps!r}")
     R = int(num_steps)
-    unknown = sorted(set(options) - set(_OPTIONS[method]))
+    unknown = sorted(set(options) - set(METHOD_OPTIONS[method]))
     if unknown:
-        raise InputError(f"method {method!r}: unknown options {unknown}; accepted: {list(_OPTIONS[method])}")
+        raise InputError(f"method {method!r}: unknown options {unknown}; accepted: {list(METHOD_OPTIONS[method])}")
     gamma = int_option(options, "gamma", _DEFAULT_GAMMA[method], 1)
     rows = exact_rows(options, gamma, "looped", "the parallel sampler is not lossless: it commits what has "
                                                 "converged, not what a verifier accepted"

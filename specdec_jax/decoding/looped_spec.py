@@ -319,6 +319,7 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
     stats = {
         "method": plan.method, **plan.describe(), "new_tokens": n_new, "batch": B,
         "seconds": t2 - t0, "prefill_seconds": t1 - t0, "decode_seconds": t2 - t1, "compile_seconds": compile_s,
+        "compiled_programs": int(compile_p > 0) + int(compile_l > 0),
         "tokens_per_second": n_new / max(t2 - t0, 1e-9),
         "decode_tokens_per_second": max(n_new - B, 0) / max(t2 - t1, 1e-9),
         "verify_steps": 0 if sampler else steps,
