@@ -13,7 +13,7 @@ from .decoding.autoregressive import generate_ar
 from .decoding.decode_shape import exact_rows
 from .decoding.sampling import SamplingConfig
 from . import compile_cache, methods, sharding, shipped
-from .errors import InputError
+from .errors import CheckpointError, InputError
 from .loading import TensorSource, resolve_dtype
 from .methods import DRAFT_TABLES_FILE
 from .model import GenerateResult, Model, TextResult
@@ -43,7 +43,7 @@ def load(path: str | os.PathLike, dtype="bfloat16", mesh=None) -> Model:
     jdtype = resolve_dtype(dtype)
     if mesh is not None:
         cfg = _with_mesh(cfg, mesh, path)
-    tokenizer = _folder_tokenizer(path)  # before the weights: a broken tokenizer fails fast
+    tokenizer = _folder_tokenizer(path)
     if cfg.family == "looped":
         from .models import looped
         return dataclasses.replace(looped.load_looped(path, dtype), tokenizer=tokenizer)
@@ -60,9 +60,17 @@ def load(path: str | os.PathLike, dtype="bfloat16", mesh=None) -> Model:
 
 
 def _folder_tokenizer(path: str):
-    """The folder's tokenizer, None when it has no tokenizer files; CheckpointError when they do not load."""
+    """The folder's tokenizer, None when it has no tokenizer files. Tokenizer files that do not load leave it None
+    with a warning that says why: the weights are still usable with token ids (generate_text then refuses)."""
+    import warnings
     from . import text
-    return text.load_tokenizer(path) if text.has_tokenizer(path) else None
+    if not text.has_tokenizer(path):
+        return None
+    try:
+        return text.load_tokenizer(path)
+    except CheckpointError as e:
+        warnings.warn(f"{e}; model.tokenizer is None", stacklevel=3)
+        return None
 
 
 def _with_mesh(cfg, mesh, path: str):
@@ -181,9 +189,9 @@ def _buckets(model: Model, prompts: list, needed: int, max_len: int | None, eos_
     from .decoding import buckets
     from .decoding.speculative import sure_steps_enabled
     if max_len is None:
-        max_len = max(needed, min(buckets.cache_bucket(needed), model.config.max_position_embeddings))
+        max_len = buckets.cache_length(needed, len(prompts), model.config.max_position_embeddings)
     longest = max(len(p) for p in prompts)
-    chunk = buckets.prefill_chunk(longest)
+    chunk = buckets.prefill_chunk(longest, len(prompts))
     ids, lens = buckets.pad_prompts(prompts, buckets.prompt_buffer(max_len, chunk))
     token_buffer = 0 if buckets.static_new_tokens(eos_ids, sure_steps_enabled()) else max_len
     return dict(ids=ids, lens=lens, max_len=max_len, chunk=chunk, token_buffer=token_buffer)

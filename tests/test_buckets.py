@@ -34,6 +34,8 @@ def test_cache_bucket_ladder():
         [256, 256, 1024, 1024, 4096, 8192, 65536, 65536 + 16384, 65536 + 16384]
     assert buckets.prefill_chunk(10) == 256 and buckets.prefill_chunk(600) == 1024
     assert buckets.prompt_buffer(300, 256) == 512
+    assert buckets.cache_length(300, 16, 10 ** 6) == 1024 and buckets.cache_length(300, 17, 10 ** 6) == 300
+    assert buckets.cache_length(300, 1, 512) == 512 and buckets.prefill_chunk(5, 17) == 16
 
 
 def _chunked_state(model, rows, chunk, width, max_len=96):

@@ -8,6 +8,10 @@ length and number of new tokens, so a user's next prompt reuses what an earlier 
   from a buffer of S tokens (rounded up to a chunk), with each row's valid length traced: a chunk's padding rows
   change nothing in the state (`qwen35.forward(prefill_lens=...)`), so the prefill program depends on (S, chunk)
   only, and a prompt gives the same bits in every bucket that prefills it in the same chunk size.
+- A batch of more than SMALL_BATCH rows is not padded to a bucket (its cache is the length it needs, its chunk no
+  longer than its longest prompt rounded up to 16): padding multiplies a prefill's activations by the batch (at
+  20,000 rows of 4-token prompts a 256-token chunk over a 256-slot cache asked for 43 GB of attention scores), and a
+  large batch's compile is spread over its rows.
 - The number of new tokens is traced; the output buffers hold S tokens. Where a loop must know its trip count to
   run without reading a flag back each step (on the GPU, with no EOS id: `static_new_tokens`), the exact count is
   part of the program instead.
@@ -28,6 +32,9 @@ LONG_STEP = 16384
 SHORT_CHUNK, LONG_CHUNK, LONG_PROMPT = 256, 1024, 512
 
 
+SMALL_BATCH = 16
+
+
 def cache_bucket(needed: int) -> int:
     """The cache length a generation needing `needed` positions runs at."""
     for size in CACHE_LADDER:
@@ -38,9 +45,18 @@ def cache_bucket(needed: int) -> int:
     return -(-int(needed) // LONG_STEP) * LONG_STEP
 
 
-def prefill_chunk(longest_prompt: int) -> int:
+def prefill_chunk(longest_prompt: int, batch: int = 1) -> int:
     """Tokens per prefill chunk for a batch whose longest prompt has `longest_prompt` tokens."""
-    return SHORT_CHUNK if longest_prompt <= LONG_PROMPT else LONG_CHUNK
+    chunk = SHORT_CHUNK if longest_prompt <= LONG_PROMPT else LONG_CHUNK
+    return chunk if batch <= SMALL_BATCH else min(chunk, -(-longest_prompt // 16) * 16)
+
+
+def cache_length(needed: int, batch: int, limit: int) -> int:
+    """The cache length of a generation needing `needed` positions: its bucket (at most the model's context
+    `limit`, at least `needed`) for a batch of up to SMALL_BATCH rows, else `needed`."""
+    if batch > SMALL_BATCH:
+        return needed
+    return max(needed, min(cache_bucket(needed), limit))
 
 
 def prompt_buffer(cache_len: int, chunk: int) -> int:
