@@ -7,11 +7,12 @@ Public API:
     generate(model, input_ids, max_new_tokens, method="ar", temperature=0.0, seed=0, **options)
         -> GenerateResult(tokens [B, max_new_tokens], stats)
     generate_text(model, prompt_or_prompts, max_new_tokens, **options) -> TextResult(text, tokens, stats)
+    stream(model, input_ids, max_new_tokens, chunk_steps=16, **options) -> iterator of new tokens [B, k]
 """
 
-from .api import forward_logits, generate, generate_text, load, supported_methods
+from .api import forward_logits, generate, generate_text, load, stream, supported_methods
 from .errors import CheckpointError, InputError, SpecdecError
 from .model import GenerateResult, Model, TextResult
 
-__all__ = ["load", "forward_logits", "generate", "generate_text", "supported_methods", "Model", "GenerateResult",
+__all__ = ["load", "forward_logits", "generate", "generate_text", "stream", "supported_methods", "Model", "GenerateResult",
            "TextResult", "SpecdecError", "CheckpointError", "InputError"]

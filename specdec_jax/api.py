@@ -110,7 +110,7 @@ def forward_logits(model: Model, input_ids, **options):
 
 def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", temperature: float = 0.0,
              seed: int = 0, *, top_k: int = 0, top_p: float = 1.0, eos_token_id=None, max_len: int | None = None,
-             **method_options) -> GenerateResult:
+             _stream=None, **method_options) -> GenerateResult:
     """Generate `max_new_tokens` tokens after each prompt; the whole loop runs on device.
 
     input_ids: [B, T] token ids, or a list of B 1-D sequences of any lengths (a ragged batch: Qwen3.5 models).
@@ -140,13 +140,13 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
     if spec.kind == methods.LOOPED_SPEC:
         # Looped self-speculation sizes its own cache (its default gamma depends on the method).
         from .decoding.looped_spec import generate_looped_spec
-        return generate_looped_spec(model, ids, int(max_new_tokens), method, sampling=sampling, seed=seed,
-                                    eos_ids=eos_ids, max_len=max_len, **method_options)
+        return _emit_whole(generate_looped_spec(model, ids, int(max_new_tokens), method, sampling=sampling, seed=seed,
+                                                eos_ids=eos_ids, max_len=max_len, **method_options), _stream)
     methods.check_options(spec, method_options)
     if spec.kind == methods.TREE:
         # The tree's node count is known only once its options are read: _generate_tree_qwen buckets the cache.
-        return _generate_tree_qwen(model, prompts, int(max_new_tokens), spec, max_len, sampling, seed, eos_ids,
-                                   method_options)
+        return _emit_whole(_generate_tree_qwen(model, prompts, int(max_new_tokens), spec, max_len, sampling, seed,
+                                               eos_ids, method_options), _stream)
     gamma = (int_option(method_options, "gamma", spec.default_gamma, 1, None, " (the draft length)")
              if spec.kind == methods.CHAIN else 0)
     rows = exact_rows(method_options, gamma, model.family, _not_exact_because(model.family, method_options, gamma))
@@ -160,16 +160,62 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
     if spec.kind == methods.CHAIN:
         buckets = _buckets(model, prompts, needed, max_len, eos_ids)
         return _generate_speculative_qwen(model, int(max_new_tokens), spec, gamma, sampling, seed, eos_ids,
-                                          method_options, rows, buckets)
+                                          method_options, rows, buckets, _stream)
     # AR: the family's remaining options choose the model (looped: num_steps, cache_mode); checked there.
     from .models.family import family_for
     family = family_for(model.config, **{k: v for k, v in method_options.items() if k not in ("exact", "decode_rows")})
     if family.prefill_forward is None:  # exact shapes: the prompt as given, the cache as needed
-        return generate_ar(family, model, ids, int(max_new_tokens), decode_rows=rows, max_len=max_len or needed,
-                           sampling=sampling, seed=seed, eos_ids=eos_ids)
+        return _emit_whole(generate_ar(family, model, ids, int(max_new_tokens), decode_rows=rows,
+                                       max_len=max_len or needed, sampling=sampling, seed=seed, eos_ids=eos_ids),
+                           _stream)
     buckets = _buckets(model, prompts, needed, max_len, eos_ids)
     return generate_ar(family, model, buckets.pop("ids"), int(max_new_tokens), decode_rows=rows, sampling=sampling,
-                       seed=seed, eos_ids=eos_ids, **buckets)
+                       seed=seed, eos_ids=eos_ids, stream=_stream, **buckets)
+
+
+def _emit_whole(result: GenerateResult, stream) -> GenerateResult:
+    """A generation without a chunked loop (looped models, trees) streams its tokens in one piece, at its end."""
+    if stream is not None:
+        stream[1](result.tokens)
+    return result
+
+
+def stream(model: Model, input_ids, max_new_tokens: int, chunk_steps: int = 16, **options):
+    """`generate`, yielding the new tokens as numpy arrays [B, k] while the device produces them: the decode loop
+    runs `chunk_steps` steps a call (AR: a token a step; speculation: up to gamma + 1), its state carried from call
+    to call, and every chunk yields the positions all rows have reached. The pieces concatenated are
+    `generate(model, input_ids, max_new_tokens, **options).tokens`. Bad input raises here, before any compute;
+    looped models and draft trees yield their tokens in one piece at the end. The generator's return value
+    (StopIteration.value) is the GenerateResult."""
+    import queue
+    import threading
+    chunk_steps = int_option({"chunk_steps": chunk_steps}, "chunk_steps", None, 1, None, " (decode steps a chunk)")
+    pieces: queue.Queue = queue.Queue()
+    done = object()
+
+    def work():
+        try:
+            pieces.put((done, generate(model, input_ids, max_new_tokens, _stream=(chunk_steps, pieces.put),
+                                       **options)))
+        except BaseException as e:  # noqa: BLE001 (re-raised in the caller's thread)
+            pieces.put((done, e))
+
+    threading.Thread(target=work, name="specdec-stream", daemon=True).start()
+    first = pieces.get()  # the checks, the compile and the first chunk: bad input raises here, not at iteration
+    if isinstance(first, tuple) and first[0] is done and isinstance(first[1], BaseException):
+        raise first[1]
+
+    def pieces_of():
+        item = first
+        while True:
+            if isinstance(item, tuple) and item[0] is done:
+                if isinstance(item[1], BaseException):
+                    raise item[1]
+                return item[1]
+            yield item
+            item = pieces.get()
+
+    return pieces_of()
 
 
 def _equal_lengths(prompts: list, who: str) -> np.ndarray:
@@ -224,7 +270,7 @@ def _eos_ids(eos_token_id, model: Model) -> tuple[int, ...]:
 
 
 def _generate_speculative_qwen(model, max_new_tokens, spec, gamma, sampling, seed, eos_ids, options, rows: int,
-                               buckets: dict) -> GenerateResult:
+                               buckets: dict, stream=None) -> GenerateResult:
     """Chain speculation with the method's drafter (options already checked against the method's set), at the
     shapes `buckets` (`_buckets`)."""
     from .decoding.speculative import DEFAULT_ROLLBACK, ROLLBACK_MODES, generate_speculative
@@ -241,7 +287,7 @@ def _generate_speculative_qwen(model, max_new_tokens, spec, gamma, sampling, see
     buckets = dict(buckets)
     return generate_speculative(model.params, model.config, buckets.pop("ids"), max_new_tokens, drafter=drafter,
                                 gamma=gamma, sampling=sampling, seed=seed, eos_ids=eos_ids, state_dtype=model.dtype,
-                                rollback=rollback, decode_rows=rows, **buckets)
+                                rollback=rollback, decode_rows=rows, stream=stream, **buckets)
 
 
 DEFAULT_TREE = (4, 2, 1)

@@ -305,10 +305,17 @@ def generate_command(args) -> int:
     ids = np.asarray([ids], np.int64)
     sampling = dict(temperature=args.temperature, seed=args.seed, top_k=args.top_k, top_p=args.top_p)
 
-    def run(method, opts):
-        """The result, and the compile seconds of the method's first call."""
+    eos_ids = set(model.config.eos_token_id)
+
+    def run(method, opts, show=False):
+        """The result, and the compile seconds of the method's first call; show: print the prompt, then the
+        continuation as it streams (`sj.stream`)."""
         say(f"compiling and running {method} ({args.max_new_tokens} new tokens) ...")
-        out = sj.generate(model, ids, args.max_new_tokens, method=method, **sampling, **opts)
+        if show:
+            out = _print_streamed(sj.stream(model, ids, args.max_new_tokens, method=method, **sampling, **opts),
+                                  prompt, tokenizer, eos_ids)
+        else:
+            out = sj.generate(model, ids, args.max_new_tokens, method=method, **sampling, **opts)
         compile_s = out.stats.get("compile_seconds")
         if args.compare_ar:
             # With --compare-ar each method runs a second time for the timing: first executions pay one-time
@@ -316,13 +323,8 @@ def generate_command(args) -> int:
             out = sj.generate(model, ids, args.max_new_tokens, method=method, **sampling, **opts)
         return out, compile_s
 
-    result, compile_s = run(args.method, options)
+    result, compile_s = run(args.method, options, show=True)
     say("done")
-    eos_ids = set(model.config.eos_token_id)
-    new = _trim_at_eos(result.tokens[0], eos_ids)
-    text = tokenizer.decode(new, skip_special_tokens=True)
-    print(prompt + text)
-    print()
     rows = [_row(dict(result.stats, method=result.stats.get("method", args.method), compile_seconds=compile_s))]
     notes = [f"model: {folder} ({model.family}, {dtype}); prompt {ids.shape[1]} tokens"]
     if args.compare_ar:
@@ -344,6 +346,29 @@ def generate_command(args) -> int:
     for n in notes:
         print(n)
     return 0
+
+
+def _print_streamed(pieces, prompt: str, tokenizer, eos_ids: set):
+    """Print the prompt, then its continuation as the pieces of `sj.stream` arrive (text held back while it ends
+    in an incomplete character); returns the generation's result."""
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    got, shown = [], ""
+    while True:
+        try:
+            piece = next(pieces)
+        except StopIteration as stop:
+            result = stop.value
+            break
+        got.extend(int(t) for t in piece[0])
+        text = tokenizer.decode(_trim_at_eos(got, eos_ids), skip_special_tokens=True).rstrip("\ufffd")
+        if text.startswith(shown) and len(text) > len(shown):
+            sys.stdout.write(text[len(shown):])
+            sys.stdout.flush()
+            shown = text
+    final = tokenizer.decode(_trim_at_eos(result.tokens[0], eos_ids), skip_special_tokens=True)
+    sys.stdout.write((final[len(shown):] if final.startswith(shown) else "") + "\n\n")
+    return result
 
 
 def _parse_methods(text: str) -> list[str]:

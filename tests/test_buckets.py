@@ -139,3 +139,26 @@ def test_stats_keys_are_the_same_for_every_family_and_kind(model):
         assert set(STATS_KEYS) <= set(res.stats), sorted(set(STATS_KEYS) - set(res.stats))
     for res in runs[1::2]:
         assert {"verify_steps", "mean_accepted", "tokens_per_step", "accepted_counts"} <= set(res.stats)
+
+
+@pytest.mark.parametrize("method,options", [
+    ("ar", {}), ("ngram", {"gamma": 3}), ("ngram", {"gamma": 3, "temperature": 0.8, "seed": 5}),
+    ("ngram-tree", {"tree": [2, 1]}),
+])
+def test_streamed_chunks_concatenate_to_generate(model, method, options):
+    """sj.stream in chunks of 2 steps, ragged rows, an EOS id: the pieces concatenated are generate's tokens (sampling
+    included: the same keys), and a chunked loop yields more than one piece."""
+    rows = _prompts([5, 13], 61, seed=7)
+    whole = sj.generate(model, rows, 14, method=method, eos_token_id=[3], **options)
+    pieces = list(sj.stream(model, rows, 14, chunk_steps=2, method=method, eos_token_id=[3], **options))
+    assert all(p.shape[0] == 2 for p in pieces)
+    np.testing.assert_array_equal(np.concatenate(pieces, axis=1), whole.tokens)
+    if method != "ngram-tree":  # trees stream in one piece
+        assert len(pieces) > 1
+
+
+def test_stream_refuses_bad_input_at_the_call(model):
+    with pytest.raises(sj.InputError, match="chunk_steps must be >= 1"):
+        sj.stream(model, _prompts([4], 61), 4, chunk_steps=0)
+    with pytest.raises(sj.InputError, match="prompts\\[0\\] is empty"):
+        sj.stream(model, [np.zeros(0, np.int32)], 4)

@@ -295,11 +295,13 @@ def test_option_reaches_the_method(checkpoint, monkeypatch, capsys):
     """--option values arrive typed at generate; progress lines go to stderr; the table has compile seconds."""
     seen = {}
 
-    def fake(model_, ids, n, method="ar", **options):
+    def fake(model_, ids, n, method="ar", _stream=None, **options):
         seen.update(options, method=method)
-        return GenerateResult(np.ones((1, n), np.int64), {"new_tokens": n, "tokens_per_second": 10.0,
-                                                          "compile_seconds": 1.5})
-    monkeypatch.setattr(sj, "generate", fake)
+        tokens = np.ones((1, n), np.int64)
+        if _stream is not None:  # sj.stream's chunks
+            _stream[1](tokens)
+        return GenerateResult(tokens, {"new_tokens": n, "tokens_per_second": 10.0, "compile_seconds": 1.5})
+    monkeypatch.setattr(api, "generate", fake)
     rc = cli.main(["generate", "--model", str(checkpoint), "--prompt", "x", "--method", "ngram-tree",
                    "--option", "tree=2,1", "--option", "rollback=snapshot", "--option", "eos-token-id=false",
                    "--no-exact", "--max-new-tokens", "3", "--progress"])

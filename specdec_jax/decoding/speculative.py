@@ -39,6 +39,7 @@ from ..models import qwen35
 from .acceptance import accept
 from .decode_shape import pad_rows
 from .prefill import chunked_prefill
+from .autoregressive import stream_chunks
 from .sampling import SamplingConfig, select_token
 
 ROLLBACK_MODES = ("replay", "pseudo", "snapshot")
@@ -290,12 +291,16 @@ def sure_steps_enabled() -> bool:
 @functools.partial(jax.jit, static_argnames=("cfg", "sampling", "eos_ids", "gamma", "max_new_tokens", "drafter",
                                              "rollback", "impl", "decode_rows", "defer", "sure", "traced_budget"),
                    donate_argnames=("state", "drafter_state"))
-def _spec_loop(params, state, drafter_state, key, accept_p=None, *, cfg, sampling, eos_ids, gamma, max_new_tokens,
-               drafter, rollback, impl, decode_rows=0, defer=None, sure=None, traced_budget: bool = False):
+def _spec_loop(params, state, drafter_state, key, accept_p=None, step_limit=None, *, cfg, sampling, eos_ids, gamma,
+               max_new_tokens, drafter, rollback, impl, decode_rows=0, defer=None, sure=None,
+               traced_budget: bool = False):
     """The decode loop. defer: carry each step's GDN commit into the next (`defer_commit`; None: the default,
     DEFER_DEFAULT under replay rollback; a static argument, so that the setting is part of what is compiled).
     sure: run the sure steps (`sure_steps`) first in a loop of known trip count (None: `sure_steps_enabled()`).
-    traced_budget: state.budget, not max_new_tokens (then the buffers' length), is the count: no step is sure."""
+    traced_budget: state.budget, not max_new_tokens (then the buffers' length), is the count: no step is sure.
+    step_limit: None, or a traced step count at which the loop stops (a chunk of a streamed generation: the
+    returned state continues it; step keys are folded from `key` and the step index, so chunks draw what one loop
+    draws)."""
     step = functools.partial(_step, params, cfg, drafter=drafter, gamma=gamma, sampling=sampling,
                              rollback=rollback, max_new_tokens=max_new_tokens, eos_ids=eos_ids, impl=impl,
                              accept_p=accept_p, decode_rows=decode_rows)
@@ -308,17 +313,18 @@ def _spec_loop(params, state, drafter_state, key, accept_p=None, *, cfg, samplin
         pending = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
     def cond(carry):
-        return ~jnp.all(carry[0].done)
+        running = ~jnp.all(carry[0].done)
+        return running if step_limit is None else running & (carry[0].steps < step_limit)
 
     def body(carry):
         state, drafter_state, key, pending = carry
-        key, sub = jax.random.split(key)
+        sub = jax.random.fold_in(key, state.steps)
         state, drafter_state, _, _, pending = step(state, drafter_state, sub, pending=pending, defer=defer)
         return state, drafter_state, key, pending
 
     carry = (state, drafter_state, key, pending)
     n_sure = (sure_steps(max_new_tokens, gamma + 1, eos_ids)
-              if (sure_steps_enabled() if sure is None else sure) and not traced_budget else 0)
+              if (sure_steps_enabled() if sure is None else sure) and not traced_budget and step_limit is None else 0)
     if n_sure:  # every sequence is still running through these steps (no EOS id; a step emits at most gamma + 1)
         carry = lax.fori_loop(0, n_sure, lambda _, c: body(c), carry)
     state, drafter_state, _, pending = lax.while_loop(cond, body, carry)
@@ -334,13 +340,14 @@ def generate_speculative(params, cfg, prompt: np.ndarray, max_new_tokens: int, *
                          max_len: int, sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...], state_dtype,
                          rollback: str = DEFAULT_ROLLBACK, impl: str = "auto", decode_rows: int = 0,
                          return_state: bool = False, lens=None, chunk: int = 0,
-                         token_buffer: int = 0) -> GenerateResult:
+                         token_buffer: int = 0, stream=None) -> GenerateResult:
     """Compile, then time prefill and the speculative loop (compile time reported apart).
 
     max_len must leave room for the last verification: prompt + max_new_tokens + gamma, or + decode_rows
     on the exact path (decode_rows > 0: every verification padded to that many rows, as exact AR runs).
     lens, chunk: a padded, ragged prompt buffer prefilled in chunks (`_spec_prefill`); token_buffer > 0: the output
-    buffers' length, max_new_tokens then traced (`buckets`).
+    buffers' length, max_new_tokens then traced (`buckets`). stream: None, or (chunk_steps, emit): the loop runs
+    chunk_steps steps a call, emit(tokens [B, k]) getting them (`autoregressive.stream_chunks`).
     """
     if rollback not in ROLLBACK_MODES:
         raise ValueError(f"rollback must be one of {ROLLBACK_MODES}; got {rollback!r}")
@@ -358,26 +365,38 @@ def generate_speculative(params, cfg, prompt: np.ndarray, max_new_tokens: int, *
     return run_spec_loop(params, prompt, key_first, key_loop, static_p, _spec_loop, static_l, max_new_tokens,
                          {"method": drafter.name, "gamma": gamma, "rollback": rollback, "exact": bool(decode_rows),
                           "decode_rows": decode_rows or gamma + 1}, return_state, lens=lens,
-                         budget=max_new_tokens if token_buffer else None)
+                         budget=max_new_tokens if token_buffer else None, stream=stream)
 
 
 def run_spec_loop(params, prompt, key_first, key_loop, static_p: dict, loop, static_l: dict, max_new_tokens: int,
-                  info: dict, return_state: bool, lens=None, budget=None) -> GenerateResult:
+                  info: dict, return_state: bool, lens=None, budget=None, stream=None) -> GenerateResult:
     """Compile the prefill and a speculative loop (chain `_spec_loop` or tree `_tree_loop`), run them
     timed (compile reported apart), and collect the shared statistics (`info` first). lens, budget: the prefill's
-    traced valid lengths and new-token count (`_spec_prefill`), or None."""
+    traced valid lengths and new-token count (`_spec_prefill`), or None. stream: (chunk_steps, emit) or None
+    (`generate_speculative`; the chain loop only)."""
     options = compiler_options("qwen3_5")
     extra = () if lens is None else (jnp.asarray(lens, jnp.int32),
                                      None if budget is None else jnp.int32(budget))
     prefill_c, compile_p = compiled(_spec_prefill, static_p, params, prompt, key_first, *extra, options=options)
     shapes = output_structs(prefill_c)
-    loop_c, compile_l = compiled(loop, static_l, params, shapes[0], shapes[1], key_loop, options=options)
+    chunked = (None, jnp.int32(0)) if stream is not None else ()  # (accept_p, step_limit)
+    loop_c, compile_l = compiled(loop, static_l, params, shapes[0], shapes[1], key_loop, *chunked, options=options)
     compile_s = compile_p + compile_l
 
     t0 = time.perf_counter()
     state, dstate = jax.block_until_ready(prefill_c(params, prompt, key_first, *extra))
     t1 = time.perf_counter()
-    tokens, state, dstate = jax.block_until_ready(loop_c(params, state, dstate, key_loop))
+    if stream is None:
+        tokens, state, dstate = jax.block_until_ready(loop_c(params, state, dstate, key_loop))
+    else:
+        held = [None, state, dstate]
+
+        def run_chunk(limit_steps):
+            held[:] = loop_c(params, held[1], held[2], key_loop, None, jnp.int32(limit_steps))
+            return held[0], held[1].n_out, held[1].done
+
+        stream_chunks(run_chunk, max_new_tokens, stream[0], stream[1])
+        tokens, state, dstate = held
     t2 = time.perf_counter()
     tokens = np.asarray(tokens)[:, :max_new_tokens]
     steps = int(state.steps)
