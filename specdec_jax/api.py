@@ -110,7 +110,7 @@ def forward_logits(model: Model, input_ids, **options):
 
 def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", temperature: float = 0.0,
              seed: int = 0, *, top_k: int = 0, top_p: float = 1.0, eos_token_id=None, max_len: int | None = None,
-             _stream=None, **method_options) -> GenerateResult:
+             state=None, _stream=None, **method_options) -> GenerateResult:
     """Generate `max_new_tokens` tokens after each prompt; the whole loop runs on device.
 
     input_ids: [B, T] token ids, or a list of B 1-D sequences of any lengths (a ragged batch: Qwen3.5 models).
@@ -120,9 +120,17 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
     eos_token_id: None = the config's EOS ids, False/() = never stop early, int or list of ints.
     max_len: KV-cache length (default: the bucket of prompt + max_new_tokens + the last verification's rows;
     Qwen3.5 programs are compiled per bucket, not per prompt length: decoding/buckets.py).
+    state: None, or an earlier result's `.state` (Qwen3.5): continue that generation, input_ids then holding each
+    row's new tokens (may be empty) after its history; nothing already run is prefilled again, and the method may
+    differ. result.state (Qwen3.5) is the decode state after the call (`decoding.session.Session`).
     """
     compile_cache.enable()
-    prompts = split_prompts(input_ids, model.vocab_size)
+    prompts = split_prompts(input_ids, model.vocab_size, allow_empty=state is not None)
+    session = None
+    if state is not None:
+        from .decoding.session import check_session, continued_rows
+        session = check_session(state, model, len(prompts))
+        prompts = continued_rows(session, prompts)
     longest = max(len(p) for p in prompts)
     spec = methods.lookup(model, method)
     args = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
@@ -145,8 +153,9 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
     methods.check_options(spec, method_options)
     if spec.kind == methods.TREE:
         # The tree's node count is known only once its options are read: _generate_tree_qwen buckets the cache.
-        return _emit_whole(_generate_tree_qwen(model, prompts, int(max_new_tokens), spec, max_len, sampling, seed,
-                                               eos_ids, method_options), _stream)
+        return _emit_whole(_with_session(_generate_tree_qwen(model, prompts, int(max_new_tokens), spec, max_len,
+                                                             sampling, seed, eos_ids, method_options, session),
+                                         model, prompts, eos_ids), _stream)
     gamma = (int_option(method_options, "gamma", spec.default_gamma, 1, None, " (the draft length)")
              if spec.kind == methods.CHAIN else 0)
     rows = exact_rows(method_options, gamma, model.family, _not_exact_because(model.family, method_options, gamma))
@@ -158,9 +167,10 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
     if max_len is not None and needed > max_len:
         raise InputError(f"{what} = {needed} exceeds the cache length max_len={max_len}")
     if spec.kind == methods.CHAIN:
-        buckets = _buckets(model, prompts, needed, max_len, eos_ids)
-        return _generate_speculative_qwen(model, int(max_new_tokens), spec, gamma, sampling, seed, eos_ids,
-                                          method_options, rows, buckets, _stream)
+        buckets = _buckets(model, prompts, needed, max_len, eos_ids, session)
+        return _with_session(_generate_speculative_qwen(model, int(max_new_tokens), spec, gamma, sampling, seed,
+                                                        eos_ids, method_options, rows, buckets, _stream),
+                             model, prompts, eos_ids)
     # AR: the family's remaining options choose the model (looped: num_steps, cache_mode); checked there.
     from .models.family import family_for
     family = family_for(model.config, **{k: v for k, v in method_options.items() if k not in ("exact", "decode_rows")})
@@ -168,9 +178,31 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
         return _emit_whole(generate_ar(family, model, ids, int(max_new_tokens), decode_rows=rows,
                                        max_len=max_len or needed, sampling=sampling, seed=seed, eos_ids=eos_ids),
                            _stream)
-    buckets = _buckets(model, prompts, needed, max_len, eos_ids)
-    return generate_ar(family, model, buckets.pop("ids"), int(max_new_tokens), decode_rows=rows, sampling=sampling,
-                       seed=seed, eos_ids=eos_ids, stream=_stream, **buckets)
+    buckets = _buckets(model, prompts, needed, max_len, eos_ids, session)
+    return _with_session(generate_ar(family, model, buckets.pop("ids"), int(max_new_tokens), decode_rows=rows,
+                                     sampling=sampling, seed=seed, eos_ids=eos_ids, stream=_stream, **buckets),
+                         model, prompts, eos_ids)
+
+
+def _with_session(result: GenerateResult, model: Model, prompts: list, eos_ids: tuple) -> GenerateResult:
+    """The result with its decode state as a `Session` (what `generate(state=...)` continues): from an AR loop's
+    state (each row's pending token is its last generated one; rows that met their EOS before the loop ended ran on
+    and are not resumable) or a speculative loop's (the anchor is pending; finished rows' states stood still)."""
+    from .decoding.autoregressive import ARState, generated_counts
+    from .decoding.session import make_session
+    raw = result.state
+    if isinstance(raw, ARState):
+        counts = generated_counts(result.tokens, raw.tokens_run, eos_ids)
+        pending = [int(result.tokens[b, counts[b] - 1]) for b in range(len(prompts))]
+        history = [np.concatenate([p, result.tokens[b, : counts[b]]]) for b, p in enumerate(prompts)]
+        resumable = counts == raw.tokens_run
+        model_state = raw.model
+    else:  # SpecState
+        hist, hist_len = np.asarray(raw.history), np.asarray(raw.hist_len)
+        history = [hist[b, : hist_len[b]] for b in range(len(prompts))]
+        pending, resumable, model_state = raw.anchor, np.ones(len(prompts), bool), raw.model
+    result.state = make_session(model_state, pending, history, resumable, model.config, model.dtype)
+    return result
 
 
 def _emit_whole(result: GenerateResult, stream) -> GenerateResult:
@@ -227,20 +259,32 @@ def _equal_lengths(prompts: list, who: str) -> np.ndarray:
     return np.stack(prompts)
 
 
-def _buckets(model: Model, prompts: list, needed: int, max_len: int | None, eos_ids: tuple) -> dict:
+def _buckets(model: Model, prompts: list, needed: int, max_len: int | None, eos_ids: tuple, session=None) -> dict:
     """The shapes a generation compiles for (`decoding.buckets`): the padded prompt buffer `ids` [B, P] and its
     valid lengths `lens` [B], the cache length `max_len` (the caller's, or the bucket of `needed` positions,
     within the model's context), the prefill `chunk`, and `token_buffer` (0: max_new_tokens is part of the decode
-    program, see `buckets.static_new_tokens`)."""
+    program, see `buckets.static_new_tokens`). session: a continuation: `prompts` are the rows' whole histories,
+    and `initial` (the session's state, its caches grown to max_len) holds their first `starts` tokens."""
     from .decoding import buckets
     from .decoding.speculative import sure_steps_enabled
+    starts = np.zeros(len(prompts), np.int32)
+    if session is not None:
+        starts = np.where(session.resumable, np.asarray(session.model.length), 0).astype(np.int32)
     if max_len is None:
         max_len = buckets.cache_length(needed, len(prompts), model.config.max_position_embeddings)
-    longest = max(len(p) for p in prompts)
+        if session is not None:
+            max_len = max(max_len, session.model.max_len)
+    elif session is not None and max_len < session.model.max_len:
+        raise InputError(f"max_len={max_len} is shorter than the state's cache ({session.model.max_len} slots)")
+    longest = max(len(p) - int(s) for p, s in zip(prompts, starts))  # the tokens this call prefills
     chunk = buckets.prefill_chunk(longest, len(prompts))
     ids, lens = buckets.pad_prompts(prompts, buckets.prompt_buffer(max_len, chunk))
     token_buffer = 0 if buckets.static_new_tokens(eos_ids, sure_steps_enabled()) else max_len
-    return dict(ids=ids, lens=lens, max_len=max_len, chunk=chunk, token_buffer=token_buffer)
+    plan = dict(ids=ids, lens=lens, max_len=max_len, chunk=chunk, token_buffer=token_buffer)
+    if session is not None:
+        from .decoding.session import grown
+        plan.update(initial=grown(session.model, max_len, session.resumable), starts=starts)
+    return plan
 
 
 def _not_exact_because(family: str, options: dict, gamma: int) -> str | None:
@@ -294,7 +338,7 @@ DEFAULT_TREE = (4, 2, 1)
 
 
 def _generate_tree_qwen(model, prompts, max_new_tokens, spec, max_len, sampling, seed, eos_ids,
-                        options) -> GenerateResult:
+                        options, session=None) -> GenerateResult:
     """Draft trees (static branching per level), verified with tree attention and tree-WY GDN; greedy or
     exact sampling (multi-draft recursive rejection sampling over the tree)."""
     from .decoding.tree_spec import ROLLBACK_MODES, generate_tree, tree_from_branching
@@ -321,7 +365,7 @@ def _generate_tree_qwen(model, prompts, max_new_tokens, spec, max_len, sampling,
         raise InputError(f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) + tree nodes "
                          f"({len(parents)}) = {need} exceeds max_len={max_len}")
     drafter = spec.drafter(model, options)
-    buckets = _buckets(model, prompts, need, max_len, eos_ids)
+    buckets = _buckets(model, prompts, need, max_len, eos_ids, session)
     return generate_tree(model.params, model.config, buckets.pop("ids"), max_new_tokens, drafter=drafter,
                          parents=parents, eos_ids=eos_ids, state_dtype=model.dtype, rollback=rollback, seed=seed,
                          sampling=sampling, **buckets)

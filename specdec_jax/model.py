@@ -41,6 +41,8 @@ class GenerateResult:
 
     tokens: np.ndarray
     stats: dict
+    state: Any = None  # the decode state after the call (a session.Session from `generate`): pass it back as
+    # generate(..., state=result.state) to continue without prefilling the history again
 
 
 STATS_KEYS = ("method", "new_tokens", "seconds", "prefill_seconds", "decode_seconds", "compile_seconds",

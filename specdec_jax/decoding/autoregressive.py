@@ -70,13 +70,15 @@ def _prefill(params, prompt, *, ops: FamilyOps, cfg, max_len: int, state_dtype):
 
 
 @functools.partial(jax.jit, static_argnames=("ops", "cfg", "max_len", "state_dtype", "chunk"))
-def _prefill_chunked(params, prompt, lens, *, ops: FamilyOps, cfg, max_len: int, state_dtype, chunk: int):
-    """Padded prompts [B, P] with valid lengths lens [B] -> (logits at each row's last token [B, V], state)."""
-    state = ops.init_state(cfg, prompt.shape[0], max_len, state_dtype)
+def _prefill_chunked(params, prompt, lens, initial=None, starts=None, *, ops: FamilyOps, cfg, max_len: int,
+                     state_dtype, chunk: int):
+    """Padded prompts [B, P] with valid lengths lens [B] -> (logits at each row's last token [B, V], state).
+    initial, starts: a continuation (`session`): the state holding each row's first starts[b] tokens."""
+    state = ops.init_state(cfg, prompt.shape[0], max_len, state_dtype) if initial is None else initial
     logits_shape = jax.eval_shape(lambda s, i, n: ops.prefill_chunk(params, cfg, s, i, n)[0], state,
                                   prompt[:, :chunk], lens)
     run = lambda st, ids, n: (*ops.prefill_chunk(params, cfg, st, ids, n), None)
-    logits, state, _ = chunked_prefill(run, state, prompt, lens, chunk, logits_shape=logits_shape)
+    logits, state, _ = chunked_prefill(run, state, prompt, lens, chunk, logits_shape=logits_shape, starts=starts)
     return logits, state
 
 
@@ -168,12 +170,14 @@ def generate_autoregressive(ops: FamilyOps, params, cfg, prompt: np.ndarray, max
                             max_len: int, sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...],
                             state_dtype, return_state: bool = False, compiler_options: dict | None = None,
                             lens: np.ndarray | None = None, chunk: int = 0, token_buffer: int = 0,
-                            stream=None) -> GenerateResult:
+                            stream=None, initial=None, starts=None) -> GenerateResult:
     """Compile (with the XLA `compiler_options`), then time prefill and decode separately (compile time reported
     apart). lens: None (prompt [B, T] all valid, one prefill forward), or each row's valid length in the padded
     prompt buffer [B, P], prefilled `chunk` tokens at a time (`buckets`); token_buffer > 0: the decode loop's
     output buffer, max_new_tokens then traced (0: max_new_tokens is part of the program). stream: None, or
-    (chunk_steps, emit): the loop runs chunk_steps steps a call and emit(tokens [B, k]) gets them (`stream_chunks`)."""
+    (chunk_steps, emit): the loop runs chunk_steps steps a call and emit(tokens [B, k]) gets them (`stream_chunks`).
+    initial, starts: continue from a state holding each row's first starts[b] tokens of the prompt buffer.
+    result.state: ARState (the model state after the loop, and the tokens each row ran)."""
     prompt = jnp.asarray(prompt, jnp.int32)
     key = jax.random.PRNGKey(seed)
     if lens is None:
@@ -181,7 +185,8 @@ def generate_autoregressive(ops: FamilyOps, params, cfg, prompt: np.ndarray, max
         prefill_fn, prefill_args = _prefill, (params, prompt)
     else:
         static_p = dict(ops=ops, cfg=cfg, max_len=max_len, state_dtype=state_dtype, chunk=chunk)
-        prefill_fn, prefill_args = _prefill_chunked, (params, prompt, jnp.asarray(lens, jnp.int32))
+        prefill_fn, prefill_args = _prefill_chunked, (params, prompt, jnp.asarray(lens, jnp.int32), initial,
+                                                      None if starts is None else jnp.asarray(starts, jnp.int32))
     static_d = dict(ops=ops, cfg=cfg, max_new_tokens=token_buffer or max_new_tokens, sampling=sampling,
                     eos_ids=eos_ids)
     budget = (jnp.int32(max_new_tokens),) if token_buffer else ()
@@ -244,12 +249,19 @@ def _ar_result(tokens, state, steps, eos_ids, t0, t1, t2, compile_s, programs, r
     }
     if return_state:
         stats["state"] = state
-    return GenerateResult(tokens=tokens, stats=stats)
+    return GenerateResult(tokens=tokens, stats=stats, state=ARState(model=state, tokens_run=int(steps)))
+
+
+class ARState(NamedTuple):
+    """What an AR loop leaves: the model state, and how many tokens the loop ran (each row's first tokens_run - 1
+    are in the state, unless the row met its EOS sooner: `session.Session.resumable`)."""
+    model: object
+    tokens_run: int
 
 
 def generate_ar(family: Family, model, prompt, max_new_tokens: int, *, decode_rows: int = 0, max_len: int,
                 sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...], lens=None, chunk: int = 0,
-                token_buffer: int = 0, stream=None) -> GenerateResult:
+                token_buffer: int = 0, stream=None, initial=None, starts=None) -> GenerateResult:
     """AR generation of `model` through its family (inputs already checked); decode_rows > 0: the exact path.
     lens, chunk, token_buffer: a bucketed generation; stream: (chunk_steps, emit) (`generate_autoregressive`). stats
     add the family's settings (`Family.describe`), exact and decode_rows."""
@@ -257,6 +269,6 @@ def generate_ar(family: Family, model, prompt, max_new_tokens: int, *, decode_ro
                                      max_len=max_len, sampling=sampling, seed=seed, eos_ids=eos_ids,
                                      state_dtype=family.state_dtype(model),
                                      compiler_options=family_compiler_options(family.name), lens=lens, chunk=chunk,
-                                     token_buffer=token_buffer, stream=stream)
+                                     token_buffer=token_buffer, stream=stream, initial=initial, starts=starts)
     result.stats.update(family.describe(), exact=bool(decode_rows), decode_rows=decode_rows or 1)
     return result

@@ -80,9 +80,10 @@ def static_new_tokens(eos_ids: tuple, sure_steps: bool) -> bool:
     return not eos_ids and sure_steps
 
 
-def split_prompts(input_ids, vocab_size: int) -> list[np.ndarray]:
+def split_prompts(input_ids, vocab_size: int, allow_empty: bool = False) -> list[np.ndarray]:
     """A [B, T] array or a list of 1-D integer sequences (ragged) -> a list of B int32 rows, each checked: at least
-    one token, integers, inside the vocabulary. One InputError naming the row and position otherwise."""
+    one token (none needed where allow_empty: a continuation's new tokens), integers, inside the vocabulary. One
+    InputError naming the row and position otherwise."""
     if isinstance(input_ids, (list, tuple)) and not input_ids:
         raise InputError("input_ids is empty: a batch needs at least one prompt")
     if isinstance(input_ids, (list, tuple)) and all(np.ndim(r) == 1 for r in input_ids):
@@ -106,8 +107,11 @@ def split_prompts(input_ids, vocab_size: int) -> list[np.ndarray]:
     out = []
     for b, row in enumerate(rows):
         arr = np.asarray(row)
-        if arr.size == 0:
+        if arr.size == 0 and not allow_empty:
             raise InputError(f"{where(b)} is empty: a prompt needs at least one token")
+        if arr.size == 0:
+            out.append(np.zeros(0, np.int32))
+            continue
         if not np.issubdtype(arr.dtype, np.integer):
             raise InputError(f"{where(b)} must hold integers; got dtype {arr.dtype}")
         bad = (arr < 0) | (arr >= vocab_size)

@@ -13,8 +13,10 @@ from jax import lax
 
 
 def chunked_prefill(run_chunk: Callable, state, ids: jax.Array, lens: jax.Array, chunk: int, *, logits_shape,
-                    hidden_shape=None):
+                    hidden_shape=None, starts=None):
     """Prefill prompts ids [B, P] (row b's first lens[b] >= 1 tokens are valid) from `state`, `chunk` tokens a pass.
+    starts [B] or None: row b's tokens before starts[b] are already in `state` (a continuation: ids is the whole
+    history, lens its length); the chunks run from there. hidden (below) is then indexed from each row's start.
 
     run_chunk(state, ids [B, chunk], n_valid [B]) -> (last-valid-row logits [B, V], state, hidden [B, chunk, D] or
     None); n_valid may be 0 (a row already done: its state must not move).
@@ -24,6 +26,9 @@ def chunked_prefill(run_chunk: Callable, state, ids: jax.Array, lens: jax.Array,
     B, P = ids.shape
     if P % chunk:
         raise ValueError(f"chunked_prefill: the prompt buffer ({P}) must hold whole chunks of {chunk}")
+    starts = jnp.zeros_like(lens) if starts is None else starts
+    lens = lens - starts  # the tokens each row runs
+    ids = jnp.pad(ids, ((0, 0), (0, chunk)))  # a row's last chunk may start anywhere before P
     n_chunks = (jnp.max(lens) + chunk - 1) // chunk
     logits0 = jnp.zeros(logits_shape.shape, logits_shape.dtype)
     hidden0 = None if hidden_shape is None else jnp.zeros(hidden_shape.shape, hidden_shape.dtype)
@@ -31,7 +36,7 @@ def chunked_prefill(run_chunk: Callable, state, ids: jax.Array, lens: jax.Array,
     def body(c, carry):
         state, last, hidden = carry
         start = c * chunk
-        piece = lax.dynamic_slice_in_dim(ids, start, chunk, axis=1)
+        piece = jax.vmap(lambda row, s: lax.dynamic_slice_in_dim(row, s, chunk))(ids, starts + start)  # [B, chunk]
         n_valid = jnp.clip(lens - start, 0, chunk).astype(jnp.int32)
         logits, state, h = run_chunk(state, piece, n_valid)
         ends_here = (lens > start) & (lens <= start + chunk)

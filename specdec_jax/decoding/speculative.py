@@ -87,12 +87,14 @@ def eos_mask(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
 
 
 def emit_accepted(drafts: jax.Array, n_acc: jax.Array, next_token: jax.Array, active: jax.Array,
-                  eos_ids: tuple[int, ...]):
+                  eos_ids: tuple[int, ...], room=None):
     """What a step emits after acceptance (chain or tree path).
 
     drafts [B, G] (along the accepted path); returns emitted [B, G + 1] (accepted drafts, then the
     target's token; later slots repeat it and are never read), n_emit [B] (cut after the first EOS;
     0 for finished rows), n_keep [B] (positions to commit: anchor + accepted drafts), hit_eos [B].
+    room: None, or [B] the tokens each row may still emit (its budget less what it holds): a step emits and commits
+    no more, so the state after a generation holds exactly the tokens it returned but the last (`session`).
     """
     slot = jnp.arange(drafts.shape[1] + 1)[None, :]
     emitted = jnp.where(slot < n_acc[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), next_token[:, None])
@@ -100,6 +102,9 @@ def emit_accepted(drafts: jax.Array, n_acc: jax.Array, next_token: jax.Array, ac
     eos_here = eos_mask(emitted, eos_ids) & (slot < n_emit[:, None])
     hit_eos = jnp.any(eos_here, axis=1)
     n_emit = jnp.where(hit_eos, jnp.argmax(eos_here, axis=1) + 1, n_emit)
+    if room is not None:
+        hit_eos = hit_eos & (jnp.argmax(eos_here, axis=1) < room)
+        n_emit = jnp.minimum(n_emit, room)
     n_emit = jnp.where(active, n_emit, 0)
     # A finished sequence keeps nothing: its state stays put.
     n_keep = jnp.where(active, jnp.minimum(n_acc + 1, n_emit), 0)
@@ -192,7 +197,8 @@ def _step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gamma, 
     n_acc, next_token = accept(drafts, draft_probs, logits, k_accept, sampling)
     if accept_p is not None:
         n_acc, next_token = forced_acceptance(n_acc, logits, accept_p, jax.random.fold_in(k_accept, 1))
-    emitted, n_emit, n_keep, hit_eos = emit_accepted(drafts, n_acc, next_token, active, eos_ids)
+    emitted, n_emit, n_keep, hit_eos = emit_accepted(drafts, n_acc, next_token, active, eos_ids,
+                                                     room=state.budget - state.n_out)
     if defer:
         model, pending = qwen35.commit_deferred(state.model, verified, extras, n_keep)
     else:
@@ -223,15 +229,17 @@ spec_step_jit = jax.jit(spec_step, static_argnames=("cfg", "drafter", "gamma", "
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_len", "sampling", "eos_ids", "state_dtype",
                                              "gamma", "max_new_tokens", "drafter", "impl", "chunk"))
-def _spec_prefill(params, prompt, key, lens=None, budget=None, *, cfg, max_len, sampling, eos_ids, state_dtype, gamma,
-                  max_new_tokens, drafter, impl, chunk: int = 0):
+def _spec_prefill(params, prompt, key, lens=None, budget=None, initial=None, starts=None, *, cfg, max_len, sampling,
+                  eos_ids, state_dtype, gamma, max_new_tokens, drafter, impl, chunk: int = 0):
     """Prompt -> SpecState whose anchor is the first new token (chosen exactly as AR chooses it).
 
     lens: None (prompt [B, T] all valid, one forward), or each row's valid length in the padded prompt buffer
     [B, P], prefilled `chunk` tokens at a time (`buckets`). budget: None (max_new_tokens new tokens), or the traced
-    count, max_new_tokens then the output buffer's length."""
+    count, max_new_tokens then the output buffer's length. initial, starts: a continuation (`session`): the model state
+    holding each row's first starts[b] tokens of the buffer, which then holds each row's whole history; the drafter
+    starts on the tokens prefilled here."""
     B, T = prompt.shape
-    model = qwen35.init_state(cfg, B, max_len, state_dtype)
+    model = qwen35.init_state(cfg, B, max_len, state_dtype) if initial is None else initial
     needs_hidden = getattr(drafter, "needs_hidden", False)
     if lens is None:
         logits, model, extras = qwen35.forward(params, cfg, model, prompt, impl=impl, logits_for="last",
@@ -246,7 +254,7 @@ def _spec_prefill(params, prompt, key, lens=None, budget=None, *, cfg, max_len, 
         hidden_shape = (jax.ShapeDtypeStruct((B, T) + shapes[2].shape[2:], shapes[2].dtype) if needs_hidden
                         else None)
         logits, model, hidden = chunked_prefill(run, model, prompt, lens, chunk, logits_shape=shapes[0],
-                                                hidden_shape=hidden_shape)
+                                                hidden_shape=hidden_shape, starts=starts)
     budget = jnp.int32(max_new_tokens) if budget is None else budget.astype(jnp.int32)
     first = select_token(logits, key, sampling)
     rows = jnp.arange(B)
@@ -256,6 +264,9 @@ def _spec_prefill(params, prompt, key, lens=None, budget=None, *, cfg, max_len, 
     state = SpecState(model=model, anchor=first, history=history, hist_len=lens + 1,
                       out=out, n_out=jnp.ones((B,), jnp.int32), done=done, steps=jnp.int32(0),
                       accepted=jnp.full((max_new_tokens, B), -1, jnp.int32), budget=budget)
+    if starts is not None:  # the drafter sees the tokens prefilled here, from index 0
+        prompt = jax.vmap(lambda row, s: jnp.roll(row, -s))(prompt, starts)
+        lens = lens - starts
     return state, drafter.init(params, cfg, prompt, max_len + gamma + 1, hidden=hidden, first_token=first, lens=lens)
 
 
@@ -340,7 +351,7 @@ def generate_speculative(params, cfg, prompt: np.ndarray, max_new_tokens: int, *
                          max_len: int, sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...], state_dtype,
                          rollback: str = DEFAULT_ROLLBACK, impl: str = "auto", decode_rows: int = 0,
                          return_state: bool = False, lens=None, chunk: int = 0,
-                         token_buffer: int = 0, stream=None) -> GenerateResult:
+                         token_buffer: int = 0, stream=None, initial=None, starts=None) -> GenerateResult:
     """Compile, then time prefill and the speculative loop (compile time reported apart).
 
     max_len must leave room for the last verification: prompt + max_new_tokens + gamma, or + decode_rows
@@ -365,18 +376,20 @@ def generate_speculative(params, cfg, prompt: np.ndarray, max_new_tokens: int, *
     return run_spec_loop(params, prompt, key_first, key_loop, static_p, _spec_loop, static_l, max_new_tokens,
                          {"method": drafter.name, "gamma": gamma, "rollback": rollback, "exact": bool(decode_rows),
                           "decode_rows": decode_rows or gamma + 1}, return_state, lens=lens,
-                         budget=max_new_tokens if token_buffer else None, stream=stream)
+                         budget=max_new_tokens if token_buffer else None, stream=stream, initial=initial,
+                         starts=starts)
 
 
 def run_spec_loop(params, prompt, key_first, key_loop, static_p: dict, loop, static_l: dict, max_new_tokens: int,
-                  info: dict, return_state: bool, lens=None, budget=None, stream=None) -> GenerateResult:
+                  info: dict, return_state: bool, lens=None, budget=None, stream=None, initial=None,
+                  starts=None) -> GenerateResult:
     """Compile the prefill and a speculative loop (chain `_spec_loop` or tree `_tree_loop`), run them
     timed (compile reported apart), and collect the shared statistics (`info` first). lens, budget: the prefill's
     traced valid lengths and new-token count (`_spec_prefill`), or None. stream: (chunk_steps, emit) or None
     (`generate_speculative`; the chain loop only)."""
     options = compiler_options("qwen3_5")
-    extra = () if lens is None else (jnp.asarray(lens, jnp.int32),
-                                     None if budget is None else jnp.int32(budget))
+    extra = () if lens is None else (jnp.asarray(lens, jnp.int32), None if budget is None else jnp.int32(budget),
+                                     initial, None if starts is None else jnp.asarray(starts, jnp.int32))
     prefill_c, compile_p = compiled(_spec_prefill, static_p, params, prompt, key_first, *extra, options=options)
     shapes = output_structs(prefill_c)
     chunked = (None, jnp.int32(0)) if stream is not None else ()  # (accept_p, step_limit)
@@ -416,4 +429,4 @@ def run_spec_loop(params, prompt, key_first, key_loop, static_p: dict, loop, sta
     }
     if return_state:
         stats["state"] = state
-    return GenerateResult(tokens=tokens, stats=stats)
+    return GenerateResult(tokens=tokens, stats=stats, state=state)

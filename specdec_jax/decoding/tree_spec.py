@@ -368,7 +368,8 @@ def tree_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, par
                                             collect=rollback)
     node, n_acc, next_token, path = tree_accept(node_ids, logits, parents, depth, k_accept, sampling)
     path_tokens = jnp.take_along_axis(node_ids, path, axis=1)  # [B, Dmax + 1], root first
-    emitted, n_emit, n_keep, hit_eos = emit_accepted(path_tokens[:, 1:], n_acc, next_token, active, eos_ids)
+    emitted, n_emit, n_keep, hit_eos = emit_accepted(path_tokens[:, 1:], n_acc, next_token, active, eos_ids,
+                                                     room=state.budget - state.n_out)
     model = tree_commit(state.model, verified, extras, parents, node, path, n_keep)
     state = advance(state, model, emitted, n_emit, n_acc, hit_eos, active)
     path_hidden = jnp.take_along_axis(extras["hidden"], path[:, :, None], axis=1)  # [B, Dmax + 1, D]
@@ -403,7 +404,7 @@ def generate_tree(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, draft
                   eos_ids: tuple[int, ...] = (), state_dtype=jnp.float32, rollback: str = "pseudo",
                   impl: str = "auto", seed: int = 0, return_state: bool = False,
                   sampling: SamplingConfig = SamplingConfig(), lens=None, chunk: int = 0,
-                  token_buffer: int = 0) -> GenerateResult:
+                  token_buffer: int = 0, initial=None, starts=None) -> GenerateResult:
     """Tree speculative generation. parents: static tree [N]. Exact: greedy (the default `sampling`)
     equals greedy AR; with temperature > 0 the tokens are distributed as AR sampling with the same
     temperature / top-k / top-p (the first token is sampled from the prefill with AR's key for it).
@@ -419,7 +420,7 @@ def generate_tree(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, draft
     check_tree(parents, depth)
     n, dmax = parents.shape[0], int(depth.max())
     prompt = jnp.asarray(prompt, jnp.int32)
-    longest = prompt.shape[1] if lens is None else int(np.max(lens))
+    longest = prompt.shape[1] if lens is None else int(np.max(lens))  # with a continuation: the whole history
     need = longest + max_new_tokens + n
     max_len = need if max_len is None else max_len
     if max_len < need:
@@ -432,4 +433,5 @@ def generate_tree(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, draft
                     rollback=rollback, eos_ids=eos_ids, impl=impl, sampling=sampling)
     info = {"method": "tree-" + drafter.name, "tree_nodes": n, "tree_depth": dmax, "rollback": rollback}
     return run_spec_loop(params, prompt, key_first, key_loop, static_p, _tree_loop, static_l, max_new_tokens, info,
-                         return_state, lens=lens, budget=max_new_tokens if token_buffer else None)
+                         return_state, lens=lens, budget=max_new_tokens if token_buffer else None, initial=initial,
+                         starts=starts)
