@@ -11,6 +11,7 @@ Parts (each writes its rows into one result JSON as it goes; --parts picks them)
   batch      ragged batches of B prompts (--batches): AR and n-gram aggregate tok/s, speedup, bf16 rows equal
              within the call and to their batch-1 runs.
   second     a second process on a warm persistent compilation cache: its first generate's wall seconds after load.
+  stream     sj.stream in chunks of --chunk-steps against generate (wall seconds, AR and n-gram).
   chunks     prefill tokens/s by chunk size (--chunks) at --chunk-lengths, and the one-shot prefill of the exact prompt.
   exact      --exact-prompts held-out prompts of natural lengths: every method's output equal to AR's, batch 1 (each
              prompt in its bucket) and as one ragged batch (within the call); rows of the ragged batch equal to their
@@ -58,6 +59,7 @@ def parse_args(argv=None):
     ap.add_argument("--batches", default="1,4,8,16")
     ap.add_argument("--batch-new", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--chunk-steps", type=int, default=16, help="stream: decode steps a chunk")
     ap.add_argument("--chunks", default="256,512,1024", help="chunks: prefill chunk sizes to time")
     ap.add_argument("--chunk-lengths", default="256,1000,4000", help="chunks: prompt lengths")
     ap.add_argument("--exact-prompts", type=int, default=20)
@@ -290,6 +292,32 @@ def part_chunks(model, args, rng, out, t_start):
     out["chunks"] = {"rows": rows}
 
 
+def part_stream(model, args, rng, out, t_start):
+    """sj.stream in chunks of --chunk-steps against generate, the same prompt and settings, alternated, best of 5
+    wall seconds each (the stream's wall time runs to its last piece)."""
+    files = heldout_token_files(model)
+    prompt = natural_prompts(files, 1, 256, 256, rng)
+    rows = []
+    for name in ("ar", "ngram"):
+        sj.generate(model, prompt, args.batch_new, method=name, eos_token_id=False)
+        list(sj.stream(model, prompt, args.batch_new, chunk_steps=args.chunk_steps, method=name, eos_token_id=False))
+        gen, streamed = [], []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            whole = sj.generate(model, prompt, args.batch_new, method=name, eos_token_id=False).tokens
+            gen.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            pieces = list(sj.stream(model, prompt, args.batch_new, chunk_steps=args.chunk_steps, method=name,
+                                    eos_token_id=False))
+            streamed.append(time.perf_counter() - t0)
+        rows.append({"method": name, "generate_seconds": min(gen), "stream_seconds": min(streamed),
+                     "overhead": min(streamed) / min(gen) - 1, "pieces": len(pieces),
+                     "equal": bool(np.array_equal(np.concatenate(pieces, axis=1), whole))})
+        print(f"  stream {name}: generate {min(gen) * 1e3:.1f} ms, stream {min(streamed) * 1e3:.1f} ms "
+              f"({rows[-1]['overhead'] * 100:+.1f}%), {len(pieces)} pieces, equal {rows[-1]['equal']}", flush=True)
+    out["stream"] = {"chunk_steps": args.chunk_steps, "max_new_tokens": args.batch_new, "rows": rows}
+
+
 SECOND = """
 import sys, time
 t0 = time.perf_counter()
@@ -358,6 +386,8 @@ def main(argv=None):
             part_batch(model, args, rng, out, t_start)
         elif part == "second":
             part_second(model, args, out)
+        elif part == "stream":
+            part_stream(model, args, rng, out, t_start)
         elif part == "chunks":
             part_chunks(model, args, rng, out, t_start)
         elif part == "exact":

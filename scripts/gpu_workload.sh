@@ -41,4 +41,12 @@ c)  # what part b's time limits cut: a second process, short-prompt chunks, the 
         --parts exact --methods mtp,mtp-shortlist,layer-skip,residual-reuse,partial-mlp --budget-s 270 \
         --name exact_tiny_qwen_buckets2 --out "$out"
     ;;
+d)  # streaming's cost, a second process, short-prompt chunks (9B shape)
+    step 100 stream python scripts/bench_workload.py --random-9b --parts stream --name workload_qwen35_9b_random_stream \
+        --out "$out"
+    step 100 second python scripts/bench_workload.py --random-9b --parts second --name workload_qwen35_9b_random_second \
+        --out "$out"
+    step 75 chunks python scripts/bench_workload.py --random-9b --parts chunks --chunks 256,1024 \
+        --chunk-lengths 128,512 --budget-s 65 --name workload_qwen35_9b_random_chunks --out "$out"
+    ;;
 esac
