@@ -47,12 +47,14 @@ def _ar(folder: str, i: int, rows: int) -> np.ndarray:
 
 
 # mtp-shortlist is left out here: its verification is mtp's program (only the draft head's vocabulary differs), and
-# its float32 equality is test_drafters.py's; on the GPU bench_exact.py runs every chain method in bf16.
+# its float32 equality is test_drafters.py's. layer-skip and residual-reuse are left out too (the suite's time on 2
+# cores, issue 47): their verification is the chain loop's program, which the methods here run in bf16, and their
+# equality to AR with their drafter states rolled back is test_self_draft.py's; partial-mlp stays as the self-draft
+# in bf16. On the GPU every chain method runs in bf16 (scripts/bench_workload.py --parts exact: 20 of 20 each).
 @pytest.mark.parametrize("method,options", [("ngram", {}), ("ngram-table", {}), ("mtp", {}),
                                             ("mtp", {"rollback": "snapshot"}), ("ngram", {"gamma": 8}),
-                                            ("layer-skip", {}), ("residual-reuse", {}), ("partial-mlp", {})],
-                         ids=["ngram", "ngram-table", "mtp", "mtp-snapshot", "ngram-gamma8",
-                              "layer-skip", "residual-reuse", "partial-mlp"])
+                                            ("partial-mlp", {})],
+                         ids=["ngram", "ngram-table", "mtp", "mtp-snapshot", "ngram-gamma8", "partial-mlp"])
 def test_qwen_chain_methods_equal_ar_in_bfloat16(method, options):
     model = _model(QWEN)
     for i, ids in enumerate(_prompts(QWEN)):
