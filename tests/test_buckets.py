@@ -63,9 +63,11 @@ def test_padded_chunked_prefill_is_the_unpadded_state(model, length):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     fresh = qwen35.init_state(cfg, 1, 96, jnp.float32)
     logits_u, state_u, _ = qwen35.forward(model.params, cfg, fresh, jnp.asarray(row[0])[None], logits_for="last")
-    np.testing.assert_allclose(np.asarray(logits_a), np.asarray(logits_u[:, 0]), rtol=1e-5, atol=1e-5)
+    # fp32 tolerance for a whole model (DESIGN.md: 1e-4): chunks and one forward round differently (jax 0.11.2's CPU
+    # build differed by 1.7e-5 in a logit at 40 tokens)
+    np.testing.assert_allclose(np.asarray(logits_a), np.asarray(logits_u[:, 0]), rtol=1e-4, atol=1e-4)
     for a, b in zip(jax.tree.leaves(state_a), jax.tree.leaves(state_u)):
-        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-4, atol=1e-4)
     assert int(state_a.length[0]) == length
 
 
