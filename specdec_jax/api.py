@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -18,6 +19,7 @@ from .loading import TensorSource, resolve_dtype
 from .methods import DRAFT_TABLES_FILE
 from .model import GenerateResult, Model, TextResult
 from .decoding.buckets import split_prompts
+from .memory import peak_bytes
 from .options import check_context_length, float_option, int_option, validate_input_ids
 
 QWEN35_METHODS = methods.family_methods("qwen3_5")
@@ -116,7 +118,8 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
     input_ids: [B, T] token ids, or a list of B 1-D sequences of any lengths (a ragged batch: Qwen3.5 models).
     result.tokens [B, max_new_tokens] (new tokens only; after its EOS a row is padded with the first EOS id);
     result.stats: new_tokens, seconds, tokens_per_second, compile_seconds, compiled_programs (0 when every
-    program was reused), ... (see GenerateResult).
+    program was reused), peak_memory_bytes (the device's peak in this process so far; None where the device does not
+    report it), ... (see GenerateResult).
     eos_token_id: None = the config's EOS ids, False/() = never stop early, int or list of ints.
     max_len: KV-cache length (default: the bucket of prompt + max_new_tokens + the last verification's rows;
     Qwen3.5 programs are compiled per bucket, not per prompt length: decoding/buckets.py).
@@ -124,6 +127,15 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
     row's new tokens (may be empty) after its history; nothing already run is prefilled again, and the method may
     differ. result.state (Qwen3.5) is the decode state after the call (`decoding.session.Session`).
     """
+    result = _generate(model, input_ids, max_new_tokens, method, temperature, seed, top_k=top_k, top_p=top_p,
+                       eos_token_id=eos_token_id, max_len=max_len, state=state, _stream=_stream, **method_options)
+    result.stats["peak_memory_bytes"] = peak_bytes()
+    return result
+
+
+def _generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", temperature: float = 0.0,
+              seed: int = 0, *, top_k: int = 0, top_p: float = 1.0, eos_token_id=None, max_len: int | None = None,
+              state=None, _stream=None, **method_options) -> GenerateResult:
     compile_cache.enable()
     prompts = split_prompts(input_ids, model.vocab_size, allow_empty=state is not None)
     session = None
@@ -280,6 +292,11 @@ def _buckets(model: Model, prompts: list, needed: int, max_len: int | None, eos_
     chunk = buckets.prefill_chunk(longest, len(prompts))
     ids, lens = buckets.pad_prompts(prompts, buckets.prompt_buffer(max_len, chunk))
     token_buffer = 0 if buckets.static_new_tokens(eos_ids, sure_steps_enabled()) else max_len
+    from .memory import check_fits
+    from .models import qwen35
+    check_fits(jax.eval_shape(lambda: qwen35.init_state(model.config, len(prompts), max_len, model.dtype)),
+               f"the decode state of {len(prompts)} row(s) over a cache of {max_len} positions",
+               devices=model.config.tp_size)
     plan = dict(ids=ids, lens=lens, max_len=max_len, chunk=chunk, token_buffer=token_buffer)
     if session is not None:
         from .decoding.session import grown

@@ -35,7 +35,8 @@ class GenerateResult:
 
     stats, every method of every family (STATS_KEYS): method, new_tokens, seconds (prefill + decode, compile
     excluded), prefill_seconds, decode_seconds, compile_seconds, compiled_programs (programs this call compiled or
-    loaded from the persistent cache: 0 when every one was reused), tokens_per_second, decode_tokens_per_second;
+    loaded from the persistent cache: 0 when every one was reused), tokens_per_second, decode_tokens_per_second,
+    peak_memory_bytes (the device's peak in this process so far; None where the device does not report it);
     speculative methods add verify_steps, mean_accepted, tokens_per_step, accepted_counts.
     """
 
@@ -46,7 +47,7 @@ class GenerateResult:
 
 
 STATS_KEYS = ("method", "new_tokens", "seconds", "prefill_seconds", "decode_seconds", "compile_seconds",
-              "compiled_programs", "tokens_per_second", "decode_tokens_per_second")
+              "compiled_programs", "tokens_per_second", "decode_tokens_per_second", "peak_memory_bytes")
 
 
 @dataclasses.dataclass

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from pallas_kernels import attention as attention_kernels
+
 from ..sharding import split_groups
 
 
@@ -227,22 +229,12 @@ def apply_rope_interleaved(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.
 # ------------------------------------------------------------------------------------ attention
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
-    """Grouped-query attention without repeating K/V in memory.
+    """Grouped-query attention without repeating K/V in memory (XLA's path: the score matrix in float32).
 
     q [B, T, NH, hd]; k, v [B, S, NKV, hd]; mask [B, T, S] bool (True = may attend).
     Returns [B, T, NH, hd] in q.dtype. Scores and softmax in float32.
     """
-    B, T, NH, hd = q.shape
-    NKV = k.shape[2]
-    qg = q.reshape(B, T, NKV, NH // NKV, hd)
-    scores = jnp.einsum("btngd,bsnd->bngts", qg, k.astype(q.dtype),
-                        preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(mask[:, None, None, :, :], scores, -jnp.inf)
-    probs = jax.nn.softmax(scores, axis=-1)
-    # Rows with nothing to attend to (never produced by the models) would be NaN; keep them 0.
-    probs = jnp.where(mask[:, None, None, :, :], probs, 0.0).astype(v.dtype)
-    out = jnp.einsum("bngts,bsnd->btngd", probs, v, preferred_element_type=jnp.float32)
-    return out.reshape(B, T, NH, hd).astype(q.dtype)
+    return attention_kernels.masked_attention(q, k, v, mask, scale)
 
 
 def write_cache(cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:

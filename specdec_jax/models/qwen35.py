@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from pallas_kernels import attention as attention_kernels
 from pallas_kernels import gated_delta
 
 from .. import sharding
@@ -127,9 +128,11 @@ def attention_output(p: dict, attn: jax.Array, gate: jax.Array) -> jax.Array:
 
 
 def attention_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
-                    positions: jax.Array, mask: jax.Array, valid=None):
+                    positions: jax.Array, mask: jax.Array | None, valid=None, flash: str | None = None):
     """Gated full attention. positions [B, T]; mask [B, T, S]; valid: None, or [B, T] bool, the rows whose K/V are
-    written (a padded prefill: padding rows write nothing). Returns out and the updated caches."""
+    written (a padded prefill: padding rows write nothing). flash: None, or the implementation of a causal
+    attention from positions[:, 0] ("pallas": the flash kernel; mask then unused). Returns out and the updated
+    caches."""
     q, k, v, gate = attention_projections(p, cfg, x, positions)
     if valid is None:
         k_cache = L.write_cache(k_cache, k, positions[:, 0])
@@ -137,8 +140,23 @@ def attention_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, k_cache: jax.Array
     else:
         k_cache = L.scatter_cache(k_cache, k, positions, valid)
         v_cache = L.scatter_cache(v_cache, v, positions, valid)
-    attn = L.attention(q, k_cache, v_cache, mask, cfg.head_dim ** -0.5)  # [B, T, nH, hd]
+    if flash is not None:  # rows at consecutive positions from positions[:, 0]: causal over the cache
+        attn = attention_kernels.causal_attention(q, k_cache, v_cache, positions[:, 0], scale=cfg.head_dim ** -0.5,
+                                                  implementation=flash)
+    else:
+        attn = L.attention(q, k_cache, v_cache, mask, cfg.head_dim ** -0.5)  # [B, T, nH, hd]
     return attention_output(p, attn, gate), k_cache, v_cache
+
+
+def prefill_attention(impl: str, rows: int) -> str | None:
+    """The causal-attention implementation a forward of `rows` query rows takes (None: XLA's masked attention).
+    Prefill-sized forwards (attention_kernels.FLASH_MIN_ROWS rows and more) take the flash kernel where the
+    implementation is Pallas (the GPU's default; impl "pallas" asks for it anywhere); decode and verification
+    shapes always keep XLA's path, the one their exactness was built on."""
+    if rows < attention_kernels.FLASH_MIN_ROWS:
+        return None
+    chosen = {"auto": "auto", "pallas": "pallas"}.get(impl, "reference")
+    return "pallas" if attention_kernels.resolve(chosen) == "pallas" else None
 
 
 @functools.cache
@@ -184,7 +202,8 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     dtype = params["embed"].dtype
     x = params["embed"][input_ids].astype(dtype)  # [B, T, D]
     positions = state.length[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]  # [B, T]
-    mask = L.causal_cache_mask(positions, state.max_len) if state.keys else None
+    flash = prefill_attention(impl, T) if state.keys else None
+    mask = L.causal_cache_mask(positions, state.max_len) if state.keys and flash is None else None
     keys, values = list(state.keys), list(state.values)
     conv, rec = state.conv, state.recurrent
     gdn_extras, deltas, replay_inputs = [], [], None
@@ -200,7 +219,7 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
         h = L.rms_norm(x, p["input_norm"], cfg.rms_norm_eps, zero_centered=True)
         if layer_type == FULL_ATTENTION:
             h, keys[slot], values[slot] = attention_mixer(p["mixer"], cfg, h, keys[slot], values[slot],
-                                                          positions, mask, valid)
+                                                          positions, mask, valid, flash)
         else:
             h, new_conv, rec, ex = gdn_mixer(p["mixer"], cfg, h, conv[slot], rec, slot, impl,
                                              None if collect == "hidden" else collect, n_valid, live_rows,

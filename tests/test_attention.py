@@ -1,0 +1,127 @@
+"""Causal attention over a KV cache (pallas_kernels/attention): every implementation against a float64 numpy
+softmax, and the model's prefill through the flash kernel against XLA's path.
+
+Cases: grouped query heads (1, 2 and 4 per key head), ragged per-row start positions (a chunk deep in a cache), a
+cache whose length is not a whole number of key tiles, a head size that is not a power of two (padded), bfloat16.
+The Pallas kernel runs in interpret mode here; the GPU run is scripts/bench_long_context.py's check."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specdec_jax as sj
+from pallas_kernels import attention as A
+from specdec_jax.decoding.prefill import chunked_prefill
+from specdec_jax.models import qwen35
+from tests import qwen_helpers as H
+
+
+def _naive(q, k, v, starts, scale):
+    """float64 softmax, one query row at a time."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    B, T, NH, _ = q.shape
+    group = NH // k.shape[2]
+    out = np.zeros_like(q)
+    for b in range(B):
+        for t in range(T):
+            seen = min(starts[b] + t + 1, k.shape[1])
+            for h in range(NH):
+                s = k[b, :seen, h // group] @ q[b, t, h] * scale
+                w = np.exp(s - s.max())
+                out[b, t, h] = w @ v[b, :seen, h // group] / w.sum()
+    return out
+
+
+CASES = {  # B, T, NH, NKV, hd, S, starts
+    "one row at 0": (1, 64, 4, 2, 32, 256, [0]),
+    "ragged starts": (3, 40, 8, 2, 64, 200, [0, 37, 150]),
+    "one kv head, odd cache": (2, 96, 4, 1, 16, 300, [5, 190]),
+    "mha, hd 24": (1, 33, 2, 2, 24, 130, [90]),
+}
+
+
+@pytest.mark.parametrize("implementation", A.IMPLEMENTATIONS)
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_causal_attention_matches_softmax(implementation, case, dtype):
+    B, T, NH, NKV, hd, S, starts = CASES[case]
+    rng = np.random.default_rng(len(case))
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in
+               [(B, T, NH, hd), (B, S, NKV, hd), (B, S, NKV, hd)])
+    cast = lambda x: jnp.asarray(x, dtype)
+    blocks = dict(block_m=32, block_k=64, num_warps=4, num_stages=2)  # several row blocks and key tiles per case
+    got = A.causal_attention(cast(q), cast(k), cast(v), jnp.asarray(starts, jnp.int32), scale=hd ** -0.5,
+                             implementation=implementation, blocks=blocks)
+    assert got.shape == q.shape and got.dtype == jnp.dtype(dtype)
+    # the naive softmax of the rounded inputs: what each implementation computes, up to its own rounding
+    want = _naive(*(np.asarray(cast(x), np.float32) for x in (q, k, v)), starts, hd ** -0.5)
+    tol = 2e-5 if dtype == "float32" else 3e-2
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=tol, atol=tol)
+
+
+def test_auto_is_the_reference_off_the_gpu():
+    assert A.resolve("auto") == ("pallas" if jax.default_backend() == "gpu" else "reference")
+    with pytest.raises(ValueError, match="implementation must be one of"):
+        A.resolve("cudnn")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    ref = H.build_reference(H.tiny_text_config(ratio=2, vocab=61), seed=31)
+    folder = str(tmp_path_factory.mktemp("attention"))
+    H.save_reference(ref, folder)
+    return sj.load(folder, dtype="float32")
+
+
+def test_chunked_flash_prefill_is_the_one_shot_prefill(model):
+    """Two ragged prompts (150 and 97 tokens) prefilled in chunks of 80 rows (the flash kernel: >= FLASH_MIN_ROWS)
+    give the last logits and the state of one unpadded XLA forward per prompt (fp32 tolerance), and the same next
+    token."""
+    cfg = model.config
+    rng = np.random.default_rng(3)
+    rows = [rng.integers(0, cfg.vocab_size, n).astype(np.int32) for n in (150, 97)]
+    chunk, width, max_len = 80, 240, 256
+    assert chunk >= A.FLASH_MIN_ROWS
+    assert qwen35.prefill_attention("pallas", chunk) == "pallas" and qwen35.prefill_attention("pallas", 8) is None
+    ids = np.zeros((2, width), np.int32)
+    for b, r in enumerate(rows):
+        ids[b, :len(r)] = r
+
+    def run(st, piece, n_valid):
+        logits, st, _ = qwen35.forward(model.params, cfg, st, piece, logits_for="last", prefill_lens=n_valid,
+                                       impl="pallas")
+        return logits[:, 0], st, None
+
+    shape = jax.ShapeDtypeStruct((2, cfg.vocab_size), jnp.float32)
+    logits, state = chunked_prefill(run, qwen35.init_state(cfg, 2, max_len, jnp.float32), jnp.asarray(ids),
+                                    jnp.asarray([len(r) for r in rows], jnp.int32), chunk, logits_shape=shape)[:2]
+    for b, r in enumerate(rows):
+        fresh = qwen35.init_state(cfg, 1, max_len, jnp.float32)
+        want, want_state, _ = qwen35.forward(model.params, cfg, fresh, jnp.asarray(r)[None], logits_for="last",
+                                             impl="reference")
+        np.testing.assert_allclose(np.asarray(logits[b]), np.asarray(want[0, 0]), rtol=1e-4, atol=1e-4)
+        assert int(np.argmax(logits[b])) == int(np.argmax(want[0, 0]))
+        got_state = state.batch_rows(slice(b, b + 1))
+        for a, w in zip(jax.tree.leaves(got_state), jax.tree.leaves(want_state)):
+            a, w = np.asarray(a, np.float32), np.asarray(w, np.float32)
+            if a.ndim >= 2 and a.shape[1] == max_len:  # K/V: only the slots the prompt wrote are defined
+                a, w = a[:, :len(r)], w[:, :len(r)]
+            np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-4)
+
+
+def test_a_cache_the_device_cannot_hold_is_one_error_before_any_compute(model, monkeypatch):
+    """A device that reports its memory (the GPU) refuses a decode state that does not fit, naming the sizes, before
+    anything runs; a prompt past the context is refused too."""
+    from specdec_jax import memory
+    from specdec_jax.errors import InputError
+    monkeypatch.setattr(memory, "_stats", lambda: {"bytes_limit": 3 * memory.GIB, "bytes_in_use": 2 * memory.GIB})
+    monkeypatch.setattr(qwen35, "forward", lambda *a, **k: pytest.fail("computed before refusing"))
+    with pytest.raises(InputError, match=r"decode state of 1 row\(s\) over a cache of 256 positions needs .* GiB "
+                                         r"free of 3\.00 GiB"):
+        sj.generate(model, [[1, 2, 3]], 4)
+    too_long = model.config.max_position_embeddings
+    with pytest.raises(InputError, match="exceeds the model's context length"):
+        sj.generate(model, [[1] * too_long], 4)
