@@ -19,7 +19,7 @@ kernel)
     step 170 kernel python scripts/bench_long_context.py --kernel --lengths 4096,32768,131072 \
         --flash-blocks "64,64,4,2;64,64,8,2;128,64,8,2;64,32,4,3;128,32,8,2;32,64,4,2;128,128,8,2"
     step 110 exact_tiny python scripts/bench_long_context.py --exact-len 32000 --new-tokens 128 --out "$out"
-    step 250 bench python scripts/bench_long_context.py --lengths 1024,32768 --repeats 1 --time-budget-s 240 \
+    step 150 bench python scripts/bench_long_context.py --lengths 1024 --repeats 1 --time-budget-s 140 \
         --tag probe --out "$out"
     ;;
 table)
