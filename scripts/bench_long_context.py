@@ -243,6 +243,22 @@ def kernel_rows(args) -> list[dict]:
         sec = median_time(lambda: dec(q8, k, v, mask), 20)
         row["decode_xla_seconds"] = sec
         row["decode_xla_gb_s"] = 2 * cache * nkv * hd * 2 / sec / 1e9
+        from pallas_kernels.attention import decode as split_decode
+        want8 = dec(q8, k, v, mask)
+        read = 2 * (length + 8) * nkv * hd * 2  # the slots a split kernel reads
+        for span in (1024, 4096):
+            fn = jax.jit(lambda q, k, v, s, span=span: split_decode.split_attention(
+                q, k, v, s, scale=hd ** -0.5, span=span, interpret=jax.default_backend() != "gpu"))
+            start8 = jnp.asarray([length], jnp.int32)
+            try:
+                got = fn(q8, k, v, start8)
+                sec = median_time(lambda: fn(q8, k, v, start8), 20)
+                row[f"decode_split{span}_seconds"] = sec
+                row[f"decode_split{span}_gb_s"] = read / sec / 1e9
+                row[f"decode_split{span}_max_abs_err"] = float(jnp.max(jnp.abs(
+                    got.astype(jnp.float32) - want8.astype(jnp.float32))))
+            except Exception as e:  # noqa: BLE001
+                row[f"decode_split{span}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
