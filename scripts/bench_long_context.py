@@ -60,9 +60,12 @@ class ContinuationDrafter:
 
 
 def make_model(tiny: bool):
-    """Random weights made on the device in bfloat16 (no float32 copy), the 9B shape (or a tiny one)."""
+    """Random weights, the 9B shape (or a tiny one), made on the host and copied to the device leaf by leaf, so the
+    device holds nothing but the weights (its peak memory is then the generation's): each leaf is a stretch of one
+    pool of 2^24 normal draws, scaled by 1 / sqrt(fan-in), in bfloat16."""
     import jax
     import jax.numpy as jnp
+    import numpy as np
     from transformers import Qwen3_5TextConfig
     from specdec_jax.config import qwen35_config_from_dict
     from specdec_jax.loading import build_tree
@@ -76,7 +79,8 @@ def make_model(tiny: bool):
     raw.update(model_type="qwen3_5_text", max_position_embeddings=CONTEXT)
     cfg = qwen35_config_from_dict(raw)
     specs = qwen35.param_specs(cfg, {"model.embed_tokens.weight"}, "random")
-    keys = iter(jax.random.split(jax.random.PRNGKey(0), len(specs)))
+    rng = np.random.default_rng(0)
+    pool = rng.standard_normal(1 << 24).astype(np.float32)
 
     def make(leaf):
         shape = (sum(s[0] for _, s in leaf.groups[0]),) + leaf.groups[0][0][1][1:]
@@ -85,7 +89,10 @@ def make_model(tiny: bool):
         if leaf.groups[0][0][0].endswith("conv1d.weight"):
             shape = (shape[0], shape[2])
         scale = shape[-1] ** -0.5 if len(shape) > 1 else 0.1
-        return jax.random.normal(next(keys), shape, jnp.bfloat16) * jnp.bfloat16(scale)
+        size = int(np.prod(shape))
+        values = np.roll(pool, int(rng.integers(pool.size)))  # each leaf starts at another place in the pool
+        values = np.resize(values, size).reshape(shape) * np.float32(scale)
+        return jax.device_put(values.astype(jnp.bfloat16))
 
     return Model(config=cfg, params=build_tree(specs, make), dtype=jnp.dtype(jnp.bfloat16))
 
@@ -132,37 +139,45 @@ def peak_flops() -> float | None:
     return next((v for k, v in BF16_PEAK.items() if k in kind), None)
 
 
+def _register_continuation(tokens, length: int) -> None:
+    from specdec_jax import methods
+    drafter = ContinuationDrafter(tuple(int(t) for t in tokens), length)
+    spec = methods.MethodSpec("continuation", "qwen3_5", methods.CHAIN, methods.CHAIN_OPTIONS,
+                              drafter=lambda m, o: drafter)
+    methods.REGISTRY = tuple(s for s in methods.REGISTRY if s.name != "continuation") + (spec,)
+
+
 def run_length(length: int, args) -> dict:
-    """One prompt length in this process: AR twice, then forced-draft speculation and AR alternated."""
+    """One prompt length in this process: AR (the default path) twice; AR at the speculation's decode rows (an exact
+    generation equals AR at its own row count), whose output is the drafts; forced-draft speculation; then AR and
+    speculation alternated `repeats` times. The continuation is written to `args.continuation` for the peak run."""
     import jax
     import numpy as np
     import specdec_jax as sj
-    from specdec_jax import methods
     from specdec_jax.decoding import buckets
+    from specdec_jax.decoding.decode_shape import choose_decode_rows
     t_start = time.perf_counter()
     model = make_model(args.tiny)
-    jax.block_until_ready(model.params)
     prompt = np.random.default_rng(length).integers(0, model.vocab_size, length).astype(np.int32)
     n = args.new_tokens
     ar_first = sj.generate(model, [prompt], n, eos_token_id=False)
-    spec = methods.MethodSpec("continuation", "qwen3_5", methods.CHAIN, methods.CHAIN_OPTIONS,
-                              drafter=lambda m, o: ContinuationDrafter(tuple(int(t) for t in ar_first.tokens[0]),
-                                                                       length))
-    methods.REGISTRY = methods.REGISTRY + (spec,)
+    rows = choose_decode_rows(args.gamma, None, "qwen3_5")
+    reference = sj.generate(model, [prompt], n, eos_token_id=False, decode_rows=rows)
+    with open(args.continuation, "w") as f:
+        json.dump([int(t) for t in reference.tokens[0]], f)
+    _register_continuation(reference.tokens[0], length)
     spec_first = sj.generate(model, [prompt], n, method="continuation", gamma=args.gamma, eos_token_id=False)
     runs = {"ar": [], "spec": []}
     for _ in range(args.repeats):
         for name in ("ar", "spec"):
             extra = {} if name == "ar" else {"method": "continuation", "gamma": args.gamma}
-            out = sj.generate(model, [prompt], n, eos_token_id=False, **extra)
-            runs[name].append(out)
+            runs[name].append(sj.generate(model, [prompt], n, eos_token_id=False, **extra))
     med = lambda name, key: float(np.median([r.stats[key] for r in runs[name]]))
     ar_decode, spec_decode = med("ar", "decode_seconds"), med("spec", "decode_seconds")
     prefill_s = med("ar", "prefill_seconds")
     tps = float(np.mean([r.stats["tokens_per_step"] for r in runs["spec"]]))
     speedup = ar_decode / spec_decode
-    exact = all(np.array_equal(r.tokens, ar_first.tokens) for r in runs["ar"] + runs["spec"] + [spec_first])
-    bandwidth = copy_bandwidth(0.25 if args.tiny else 2.0)  # after the generations: its arrays are not their peak
+    bandwidth = copy_bandwidth(0.25 if args.tiny else 2.0)
     counts = byte_counts(model, length + n // 2)  # the mean context of the decoded tokens
     per_token = counts["weights"] + counts["kv"] + counts["gdn"]
     decode_tok_s = (n - 1) / ar_decode
@@ -171,26 +186,44 @@ def run_length(length: int, args) -> dict:
     cfg = model.config
     cache_len = buckets.cache_length(length + n + 8, 1, cfg.max_position_embeddings)
     kv_cache = len(cfg.attention_layers) * 2 * cache_len * cfg.num_key_value_heads * cfg.head_dim * 2
-    weights_total = sum(x.nbytes for x in jax.tree.leaves(model.params))
-    peak_bytes = max(int(r.stats["peak_memory_bytes"] or 0) for r in runs["ar"] + runs["spec"]) or None
     return {
         "prompt_len": length, "new_tokens": n, "cache_length": cache_len,
         "prefill_seconds": prefill_s, "prefill_tok_s": length / prefill_s,
         "prefill_tflops": flops / prefill_s / 1e12, "prefill_peak_frac": flops / prefill_s / peak if peak else None,
-        "peak_gib": peak_bytes / GIB if peak_bytes else None,
-        "weights_gib": weights_total / GIB, "kv_cache_gib": kv_cache / GIB,
-        "peak_over_weights_kv_gib": (peak_bytes - weights_total - kv_cache) / GIB if peak_bytes else None,
+        "weights_gib": sum(x.nbytes for x in jax.tree.leaves(model.params)) / GIB, "kv_cache_gib": kv_cache / GIB,
         "decode_tok_s": decode_tok_s, "copy_gb_s": bandwidth / 1e9,
         "bytes_per_token": per_token, "roofline_tok_s": bandwidth / per_token,
         "roofline_frac": decode_tok_s / (bandwidth / per_token),
-        "spec_tokens_per_step": tps, "spec_speedup_gamma8": speedup, "spec_eff_gamma8": speedup / tps,
-        "exact": exact, "ar_compile_seconds": ar_first.stats["compile_seconds"],
+        "spec_decode_rows": rows, "spec_tokens_per_step": tps, "spec_speedup_gamma8": speedup,
+        "spec_eff_gamma8": speedup / tps,
+        "exact": all(np.array_equal(r.tokens, reference.tokens) for r in runs["spec"] + [spec_first]),
+        "ar_repeatable": all(np.array_equal(r.tokens, ar_first.tokens) for r in runs["ar"]),
+        "ar_compile_seconds": ar_first.stats["compile_seconds"],
         "spec_compile_seconds": spec_first.stats["compile_seconds"],
         "ar_decode_seconds": [r.stats["decode_seconds"] for r in runs["ar"]],
         "spec_decode_seconds": [r.stats["decode_seconds"] for r in runs["spec"]],
         "prefill_seconds_runs": [r.stats["prefill_seconds"] for r in runs["ar"]],
         "wall_seconds": time.perf_counter() - t_start,
     }
+
+
+def peak_run(length: int, args) -> dict:
+    """Peak device memory of AR and of the speculation in a fresh process whose programs load from the persistent
+    compilation cache the run process filled (compiling would count the autotuner's scratch buffers)."""
+    import numpy as np
+    import specdec_jax as sj
+    model = make_model(args.tiny)
+    prompt = np.random.default_rng(length).integers(0, model.vocab_size, length).astype(np.int32)
+    with open(args.continuation) as f:
+        _register_continuation(json.load(f), length)
+    ar = sj.generate(model, [prompt], args.new_tokens, eos_token_id=False)
+    spec = sj.generate(model, [prompt], args.new_tokens, method="continuation", gamma=args.gamma, eos_token_id=False)
+    import jax
+    weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
+    peak = max(int(ar.stats["peak_memory_bytes"] or 0), int(spec.stats["peak_memory_bytes"] or 0)) or None
+    return {"peak_gib": peak / GIB if peak else None, "peak_ar_gib": (ar.stats["peak_memory_bytes"] or 0) / GIB,
+            "peak_compile_seconds": ar.stats["compile_seconds"] + spec.stats["compile_seconds"],
+            "peak_weights_gib": weights / GIB}
 
 
 def kernel_rows(args) -> list[dict]:
@@ -309,6 +342,18 @@ def markdown(result: dict) -> str:
     return "\n".join(md) + "\n"
 
 
+def child(cmd: list, env: dict, timeout: float, length: int) -> dict:
+    """Run a child process; its RESULT line as a dict, or {"error": ...}."""
+    if timeout < 10:
+        return {"prompt_len": length, "error": "no time left"}
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"prompt_len": length, "error": f"timed out after {timeout:.0f} s"}
+    lines = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
+    return json.loads(lines[-1][7:]) if lines else {"prompt_len": length, "error": run.stderr[-1500:]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", default=None, help="comma list of prompt lengths (default: 1K..128K; --tiny: small)")
@@ -326,13 +371,15 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--time-budget-s", type=float, default=540)
     ap.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # a child: one length, JSON on stdout
+    ap.add_argument("--peak", action="store_true", help=argparse.SUPPRESS)  # with --one: the peak-memory child
+    ap.add_argument("--continuation", default=None, help=argparse.SUPPRESS)  # with --one: the drafts' file
     args = ap.parse_args()
     args.lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                     else list(TINY_LENGTHS if args.tiny else LENGTHS))
     from specdec_jax.harness import jsonable, result_header, write_results
     stem = "long_context_" + ("qwen35_tiny" if args.tiny else "qwen35_9b") + (f"_{args.tag}" if args.tag else "")
     if args.one is not None:
-        row = run_length(args.one, args)
+        row = (peak_run if args.peak else run_length)(args.one, args)
         row["header"] = result_header(stem, command=os.environ.get("BENCH_COMMAND"))
         print("RESULT " + json.dumps(jsonable(row)), flush=True)
         return
@@ -354,14 +401,20 @@ def main():
         if left < 20:
             print(f"time budget reached before {length}", flush=True)
             break
+        continuation = os.path.join(args.out, f".continuation_{length}.json")
+        os.makedirs(args.out, exist_ok=True)
         cmd = [sys.executable, os.path.abspath(__file__), "--one", str(length), "--new-tokens", str(args.new_tokens),
-               "--gamma", str(args.gamma), "--repeats", str(args.repeats)] + (["--tiny"] if args.tiny else [])
-        try:
-            run = subprocess.run(cmd, capture_output=True, text=True, timeout=left, env=env)
-            lines = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
-            row = json.loads(lines[-1][7:]) if lines else {"prompt_len": length, "error": run.stderr[-1500:]}
-        except subprocess.TimeoutExpired:
-            row = {"prompt_len": length, "error": f"timed out after {left:.0f} s"}
+               "--gamma", str(args.gamma), "--repeats", str(args.repeats), "--continuation", continuation]
+        cmd += ["--tiny"] if args.tiny else []
+        row = child(cmd, env, left, length)
+        if "error" not in row:
+            left = args.time_budget_s - (time.perf_counter() - t0)
+            peak = child(cmd + ["--peak"], env, left, length)
+            row.update(peak if "error" not in peak else {"peak_error": peak["error"]})
+            if row.get("peak_gib"):
+                row["peak_over_weights_kv_gib"] = row["peak_gib"] - row["weights_gib"] - row["kv_cache_gib"]
+        if os.path.exists(continuation):
+            os.remove(continuation)
         header = row.pop("header", None)
         result["header"] = result["header"] or header
         result["rows"].append(row)

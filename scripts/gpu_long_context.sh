@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU measurements of issue 50 (long prompts), each step under its own timeout, results under OUT as they are written.
 #   bash scripts/gpu_long_context.sh kernel OUT   flash tile settings against XLA; 1K and 32K end to end; tiny bf16 at 32K
-#   bash scripts/gpu_long_context.sh table OUT    benchmarks/results/long_context_qwen35_9b.json: 1K..128K
+#   bash scripts/gpu_long_context.sh table1 OUT   benchmarks/results/long_context_qwen35_9b.json, 1K..32K
+#   bash scripts/gpu_long_context.sh table2 OUT   ... 64K and 128K (the two halves fit one 10-minute device command each;
+#                                                 scripts/merge_long_context.py joins them)
 set -u
 part=${1:?part kernel or table}
 out=${2:?output folder}
@@ -22,7 +24,12 @@ kernel)
     step 150 bench python scripts/bench_long_context.py --lengths 1024 --repeats 1 --time-budget-s 140 \
         --tag probe --out "$out"
     ;;
-table)
-    step 570 table python scripts/bench_long_context.py --time-budget-s 560 --out "$out"
+table1)
+    step 570 table1 python scripts/bench_long_context.py --lengths 1024,4096,16384,32768 --time-budget-s 560 \
+        --tag part1 --out "$out"
+    ;;
+table2)
+    step 570 table2 python scripts/bench_long_context.py --lengths 65536,131072 --time-budget-s 560 --tag part2 \
+        --out "$out"
     ;;
 esac

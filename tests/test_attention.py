@@ -85,7 +85,7 @@ def test_chunked_flash_prefill_is_the_one_shot_prefill(model):
     rows = [rng.integers(0, cfg.vocab_size, n).astype(np.int32) for n in (150, 97)]
     chunk, width, max_len = 80, 240, 256
     assert chunk >= A.FLASH_MIN_ROWS
-    assert qwen35.prefill_attention("pallas", chunk) == "pallas" and qwen35.prefill_attention("pallas", 8) is None
+    assert qwen35.attention_path("pallas", chunk, max_len) == "pallas"
     ids = np.zeros((2, width), np.int32)
     for b, r in enumerate(rows):
         ids[b, :len(r)] = r
@@ -110,6 +110,38 @@ def test_chunked_flash_prefill_is_the_one_shot_prefill(model):
             if a.ndim >= 2 and a.shape[1] == max_len:  # K/V: only the slots the prompt wrote are defined
                 a, w = a[:, :len(r)], w[:, :len(r)]
             np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-4)
+
+
+def test_paths_by_rows_and_cache_length():
+    """Prefill chunks take the flash kernel, few rows over a long cache the split kernel, few rows over a short one
+    XLA's path; a GDN implementation other than auto / pallas keeps XLA's attention."""
+    long = A.SPLIT_MIN_CACHE
+    assert qwen35.attention_path("pallas", A.FLASH_MIN_ROWS, 256) == "pallas"
+    assert qwen35.attention_path("pallas", 8, 256) is None
+    assert qwen35.attention_path("pallas", 8, long) == "pallas-split"
+    assert qwen35.attention_path("reference", 1024, long) is None
+    auto = qwen35.attention_path("auto", 8, long)
+    assert auto == ("pallas-split" if jax.default_backend() == "gpu" else None)
+
+
+def test_split_kernel_decode_steps_equal_xla(model):
+    """Decode-shaped forwards (8 rows, 2 valid) over a cache of SPLIT_MIN_CACHE slots through the split kernel give
+    XLA's logits (fp32 tolerance) and states, step after step."""
+    cfg = model.config
+    ids = jnp.asarray(np.random.default_rng(5).integers(0, cfg.vocab_size, (1, 30)), jnp.int32)
+    state = qwen35.init_state(cfg, 1, A.SPLIT_MIN_CACHE, jnp.float32)
+    _, state, _ = qwen35.forward(model.params, cfg, state, ids, impl="reference")
+    states = {"pallas": state, "reference": state}
+    rows = jnp.asarray(np.random.default_rng(6).integers(0, cfg.vocab_size, (3, 1, 8)), jnp.int32)
+    for step in range(3):
+        logits = {}
+        for impl in states:
+            logits[impl], states[impl], _ = qwen35.forward(model.params, cfg, states[impl], rows[step], impl=impl,
+                                                           n_valid=jnp.asarray([2], jnp.int32))
+        np.testing.assert_allclose(np.asarray(logits["pallas"]), np.asarray(logits["reference"]), rtol=1e-4,
+                                   atol=1e-4)
+    for a, b in zip(jax.tree.leaves(states["pallas"]), jax.tree.leaves(states["reference"])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
 
 
 def test_a_cache_the_device_cannot_hold_is_one_error_before_any_compute(model, monkeypatch):

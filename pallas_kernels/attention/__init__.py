@@ -1,13 +1,17 @@
 """Causal attention of new query rows over a KV cache: one signature, two implementations.
 
-    implementation = "reference"  plain jnp (reference.py): the score matrix [B, NH, T, S] in float32; runs everywhere
-                     "pallas"     flash attention (flash.py, Pallas Triton): no score matrix, and only the key tiles
-                                  a block's positions can see are read; interpret mode off the GPU (tests)
+    implementation = "reference"     plain jnp (reference.py): the score matrix [B, NH, T, S] in float32; everywhere
+                     "pallas"        flash attention (flash.py, Pallas Triton): no score matrix, and only the key
+                                     tiles a block's positions can see are read (prefill chunks)
+                     "pallas-split"  few rows over a long cache (decode.py): the cache split into fixed spans, one
+                                     program per span and head, the partial softmaxes merged in span order
+    (the Pallas kernels run in interpret mode off the GPU: tests)
 
-`resolve("auto")` is "pallas" on the GPU, else "reference". The models call it for prefill-sized forwards only
-(`FLASH_MIN_ROWS`): decode and verification (at most 64 rows) keep the XLA path, which every exactness guarantee
-was built on (a row's keys reduced in the same order whatever the number of rows), and whose score matrix is small.
-README.md has the derivation and the measurements.
+`path(implementation, rows, cache_len)` is what the models take: on the GPU ("auto"), the flash kernel for
+prefill-sized forwards (FLASH_MIN_ROWS rows and more), the split kernel for decode and verification over caches of
+SPLIT_MIN_CACHE slots and more, XLA's masked attention below that; off the GPU, XLA's everywhere. The choice for few
+rows depends on the cache length alone, so an exact generation's AR steps and verifications (the same row count)
+run the same program. README.md has the derivation; docs/LOG.md the measurements.
 """
 
 from __future__ import annotations
@@ -20,10 +24,16 @@ import jax.numpy as jnp
 from . import reference
 from .reference import causal_mask, masked_attention
 
-IMPLEMENTATIONS = ("reference", "pallas")
-FLASH_MIN_ROWS = 65  # query rows per forward from which prefill takes the flash kernel (decode shapes stay on XLA)
-# Tile sizes of the flash kernel: (rows per program, keys per tile, warps, pipeline stages).
-BLOCKS = {"block_m": 64, "block_k": 64, "num_warps": 4, "num_stages": 2}
+IMPLEMENTATIONS = ("reference", "pallas", "pallas-split")
+FLASH_MIN_ROWS = 65  # query rows per forward from which prefill takes the flash kernel (decode shapes: at most 64)
+# Tile sizes of the flash kernel (rows per program, keys per tile, warps, pipeline stages). H100, the 9B shape's
+# heads (16 of 256, 4 KV), a 1024-row chunk at the end of a 4K / 32K / 128K prompt: 208 / 356 / 435 TFLOP/s,
+# against 170 / 248 / 278 for (64, 64, 4, 2) and 54 / 71 / - for XLA's path (docs/LOG.md 2026-12-06).
+BLOCKS = {"block_m": 128, "block_k": 64, "num_warps": 8, "num_stages": 2}
+# Few rows over caches of this many slots and more take the split kernel on the GPU: 8 rows x 16 heads over a 8K /
+# 64K / 144K-slot cache (a 4K / 32K / 128K prompt) took 0.125 / 0.163 / 0.333 ms against XLA's 0.100 / 0.262 / 0.514.
+SPLIT_MIN_CACHE = 16384
+SPLIT_SPAN = 1024  # cache slots per program of the split kernel (4096: 0.369 ms at 128K, 1024: 0.333)
 
 
 @functools.cache
@@ -33,6 +43,16 @@ def _flash():
     except ImportError:
         return None
     return flash
+
+
+def path(implementation: str | None, rows: int, cache_len: int) -> str:
+    """The implementation a forward of `rows` query rows over a cache of `cache_len` slots takes (see above)."""
+    chosen = resolve(implementation)
+    if chosen == "reference":
+        return "reference"
+    if rows >= FLASH_MIN_ROWS:
+        return "pallas"
+    return "pallas-split" if cache_len >= SPLIT_MIN_CACHE or implementation == "pallas-split" else "reference"
 
 
 def resolve(implementation: str | None = "auto") -> str:
@@ -54,17 +74,22 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, start: jax.Array,
     """q [B, T, NH, hd] at positions start [B] + t (t < T); k, v [B, S, NKV, hd] the cache (slots the new rows wrote
     included); slot s visible to a row at position p iff s <= p. Returns [B, T, NH, hd] in q.dtype.
     blocks: the flash kernel's tile sizes (BLOCKS when None)."""
-    if resolve(implementation) == "reference":
+    chosen = resolve(implementation)
+    if chosen == "reference":
         return reference.causal_attention(q, k, v, start, scale)
     hd = q.shape[-1]
     padded = _next_pow2(hd)  # the Triton backend's tiles have power-of-two sides; zero columns change nothing
     if padded != hd:
         pad = lambda x: jnp.pad(x, ((0, 0),) * 3 + ((0, padded - hd),))
         q, k, v = pad(q), pad(k), pad(v)
-    out = _flash().flash_attention(q, k, v, start, scale=scale, interpret=jax.default_backend() != "gpu",
-                                   **(blocks or BLOCKS))
+    interpret = jax.default_backend() != "gpu"
+    if chosen == "pallas-split":
+        from .decode import split_attention
+        out = split_attention(q, k, v, start, scale=scale, interpret=interpret, span=SPLIT_SPAN)
+    else:
+        out = _flash().flash_attention(q, k, v, start, scale=scale, interpret=interpret, **(blocks or BLOCKS))
     return out[..., :hd]
 
 
-__all__ = ["IMPLEMENTATIONS", "FLASH_MIN_ROWS", "BLOCKS", "resolve", "causal_attention", "causal_mask",
+__all__ = ["IMPLEMENTATIONS", "FLASH_MIN_ROWS", "BLOCKS", "SPLIT_MIN_CACHE", "SPLIT_SPAN", "path", "resolve", "causal_attention", "causal_mask",
            "masked_attention", "reference"]

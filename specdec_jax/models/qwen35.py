@@ -130,9 +130,8 @@ def attention_output(p: dict, attn: jax.Array, gate: jax.Array) -> jax.Array:
 def attention_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                     positions: jax.Array, mask: jax.Array | None, valid=None, flash: str | None = None):
     """Gated full attention. positions [B, T]; mask [B, T, S]; valid: None, or [B, T] bool, the rows whose K/V are
-    written (a padded prefill: padding rows write nothing). flash: None, or the implementation of a causal
-    attention from positions[:, 0] ("pallas": the flash kernel; mask then unused). Returns out and the updated
-    caches."""
+    written (a padded prefill: padding rows write nothing). flash: None, or the kernel of a causal attention from
+    positions[:, 0] (`attention_path`; the mask is then unused). Returns out and the updated caches."""
     q, k, v, gate = attention_projections(p, cfg, x, positions)
     if valid is None:
         k_cache = L.write_cache(k_cache, k, positions[:, 0])
@@ -148,15 +147,14 @@ def attention_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, k_cache: jax.Array
     return attention_output(p, attn, gate), k_cache, v_cache
 
 
-def prefill_attention(impl: str, rows: int) -> str | None:
-    """The causal-attention implementation a forward of `rows` query rows takes (None: XLA's masked attention).
-    Prefill-sized forwards (attention_kernels.FLASH_MIN_ROWS rows and more) take the flash kernel where the
-    implementation is Pallas (the GPU's default; impl "pallas" asks for it anywhere); decode and verification
-    shapes always keep XLA's path, the one their exactness was built on."""
-    if rows < attention_kernels.FLASH_MIN_ROWS:
-        return None
+def attention_path(impl: str, rows: int, cache_len: int) -> str | None:
+    """The causal-attention kernel a forward of `rows` query rows over `cache_len` slots takes (None: XLA's masked
+    attention; `attention_kernels.path`): with impl "auto", the GPU's kernels (flash for prefill chunks, the split
+    kernel for few rows over long caches); "pallas" asks for them anywhere (interpret mode off the GPU); any other
+    GDN implementation keeps XLA's attention."""
     chosen = {"auto": "auto", "pallas": "pallas"}.get(impl, "reference")
-    return "pallas" if attention_kernels.resolve(chosen) == "pallas" else None
+    kernel = attention_kernels.path(chosen, rows, cache_len)
+    return None if kernel == "reference" else kernel
 
 
 @functools.cache
@@ -202,7 +200,7 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     dtype = params["embed"].dtype
     x = params["embed"][input_ids].astype(dtype)  # [B, T, D]
     positions = state.length[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]  # [B, T]
-    flash = prefill_attention(impl, T) if state.keys else None
+    flash = attention_path(impl, T, state.max_len) if state.keys else None
     mask = L.causal_cache_mask(positions, state.max_len) if state.keys and flash is None else None
     keys, values = list(state.keys), list(state.values)
     conv, rec = state.conv, state.recurrent
