@@ -29,7 +29,8 @@ table1)
         --tag part1 --out "$out"
     ;;
 table2)
-    step 570 table2 python scripts/bench_long_context.py --lengths 65536,131072 --time-budget-s 560 --tag part2 \
+    step 470 table2 python scripts/bench_long_context.py --lengths 65536,131072 --time-budget-s 460 --tag part2 \
         --out "$out"
+    step 100 exact_tiny python scripts/bench_long_context.py --exact-len 32000 --new-tokens 128 --out "$out"
     ;;
 esac
