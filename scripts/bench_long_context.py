@@ -81,6 +81,7 @@ def make_model(tiny: bool):
     specs = qwen35.param_specs(cfg, {"model.embed_tokens.weight"}, "random")
     rng = np.random.default_rng(0)
     pool = rng.standard_normal(1 << 24).astype(np.float32)
+    scaled = {}  # one bfloat16 pool per scale: a leaf is then a bfloat16 copy, no float32 temporary
 
     def make(leaf):
         shape = (sum(s[0] for _, s in leaf.groups[0]),) + leaf.groups[0][0][1][1:]
@@ -89,10 +90,10 @@ def make_model(tiny: bool):
         if leaf.groups[0][0][0].endswith("conv1d.weight"):
             shape = (shape[0], shape[2])
         scale = shape[-1] ** -0.5 if len(shape) > 1 else 0.1
-        size = int(np.prod(shape))
-        values = np.roll(pool, int(rng.integers(pool.size)))  # each leaf starts at another place in the pool
-        values = np.resize(values, size).reshape(shape) * np.float32(scale)
-        return jax.device_put(values.astype(jnp.bfloat16))
+        if scale not in scaled:
+            scaled[scale] = (pool * np.float32(scale)).astype(jnp.bfloat16)
+        values = np.roll(scaled[scale], int(rng.integers(pool.size)))  # each leaf starts elsewhere in the pool
+        return jax.device_put(np.resize(values, int(np.prod(shape))).reshape(shape))
 
     return Model(config=cfg, params=build_tree(specs, make), dtype=jnp.dtype(jnp.bfloat16))
 
@@ -417,7 +418,7 @@ def main():
             os.remove(continuation)
         header = row.pop("header", None)
         result["header"] = result["header"] or header
-        result["rows"].append(row)
+        result["rows"] = sorted(result["rows"] + [row], key=lambda r: r["prompt_len"])
         print(json.dumps(row), flush=True)
         write_results(args.out, stem, jsonable(result), markdown(result), echo=False)
     if result["header"] is None:

@@ -24,6 +24,10 @@ kernel)
     step 150 bench python scripts/bench_long_context.py --lengths 1024 --repeats 1 --time-budget-s 140 \
         --tag probe --out "$out"
     ;;
+table)  # one command: the lengths longest first (a time limit cuts the short ones), one timed round each
+    step 585 table python scripts/bench_long_context.py --lengths 131072,65536,32768,16384,4096,1024 --repeats 1 \
+        --time-budget-s 575 --out "$out"
+    ;;
 table1)
     step 570 table1 python scripts/bench_long_context.py --lengths 1024,4096,16384,32768 --time-budget-s 560 \
         --tag part1 --out "$out"
