@@ -11,7 +11,8 @@ Per prompt length (1K to 128K tokens), each in its own process (so its peak devi
 1024-token chunk (outputs compared, TFLOP/s per tile setting of `--flash-blocks`), and XLA's decode attention
 (8 rows over the whole cache) in GB/s.
 
-    python scripts/bench_long_context.py --out benchmarks/results              # GPU: the whole table
+    BENCH_GIT_COMMIT=$(git rev-parse HEAD) python scripts/bench_long_context.py --out benchmarks/results   # GPU
+    (a device's copy of the tree may carry a stale .git: BENCH_GIT_COMMIT names the commit that runs)
     python scripts/bench_long_context.py --tiny --out /tmp/lc                  # CPU smoke run (a tiny shape)
 """
 
@@ -162,17 +163,21 @@ def run_length(length: int, args) -> dict:
     prompt = np.random.default_rng(length).integers(0, model.vocab_size, length).astype(np.int32)
     n = args.new_tokens
     ar_first = sj.generate(model, [prompt], n, eos_token_id=False)
+    ar_first.state = None
     rows = choose_decode_rows(args.gamma, None, "qwen3_5")
     reference = sj.generate(model, [prompt], n, eos_token_id=False, decode_rows=rows)
+    reference.state = None
     with open(args.continuation, "w") as f:
         json.dump([int(t) for t in reference.tokens[0]], f)
     _register_continuation(reference.tokens[0], length)
     spec_first = sj.generate(model, [prompt], n, method="continuation", gamma=args.gamma, eos_token_id=False)
+    spec_first.state = None
     runs = {"ar": [], "spec": []}
     for _ in range(args.repeats):
         for name in ("ar", "spec"):
             extra = {} if name == "ar" else {"method": "continuation", "gamma": args.gamma}
             runs[name].append(sj.generate(model, [prompt], n, eos_token_id=False, **extra))
+            runs[name][-1].state = None  # one decode state alive at a time
     med = lambda name, key: float(np.median([r.stats[key] for r in runs[name]]))
     ar_decode, spec_decode = med("ar", "decode_seconds"), med("spec", "decode_seconds")
     prefill_s = med("ar", "prefill_seconds")
@@ -218,6 +223,7 @@ def peak_run(length: int, args) -> dict:
     with open(args.continuation) as f:
         _register_continuation(json.load(f), length)
     ar = sj.generate(model, [prompt], args.new_tokens, eos_token_id=False)
+    ar.state = None  # its decode state (a whole KV cache) is not what the speculation's peak should count
     spec = sj.generate(model, [prompt], args.new_tokens, method="continuation", gamma=args.gamma, eos_token_id=False)
     import jax
     weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
@@ -327,7 +333,7 @@ def markdown(result: dict) -> str:
     h = result["header"] or {"device": "?", "jax": "?", "git_commit": "?", "command": "?"}
     md = [f"# Long prompts, Qwen3.5-9B shape, random bf16 weights ({h['device']}, jax {h['jax']})", "",
           f"commit `{h['git_commit']}`; `{h['command']}`", "",
-          "| prompt | prefill s | prefill tok/s | prefill TFLOP/s (frac of peak) | peak GiB (over weights + KV) | "
+          "| prompt | prefill s | prefill tok/s | prefill TFLOP/s (frac of peak) | peak GiB, AR (over weights + KV) | "
           "decode tok/s | roofline frac | spec eff gamma 8 (speedup, tokens/step) | bf16 exact |",
           "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
@@ -335,7 +341,8 @@ def markdown(result: dict) -> str:
             md.append(f"| {r['prompt_len']} | failed: {r['error'][:120]} |||||||| ")
             continue
         frac = f" ({r['prefill_peak_frac']:.2f})" if r.get("prefill_peak_frac") else ""
-        peak = (f"{r['peak_gib']:.1f} (+{r['peak_over_weights_kv_gib']:.2f})" if r.get("peak_gib") else "–")
+        over = r.get("peak_ar_gib", 0) - r["weights_gib"] - r["kv_cache_gib"]
+        peak = f"{r['peak_ar_gib']:.1f} (+{over:.2f})" if r.get("peak_ar_gib") else "–"
         md.append(f"| {r['prompt_len']} | {r['prefill_seconds']:.3f} | {r['prefill_tok_s']:.0f} | "
                   f"{r['prefill_tflops']:.0f}{frac} | {peak} | {r['decode_tok_s']:.1f} | {r['roofline_frac']:.3f} | "
                   f"{r['spec_eff_gamma8']:.3f} ({r['spec_speedup_gamma8']:.2f}x, {r['spec_tokens_per_step']:.2f}) | "
