@@ -70,6 +70,27 @@ def test_readmes_are_generated_from_the_index():
             assert words(cell) <= 30, f"at-a-glance cell of {words(cell)} words: {cell[:80]}..."
 
 
+def test_readme_stays_short():
+    lines = mr.README.read_text().splitlines()
+    assert len(lines) <= 200, f"README.md is {len(lines)} lines (at most 200)"
+    for line in lines:
+        if line.startswith("|"):
+            for cell in re.split(r"(?<!\\)\|", line.strip().strip("|")):
+                assert words(cell) <= 60, f"README table cell of {words(cell)} words: {cell[:80]}..."
+
+
+def test_results_hold_only_what_is_cited():
+    files = [p for p in mr.RESULTS.rglob("*") if p.is_file()]
+    assert len(files) <= 80, f"{len(files)} files under benchmarks/results (at most 80)"
+    cited = set()
+    for doc in [mr.README, mr.BENCH_README, *ROOT.glob("docs/*.md"), *ROOT.glob("pallas_kernels/*/README.md"),
+                *ROOT.glob("checkpoints/*/README.md")]:
+        cited |= set(re.findall(r"[\w.+-]+\.(?:json|md|png)", doc.read_text()))
+    uncited = sorted(p.name for p in files if p.name not in cited and p.with_suffix(".json").name not in cited
+                     and p.with_suffix(".md").name not in cited)
+    assert not uncited, f"result files no doc cites: {uncited}"
+
+
 def test_index_is_valid_json_with_rows():
     data = json.loads(mr.INDEX.read_text())
     assert isinstance(data["rows"], list)
