@@ -40,7 +40,23 @@ Two kinds of row: a **trained tiny checkpoint end to end** (real prompts, real a
 AR) and a **random-weight model at forced acceptance** (a large model's shape with random weights; drafts are kept
 by a seeded schedule, so the outputs mean nothing and the rows measure step cost against tokens per step).
 Commands run from the repository root and write `<stem>.json` / `<stem>.md` (device, jax, commit, command) under
-`benchmarks/results/` unless `--out` says otherwise.
+`benchmarks/results/` unless `--out` says otherwise; each runner takes a tiny / CPU smoke flag (`--help`).
+
+| runner | concern |
+|---|---|
+| `bench_spec.py` | Qwen3.5 speculation: forced-acceptance cost curves (`--forced-acceptance`, `--random-9b`), end to end against AR (`--e2e-methods`), kernel profiles |
+| `bench_exact.py` | bf16 outputs against AR, exact and fast paths, AR by decode row count |
+| `bench_workload.py`, `gpu_workload.sh` | the public API on natural prompts: buckets, ragged batches, compile reuse, a second process, streaming, bf16 equality |
+| `bench_looped_spec.py` | looped self-speculation against full-depth AR (DAS-Wave, self-spec, mature-spec grids) |
+| `bench_looped_curve.py` | the looped methods' forced-acceptance curve at the Huginn-0125 shape |
+| `bench_qwen35.py`, `bench_looped.py` | AR alone: the 9B shape against transformers, Huginn-0125 against its bandwidth roofline |
+| `bench_gdn.py` | the gated-delta kernels against the reference and fla |
+| `bench_tree.py` | draft trees against chains: verification cost, rollback memory, end to end |
+| `bench_compile.py` | compile time of one `generate()` call per method |
+| `bench_tensor_parallel.py` | a 27B-shape model on 1 and 2 GPUs (not yet run: no multi-GPU machine) |
+| `acceptance_study.py` | drafts accepted per step for every drafter, any machine |
+| `check_repeatability.py` | exact greedy output across runs and processes at the 9B shape |
+| `gpu_suite.sh` | the GPU parts behind the index, one per 10-minute device command |
 """
 
 

@@ -1,4 +1,4 @@
-"""The benchmark harness: what `specdec_jax.bench` and every benchmark under scripts/ share.
+"""The benchmark harness: what `specdec_jax.bench` and every runner under benchmarks/ shares.
 
 Provenance: `result_header` (device, platform, jax / jaxlib / python versions, the full git commit, the exact
 command, the date) opens every result, so a number can always be traced to what produced it.

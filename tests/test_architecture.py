@@ -11,7 +11,7 @@ Layers, lowest first (a module may import its own layer and those below):
   3  specdec_jax.decoding.*, specdec_jax.drafters.*                AR / speculative loops, acceptance, drafters
   4  specdec_jax.api, methods, training                            the public calls, the method registry, training
   5  specdec_jax.bench, harness, profiling, cli, __main__,         tools on top; harness: the benchmark
-     specdec_jax (pkg)                                           plumbing bench.py and scripts/ share;
+     specdec_jax (pkg)                                           plumbing bench.py and benchmarks/ share;
                                                                  profiling: device traces read
 """
 
@@ -31,7 +31,7 @@ LAYERS = [
     ("specdec_jax.models",),
     ("specdec_jax.decoding", "specdec_jax.drafters"),
     ("specdec_jax.api", "specdec_jax.methods", "specdec_jax.training"),
-    # harness: timing, pairing, statistics, result headers and writers for benchmarks (bench.py and scripts/);
+    # harness: timing, pairing, statistics, result headers and writers for benchmarks (bench.py and benchmarks/);
     # a tool, so nothing in the library below may depend on it.
     ("specdec_jax.bench", "specdec_jax.harness", "specdec_jax.profiling", "specdec_jax.cli", "specdec_jax.__main__",
      "specdec_jax"),

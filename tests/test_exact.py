@@ -50,7 +50,7 @@ def _ar(folder: str, i: int, rows: int) -> np.ndarray:
 # its float32 equality is test_drafters.py's. layer-skip and residual-reuse are left out too (the suite's time on 2
 # cores, issue 47): their verification is the chain loop's program, which the methods here run in bf16, and their
 # equality to AR with their drafter states rolled back is test_self_draft.py's; partial-mlp stays as the self-draft
-# in bf16. On the GPU every chain method runs in bf16 (scripts/bench_workload.py --parts exact: 20 of 20 each).
+# in bf16. On the GPU every chain method runs in bf16 (benchmarks/bench_workload.py --parts exact: 20 of 20 each).
 @pytest.mark.parametrize("method,options", [("ngram", {}), ("ngram-table", {}), ("mtp", {}),
                                             ("mtp", {"rollback": "snapshot"}), ("ngram", {"gamma": 8}),
                                             ("partial-mlp", {})],

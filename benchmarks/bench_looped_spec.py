@@ -23,10 +23,10 @@
    times predict: tokens per block x AR token / (drafting + verification), with the tokens per block
    measured in part 1 for the same configuration (when run) and at full acceptance.
 
-    python scripts/bench_looped_spec.py --out benchmarks/results                      # trained tiny, full grid
-    python scripts/bench_looped_spec.py --grid small --methods das-wave,component     # a subset
-    python scripts/bench_looped_spec.py --costs --skip-e2e --out benchmarks/results   # Huginn-0125 round costs
-    python scripts/bench_looped_spec.py --tiny --costs --out /tmp/bench               # CPU smoke run
+    python benchmarks/bench_looped_spec.py --out benchmarks/results                      # trained tiny, full grid
+    python benchmarks/bench_looped_spec.py --grid small --methods das-wave,component     # a subset
+    python benchmarks/bench_looped_spec.py --costs --skip-e2e --out benchmarks/results   # Huginn-0125 round costs
+    python benchmarks/bench_looped_spec.py --tiny --costs --out /tmp/bench               # CPU smoke run
 
 A GPU command that must end within a time limit: split the work with --methods / --grid (end to end)
 and --cost-gammas / --cost-ds / --cost-ks (costs; each configuration compiles once), and set
@@ -106,12 +106,12 @@ def config_key(method: str, opts: dict) -> str:
 # ------------------------------------------------------------------------------------- models
 
 def tiny_config() -> looped.LoopedConfig:
-    from scripts.bench_looped import bench_config
+    from benchmarks.bench_looped import bench_config
     return bench_config(True)
 
 
 def huginn_config() -> looped.LoopedConfig:
-    from scripts.bench_looped import bench_config
+    from benchmarks.bench_looped import bench_config
     return bench_config(False)
 
 

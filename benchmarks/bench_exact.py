@@ -1,8 +1,8 @@
 """Exactness in the dtype users run: speculative output against AR, token for token, and what the exact path costs.
 
-    python scripts/bench_exact.py --part tiny    # both shipped checkpoints, held-out prompts
-    python scripts/bench_exact.py --part 9b      # Qwen3.5-9B shape, random weights with damped residual writes
-    python scripts/bench_exact.py --part 9b --tiny-shape --max-new-tokens 16   # CPU smoke run
+    python benchmarks/bench_exact.py --part tiny    # both shipped checkpoints, held-out prompts
+    python benchmarks/bench_exact.py --part 9b      # Qwen3.5-9B shape, random weights with damped residual writes
+    python benchmarks/bench_exact.py --part 9b --tiny-shape --max-new-tokens 16   # CPU smoke run
 
 tiny: for every chain method of the shipped Qwen3.5 checkpoint and every lossless looped method of the
 shipped Huginn checkpoint, greedy generation on each held-out prompt with exact=True (the default: every
@@ -138,7 +138,7 @@ def _summary(rows: list[dict]) -> dict:
 
 
 def nine_b_part(args, header) -> dict:
-    from scripts.bench_spec import random_9b_model
+    from benchmarks.bench_spec import random_9b_model
     from specdec_jax.decoding.autoregressive import ar_ops, generate_autoregressive
     from specdec_jax.decoding.decode_shape import choose_decode_rows
     from specdec_jax.decoding.sampling import SamplingConfig

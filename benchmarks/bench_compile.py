@@ -1,7 +1,7 @@
 """Compile time of one `generate()` call per method, as a new user waits for it, beside the speed it then runs at.
 
-    python scripts/bench_compile.py --model checkpoints/tiny-qwen35-code --out benchmarks/results
-    python scripts/bench_compile.py --random-9b --out benchmarks/results      # the Qwen3.5-9B shape, random weights
+    python benchmarks/bench_compile.py --model checkpoints/tiny-qwen35-code --out benchmarks/results
+    python benchmarks/bench_compile.py --random-9b --out benchmarks/results      # the Qwen3.5-9B shape, random weights
 
 Every method the model supports, at its default options, one after another in this process: the library's and
 JAX's compile caches are cleared before each, so its first call compiles everything it runs (prefill, loop), and
@@ -53,7 +53,7 @@ def _prompt(args, model) -> np.ndarray:
         return np.random.default_rng(0).integers(0, model.vocab_size, size=(1, args.prompt_len))
     from transformers import AutoTokenizer
 
-    from scripts.bench_spec import load_prompts
+    from benchmarks.bench_spec import load_prompts
     tok = AutoTokenizer.from_pretrained(args.model)
     prompts = [p for p in load_prompts("heldout", tok, 10 ** 4) if len(p) >= args.prompt_len]
     if not prompts:
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
 
     t_start = time.perf_counter()
     if args.random_9b:
-        from scripts.bench_spec import random_9b_model
+        from benchmarks.bench_spec import random_9b_model
         model, name = random_9b_model(args.tiny), ("qwen35_tiny_random" if args.tiny else "qwen35_9b_random")
     else:
         model, name = sj.load(args.model), os.path.basename(os.path.normpath(args.model))

@@ -12,8 +12,8 @@ then measures in one process:
      ln_f + head, over --bandwidth-tbs (4.3 TB/s, H200), and the same with the KV bytes read.
 Writes JSON + Markdown to --out (device, jax/jaxlib versions, git commit, exact command).
 
-    python scripts/bench_looped.py --out benchmarks/results        # Huginn-0125 shape (GPU)
-    python scripts/bench_looped.py --tiny --out /tmp/bench          # CPU smoke run
+    python benchmarks/bench_looped.py --out benchmarks/results        # Huginn-0125 shape (GPU)
+    python benchmarks/bench_looped.py --tiny --out /tmp/bench          # CPU smoke run
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Timing: every measured call is chained N times (each call's final state feeds th
 inside one jitted function for JAX and one CUDA graph for torch; time per call = median over repeats
 of (chain time / N), after warm-up. Writes gdn_<tag>.json and gdn_<tag>.md to --out.
 
-    python scripts/bench_gdn.py --out "$OUT" [--quick] [--skip-fla]
+    python benchmarks/bench_gdn.py --out "$OUT" [--quick] [--skip-fla]
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ and/or --model (a checkpoint folder):
     median speedup over AR, outputs equal to AR. No configuration starts after --time-budget-s.
 Files (tree_<name>.json / .md in --out) are rewritten after every section and configuration.
 
-    python scripts/bench_tree.py --random-9b --model checkpoints/tiny-qwen35-code --prompts build/corpus/prompts.json --out benchmarks/results
-    JAX_PLATFORMS=cpu python scripts/bench_tree.py --random-9b --tiny --nodes 8,16 --out /tmp/bt
-    JAX_PLATFORMS=cpu python scripts/bench_tree.py --model checkpoints/tiny-qwen35-code --prompts build/corpus/prompts.json --num-prompts 2 --max-new-tokens 16 --nodes 8 --trees "2,2,1" --out /tmp/bt
+    python benchmarks/bench_tree.py --random-9b --model checkpoints/tiny-qwen35-code --prompts build/corpus/prompts.json --out benchmarks/results
+    JAX_PLATFORMS=cpu python benchmarks/bench_tree.py --random-9b --tiny --nodes 8,16 --out /tmp/bt
+    JAX_PLATFORMS=cpu python benchmarks/bench_tree.py --model checkpoints/tiny-qwen35-code --prompts build/corpus/prompts.json --num-prompts 2 --max-new-tokens 16 --nodes 8 --trees "2,2,1" --out /tmp/bt
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scripts.bench_spec import load_prompts, prefix_state, random_9b_model  # noqa: E402
+from benchmarks.bench_spec import load_prompts, prefix_state, random_9b_model  # noqa: E402
 from specdec_jax.harness import (compile_all, cut_prompts, decode_tokens_per_second,  # noqa: E402
                                   median_time, result_header, write_results)
 from specdec_jax.decoding.tree_spec import path_table, tree_commit, tree_depth, tree_forward, \

@@ -8,8 +8,8 @@ the 9B shape), saves it with save_pretrained, loads it with specdec_jax.load, th
   4. the bandwidth roofline: weight bytes read per token / measured step time vs 4.3 TB/s.
 Writes JSON + Markdown to --out.
 
-    python scripts/bench_qwen35.py --out benchmarks/results            # 9B shape (GPU)
-    python scripts/bench_qwen35.py --tiny --out /tmp/bench             # CPU smoke run
+    python benchmarks/bench_qwen35.py --out benchmarks/results            # 9B shape (GPU)
+    python benchmarks/bench_qwen35.py --tiny --out /tmp/bench             # CPU smoke run
 """
 
 from __future__ import annotations

@@ -15,14 +15,14 @@ ideal = R / core_apps_per_token (the speedup if a core application were all a to
 --tiny-acceptance (a bench_looped_spec.py result JSON of the trained tiny checkpoint), each measured
 configuration's speedup is also interpolated at that checkpoint's measured tokens per verification.
 
-    python scripts/bench_looped_curve.py --out benchmarks/results                 # Huginn-0125 shape, GPU
-    python scripts/bench_looped_curve.py --tiny --out /tmp/curve                  # CPU smoke run
+    python benchmarks/bench_looped_curve.py --out benchmarks/results                 # Huginn-0125 shape, GPU
+    python benchmarks/bench_looped_curve.py --tiny --out /tmp/curve                  # CPU smoke run
 
 Within about 200 s on one H200 (13 compiles at once, then 45 rows of one spec / AR pair each; no new row
 starts after the budget, so a slow compile costs the last mature-spec rows, not the run):
 
-    python scripts/bench_looped_curve.py --max-new-tokens 48 --repeats 1 --time-budget-s 165 \
-        --tiny-acceptance benchmarks/results/looped_spec_tiny-huginn-code_r32_20261130_092157.json
+    python benchmarks/bench_looped_curve.py --max-new-tokens 48 --repeats 1 --time-budget-s 165 \
+        --tiny-acceptance benchmarks/results/looped_spec_tiny-huginn-code_r32_20261203_202040.json
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scripts.bench_looped_spec import huginn_config, random_model, tiny_config  # noqa: E402
+from benchmarks.bench_looped_spec import huginn_config, random_model, tiny_config  # noqa: E402
 from specdec_jax.harness import alternate, compile_timed, finish_plot, result_header, write_results  # noqa: E402
 from specdec_jax.decoding import autoregressive as ar_mod  # noqa: E402
 from specdec_jax.decoding.compiled import compiler_options  # noqa: E402
@@ -284,7 +284,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     header = result_header("looped_cost_curve")
     if argv is not None:  # called from Python (tests): record the arguments actually used
-        header["command"] = "python scripts/bench_looped_curve.py " + " ".join(argv)
+        header["command"] = "python benchmarks/bench_looped_curve.py " + " ".join(argv)
     dtype = jnp.float32 if args.tiny else jnp.bfloat16
     model = random_model(tiny_config() if args.tiny else huginn_config(), dtype)
     stem = "looped_cost_curve_tiny" if args.tiny else "looped_cost_curve_huginn0125"

@@ -11,9 +11,9 @@
 
 The weights are random, made directly on their devices in the mesh's layout (random values need no reordering).
 
-    python scripts/bench_tensor_parallel.py --out benchmarks/results                       # 1 and 2 GPUs
+    python benchmarks/bench_tensor_parallel.py --out benchmarks/results                       # 1 and 2 GPUs
     XLA_FLAGS=--xla_force_host_platform_device_count=2 JAX_PLATFORMS=cpu \\
-        python scripts/bench_tensor_parallel.py --tiny --out /tmp/x                       # CPU smoke run
+        python benchmarks/bench_tensor_parallel.py --tiny --out /tmp/x                       # CPU smoke run
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from specdec_jax.harness import result_header, write_results  # noqa: E402
-from scripts.bench_spec import qwen35_shape_config  # noqa: E402
+from benchmarks.bench_spec import qwen35_shape_config  # noqa: E402
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 HLO_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "s32": jnp.int32, "u32": jnp.uint32}

@@ -18,8 +18,8 @@ Parts (each writes its rows into one result JSON as it goes; --parts picks them)
              batch-1 runs (reported, not required in bf16); the same prompt in two cache buckets (reported). Looped
              models take equal lengths (--exact-len).
 
-    python scripts/bench_workload.py --model checkpoints/tiny-qwen35-code --parts sequence,workload,second
-    python scripts/bench_workload.py --random-9b --damp 0.02 --parts lengths,batch --out $OUT
+    python benchmarks/bench_workload.py --model checkpoints/tiny-qwen35-code --parts sequence,workload,second
+    python benchmarks/bench_workload.py --random-9b --damp 0.02 --parts lengths,batch --out $OUT
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def parse_args(argv=None):
 def load_model(args):
     if args.random_9b:
         import dataclasses
-        from scripts.bench_spec import random_9b_model
+        from benchmarks.bench_spec import random_9b_model
         model = random_9b_model(args.tiny, args.dtype, args.damp)
         if args.damp < 1:  # the head tied to the embedding: with damped residual writes a token's top logit is the
             # token itself, so n-gram drafts are accepted (as the public-API check of the cost curve was run)
@@ -325,7 +325,7 @@ sys.path.insert(0, sys.argv[3])
 import jax
 import specdec_jax as sj
 if sys.argv[1] == "random-9b":  # weights made on the device: 'load' is their making
-    from scripts.bench_spec import random_9b_model
+    from benchmarks.bench_spec import random_9b_model
     m = random_9b_model(sys.argv[4] == "tiny", sys.argv[2], 0.02)
     jax.block_until_ready(m.params)
 else:

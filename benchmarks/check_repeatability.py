@@ -6,8 +6,8 @@ speculation with the replay-input stash off and on (SPECDEC_GDN_REPLAY_STASH=0 /
 compared with the first AR output of its prompt. A run that differs from another run of the same program is
 nondeterminism (a race or an order-dependent reduction), not a difference between AR and speculation.
 
-    python scripts/check_repeatability.py --num-prompts 4 --repeats 8 --out benchmarks/results
-    python scripts/check_repeatability.py --tiny-shape --num-prompts 1 --repeats 2 --max-new-tokens 8 --out /tmp/x
+    python benchmarks/check_repeatability.py --num-prompts 4 --repeats 8 --out benchmarks/results
+    python benchmarks/check_repeatability.py --tiny-shape --num-prompts 1 --repeats 2 --max-new-tokens 8 --out /tmp/x
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 
 import specdec_jax.decoding.compiled as compiled  # noqa: E402
 from pallas_kernels.gated_delta import REPLAY_STASH_ENV  # noqa: E402
-from scripts.bench_spec import random_9b_model  # noqa: E402
+from benchmarks.bench_spec import random_9b_model  # noqa: E402
 from specdec_jax.decoding.autoregressive import ar_ops, generate_autoregressive  # noqa: E402
 from specdec_jax.decoding.decode_shape import choose_decode_rows  # noqa: E402
 from specdec_jax.decoding.sampling import SamplingConfig  # noqa: E402

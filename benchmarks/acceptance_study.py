@@ -7,8 +7,8 @@ Acceptance does not depend on the hardware, so this runs anywhere (CPU is fine);
 the GPU benchmarks (bench_spec.py, bench_tree.py), which can multiply these acceptance figures by
 measured step costs.
 
-    python scripts/acceptance_study.py --model checkpoints/tiny-qwen35-code --out benchmarks/results
-    python scripts/acceptance_study.py --model checkpoints/tiny-huginn-code --out benchmarks/results  # looped
+    python benchmarks/acceptance_study.py --model checkpoints/tiny-qwen35-code --out benchmarks/results
+    python benchmarks/acceptance_study.py --model checkpoints/tiny-huginn-code --out benchmarks/results  # looped
 
 Configurations: 'method:gamma' (chains), 'method:b1,b2,...' (trees) or 'method:key=value,...' (any
 options, e.g. 'das-wave:gamma=16,k=2'); ';'-separated. Looped models run at --num-steps (default 32).
@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from specdec_jax.harness import result_header, write_results  # noqa: E402
-from scripts.bench_spec import load_prompts  # noqa: E402
+from benchmarks.bench_spec import load_prompts  # noqa: E402
 
 DEFAULT_CONFIGS = ("ngram:4;ngram:8;ngram:16;ngram-table:4;ngram-table:8;mtp:2;mtp:4;mtp:8;mtp-shortlist:4;"
                    "mtp-shortlist:8;mtp-tree:2,2,2,1;mtp-tree:4,2,1;mtp-tree:4,4,2;ngram-tree:4,2,1;"

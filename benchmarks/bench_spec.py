@@ -8,8 +8,8 @@ For a checkpoint folder (or --random-9b: the transformers default 9B shape with 
   - speculative recurrent-state memory: what a verification keeps for rollback (snapshot: one GDN
     state per position; pseudo: k, g, v_new per position), from the traced shapes.
 
-    python scripts/bench_spec.py --model checkpoints/tiny-qwen35-code --prompts heldout --out benchmarks/results
-    python scripts/bench_spec.py --random-9b --skip-e2e --out benchmarks/results
+    python benchmarks/bench_spec.py --model checkpoints/tiny-qwen35-code --prompts heldout --out benchmarks/results
+    python benchmarks/bench_spec.py --random-9b --skip-e2e --out benchmarks/results
 """
 
 from __future__ import annotations
