@@ -1,7 +1,7 @@
 """Run-to-run repeatability of exact greedy generation at the Qwen3.5-9B shape (random bf16 weights), on the GPU.
 
 The same prompt is generated several times, one call after another in one process, by exact AR and by exact n-gram
-speculation with the replay-input stash off and on (SPECDEC_GDN_REPLAY_STASH=0 / 1) or as the backend sets it
+speculation with the replay-input stash off and on (gated_delta.REPLAY_STASH False / True) or as the backend sets it
 (`--programs`). Each output is
 compared with the first AR output of its prompt. A run that differs from another run of the same program is
 nondeterminism (a race or an order-dependent reduction), not a difference between AR and speculation.
@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 import specdec_jax.decoding.compiled as compiled  # noqa: E402
-from pallas_kernels.gated_delta import REPLAY_STASH_ENV  # noqa: E402
+from pallas_kernels import gated_delta  # noqa: E402
 from benchmarks.bench_spec import random_9b_model  # noqa: E402
 from specdec_jax.decoding.autoregressive import ar_ops, generate_autoregressive  # noqa: E402
 from specdec_jax.decoding.decode_shape import choose_decode_rows  # noqa: E402
@@ -75,10 +75,8 @@ def main():
             result = generate_autoregressive(ar_ops(QWEN35, rows), params, cfg, ids, args.max_new_tokens, **common,
                                              compiler_options=compiled.compiler_options("qwen3_5"))
         else:
-            if "stash" in program:
-                os.environ[REPLAY_STASH_ENV] = "1" if program.endswith("on") else "0"  # part of the compile cache key
-            else:
-                os.environ.pop(REPLAY_STASH_ENV, None)
+            # part of the compile cache key (compiled._switches)
+            gated_delta.REPLAY_STASH = program.endswith("on") if "stash" in program else None
             result = generate_speculative(params, cfg, ids, args.max_new_tokens, drafter=NgramDrafter(),
                                           gamma=args.gamma, rollback="replay", decode_rows=rows, **common)
         return np.asarray(result.tokens[0])

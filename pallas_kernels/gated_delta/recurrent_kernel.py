@@ -25,18 +25,13 @@ Stacked states (`layer` given): the model keeps every GDN layer's state in one a
 and writes its own layer's blocks in place (the layer index is an input, so one compiled kernel serves every layer and
 nothing copies the stack), and the replay commits every layer in ONE launch, the layers as batch rows (L * B).
 At the Qwen3.5-9B shape that replay took 62 / 85 / 100 us per step at gamma 2 / 8 / 16, against 101 / 154 / 288 us for
-24 launches, one per layer (benchmarks/results/kernel_profile_qwen35_9b_random_stacked_profile.md against
-..._rolled_profile.md); without its inputs preloaded (72 registers against 96 / 167) the same 62 / 83 / 99 us
-(..._stacked_replay_nopreload.md). Earlier tries at fewer launches, with the layers' states still separate arrays:
-4 launches of 6 layers each (one branch per layer) took 167-187 us plus 50 us of input stacking, 1 launch of 24
-branches did not compile within 3 minutes (..._profile_grouped_replay.md, commit 28c9a1c); deferring the replay
-into the next verification's launch measured slower (README.md).
+24 launches, one per layer; fewer launches over separate arrays, and deferring the replay into the next
+verification's launch, measured slower (docs/LOG.md, 2026-12-01 and 2026-12-02; kernel README).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -49,55 +44,39 @@ from .packed import packed_loader
 
 # Up to this many steps the kernel is unrolled; from 3 rows (every verification and its replay) the same step runs as a
 # loop. Unrolled at 9 rows it is ~4,600 instructions run once, 31.8% of its warp samples waiting for instructions, 13.38
-# against 10.53 us as a loop (benchmarks/results/ncu_step_kernel.md); in the model, with the loads a step ahead, gamma 2 /
-# 4 / 8 steps 4.936 / 5.010 / 5.211 ms unrolled to 16, 4.910 / 4.964 / 5.122 with this bound
-# (spec_cost_curve_qwen35_9b_random_loop_form_unroll{16,4,2}.md; kernel README, "A loop from 3 rows").
+# against 10.53 us as a loop; in the model, with the loads a step ahead, gamma 2 / 4 / 8 steps 4.936 / 5.010 / 5.211 ms
+# unrolled to 16, 4.910 / 4.964 / 5.122 with this bound (docs/LOG.md, 2026-12-03; kernel README, "A loop from 3 rows").
 MAX_UNROLL = 2
-# From 2 to this many steps all inputs are loaded before the first update (registers allow it). Measured on
-# an H200 at the Qwen3.5-9B layer shape (benchmarks/results/tune_recurrent.md): T = 17 29.1 -> 19.9 us,
-# T = 9 20.6 -> 20.2 us, but T = 1 (decode) 15.8 -> 24.7 us, so a single step loads as it goes. In the model, a
-# gamma-16 step (17 rows) took 6.51 / 6.61 / 6.75 ms with bounds 32 / 16 / 8 (spec_cost_curve_qwen35_9b_random_preload*.md).
+# From 2 to this many steps all inputs are loaded before the first update (registers allow it). Measured on an H200 at
+# the Qwen3.5-9B layer shape: T = 17 29.1 -> 19.9 us, T = 9 20.6 -> 20.2 us, but T = 1 (decode) 15.8 -> 24.7 us, so a
+# single step loads as it goes (kernel README). The replay takes the same bound.
 PRELOAD_MAX = 32
+# The replay runs only the steps it keeps (a branch per unrolled step; the loop form ends at n): the same bits
+# (interpret tests of both forms); a gamma-16 step at p 0.6 5.688 -> 5.508 ms on an H200 (docs/LOG.md, 2026-12-02).
+REPLAY_SKIP = True
+# Every position's loads are issued before any step input is formed (all at once unrolled, a step ahead in the loop):
+# the same arithmetic either way; without it each position's loads waited behind the previous position's gates.
+FETCH_FIRST = True
 
 
 def _unroll(t: int, interpret: bool) -> bool:
-    # Interpret mode runs the same step as a loop: unrolled it compiles ~10x slower on CPU.
-    # SPECDEC_GDN_UNROLL_MAX overrides the bound (an A/B knob for GPU measurements; arithmetic is unchanged). Why
-    # the bound is low: compiled locally for sm_90a (Triton 3.8 + ptxas), an unrolled verification step is ~22 KB
-    # of code (the cubin 200 KiB at T = 9, 373 KiB at T = 17; 208 registers, no spills), where the loop form is
-    # ~37 KiB whatever T; at 17 rows the unrolled kernel took 27.6 us per 9B layer against 7.8 at 9.
-    return t <= int(os.environ.get("SPECDEC_GDN_UNROLL_MAX", MAX_UNROLL)) and not interpret
+    # Interpret mode runs the same step as a loop: unrolled it compiles ~10x slower on CPU. Why the bound is low:
+    # compiled locally for sm_90a (Triton 3.8 + ptxas), an unrolled verification step is ~22 KB of code (the cubin
+    # 200 KiB at T = 9, 373 KiB at T = 17; 208 registers, no spills), where the loop form is ~37 KiB whatever T; at 17
+    # rows the unrolled kernel took 27.6 us per 9B layer against 7.8 at 9.
+    return t <= MAX_UNROLL and not interpret
 
 
 def _skip_unkept() -> bool:
-    # The replay runs only the steps it keeps (a branch per unrolled step; the loop form ends at n): the same bits
-    # (interpret tests of both forms). Measured on an H200, 9B shape, exact path, paired runs each with its own AR
-    # (spec_cost_curve_qwen35_9b_random_replay_skip{0,1}.md, commit a5d4558): ms per step at gamma 16, p 0.6
-    # 5.688 -> 5.508 (the loop form stops at the accepted count); gamma 8 (unrolled) and full acceptance unchanged
-    # (5.228 / 5.250, 5.488 / 5.488, 6.185 / 6.210); bf16 output equal to AR at partial acceptance
-    # (exact_qwen35_9b_random_replay_kept.md). SPECDEC_GDN_REPLAY_SKIP=0 runs every step (the A/B knob).
-    return os.environ.get("SPECDEC_GDN_REPLAY_SKIP", "1") == "1"
-
-
-FETCH_FIRST_ENV = "SPECDEC_GDN_FETCH_FIRST"
+    return REPLAY_SKIP
 
 
 def _fetch_first() -> bool:
-    # SPECDEC_GDN_FETCH_FIRST=0 forms each position's inputs right after its loads, as before (the A/B knob; the
-    # arithmetic is the same either way).
-    value = os.environ.get(FETCH_FIRST_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{FETCH_FIRST_ENV} must be 0 or 1; got {value!r}")
-    return value == "1"
+    return FETCH_FIRST
 
 
 def _preload(preload, t: int, replay: bool = False) -> bool:
-    # SPECDEC_GDN_PRELOAD_MAX overrides the bound, SPECDEC_GDN_REPLAY_PRELOAD_MAX the replay's alone (A/B knobs for GPU
-    # measurements; arithmetic is unchanged).
-    bound = int(os.environ.get("SPECDEC_GDN_PRELOAD_MAX", PRELOAD_MAX))
-    if replay:
-        bound = int(os.environ.get("SPECDEC_GDN_REPLAY_PRELOAD_MAX", bound))
-    return 1 < t <= bound if preload is None else bool(preload)
+    return 1 < t <= PRELOAD_MAX if preload is None else bool(preload)
 
 
 def decayed_state(state, g):
@@ -269,7 +248,7 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
     if stash_row:
         # After the chain, from the values the loads above brought in and the pseudo-values the chain computed:
         # stores only. (Loading inputs again before the chain, as a first form did, put a load's latency and three
-        # branches ahead of it: +5-10 us per 9B layer, kernel_profile_qwen35_9b_random_stash_profile.md.)
+        # branches ahead of it: +5-10 us per 9B layer; docs/LOG.md, 2026-12-02.)
         for t, (x, u) in enumerate(zip(xs, us)):
             stash_row(t, x[5], u)
 
@@ -279,8 +258,7 @@ def _stash_row(stash_refs, layer, first_block, key_writer, t, raw, u) -> None:
     (fp32) into layer `layer` of the pseudo-value replay's input stacks: pseudo-values by every program (its own block), gates by the
     first value block of each head, keys by the first value head of each key head (the programs sharing a block hold
     the same values; one writes). Stores only: the arithmetic is untouched, and a commit replays every layer from
-    these stacks in one launch without stacking 24 layers' inputs first (16-21 us per 9B step:
-    kernel_profile_qwen35_9b_random_convstack_profile.md)."""
+    these stacks in one launch without stacking 24 layers' inputs first (16-21 us per 9B step)."""
     ks_ref, gs_ref, us_ref = stash_refs[-3:]
     k, g = raw
     us_ref[layer, t, :] = u
@@ -407,8 +385,7 @@ def _recurrent_call(args, in_specs, s0, *, dims, out_dtype, packed, scale, l2nor
     if want_state:
         out_shape.append(jax.ShapeDtypeStruct(s0.shape if stacked else (b, hv, kp, vp), F32))
     # The final state over s0's buffer: in the decode loop the state is carried in place, where a separate
-    # output cost a 2 MiB copy per GDN layer and token at the 9B shape (24 `memcpy128`, 55 us per token:
-    # benchmarks/results/kernel_profile_qwen35_9b_random_profile.md).
+    # output cost a 2 MiB copy per GDN layer and token at the 9B shape (24 `memcpy128`, 55 us per token).
     aliases = {state_arg: 1} if has_s0 and want_state else {}
     if want_vnew:
         out_specs.append(val_spec)

@@ -35,7 +35,6 @@ in `looped_layers`.
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -60,21 +59,21 @@ from .looped_params import (detect_variant, expected_shapes, init_random_params,
 # How many recurrence steps one iteration of the depth loop (a lax.scan) runs. On the GPU, XLA runs a loop nested
 # in a decode loop from the host, one command buffer per iteration, so the rolled recurrence pays a host round trip
 # per step; unrolled, a step has none, but every program holds num_steps copies of the core block. Measured on the
-# H200 (tiny Huginn, r = 16, exact path, 8 prompts; benchmarks/results/exact_tiny_huginn_unroll_{1,4,8,full}.md):
-# AR 1073 / 1080 / 1091 / 1094 tok/s at unroll 1 / 4 / 8 / full, the looped methods within run-to-run spread
-# (das-wave 3.16x / 3.14x / 3.07x / 3.04x), while full unrolling doubled compile time (AR 10 -> 24 s, methods
-# 19 -> 34 s). The round trips are not where a looped step's time goes: the loop stays rolled.
-RECURRENCE_UNROLL = 1
+# H200 (tiny Huginn, r = 16, exact path, 8 prompts; docs/LOG.md, 2026-12-02): AR 1073 / 1080 / 1091 / 1094 tok/s at
+# unroll 1 / 4 / 8 / full, the looped methods within run-to-run spread (das-wave 3.16x / 3.14x / 3.07x / 3.04x), while
+# full unrolling doubled compile time (AR 10 -> 24 s, methods 19 -> 34 s). The round trips are not where a looped
+# step's time goes: the loop stays rolled. An integer >= 1 or "full" (tests compare the forms).
+RECURRENCE_UNROLL: int | str = 1
 
 
 def recurrence_unroll(num_steps: int) -> int:
-    """The depth loop's unroll for a recurrence of num_steps: RECURRENCE_UNROLL, or SPECDEC_RECURRENCE_UNROLL
-    ("full", or an integer >= 1), read when a forward is traced; at most num_steps."""
-    value = os.environ.get("SPECDEC_RECURRENCE_UNROLL", str(RECURRENCE_UNROLL))
+    """The depth loop's unroll for a recurrence of num_steps: RECURRENCE_UNROLL ("full", or an integer >= 1), read
+    when a forward is traced; at most num_steps."""
+    value = str(RECURRENCE_UNROLL)
     if value == "full":
         return max(num_steps, 1)
     if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"SPECDEC_RECURRENCE_UNROLL must be 'full' or an integer >= 1; got {value!r}")
+        raise ValueError(f"RECURRENCE_UNROLL must be 'full' or an integer >= 1; got {value!r}")
     return max(min(int(value), num_steps), 1)
 
 

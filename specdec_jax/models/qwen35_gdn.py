@@ -116,7 +116,7 @@ def conv_window_at(window: jax.Array, n: jax.Array, width: int) -> jax.Array:
 def stacked_conv_windows_at(windows: list, n: jax.Array, width: int) -> jax.Array:
     """Every GDN layer's conv state after the first n [B] new inputs, in one op: windows, L arrays
     [B, W-1+T, C] -> [L, B, width, C]. One op, not one per layer: at the 9B shape the 24 per-layer slices were 24
-    launches, about 46 us per commit (kernel_profile_qwen35_9b_random_stacked_profile.md)."""
+    launches, about 46 us per commit (docs/LOG.md, 2026-12-02)."""
     stacked = jnp.stack(windows)  # [L, B, W-1+T, C]
     n_layers, batch = stacked.shape[:2]
     rows = conv_window_at(stacked.reshape((n_layers * batch,) + stacked.shape[2:]), jnp.tile(n, n_layers), width)
@@ -162,7 +162,7 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         # `live` is (XLA's CPU compiler, fusing the slice below into their producers, computed them in another
         # order: last-bit differences in bf16 and fp32). The Pallas kernel reads its inputs from memory, written
         # by elementwise producers, so on the GPU the barrier is left out: there it cost one copy per input and
-        # GDN layer, 120 copies and 120 us per 9B token (kernel_profile_qwen35_9b_random_live_barrier_profile.md).
+        # GDN layer, 120 copies and 120 us per 9B token (docs/LOG.md, 2026-12-01).
         q, k, v, g, beta = lax.optimization_barrier((q, k, v, g, beta))
     if live < T:
         # The step recurrence is a chain of dependent steps, one per row: padding rows would lengthen it (at the
@@ -204,7 +204,7 @@ def gdn_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, conv_state: jax.Array, r
         # Decode shape: every row, AR step or verification, through the same step kernel; the state is
         # the one after the valid rows. A verification that writes no state runs uncounted: its outputs are the
         # same (each row's output comes before the count's mask), and at 17 rows the 24 layers' kernels took 662
-        # us per 9B step against 744 us counted (kernel_profile_qwen35_9b_random_live_profile.md, ..._live_barrier_profile.md).
+        # us per 9B step against 744 us counted.
         steps = None if skip_state and not snapshots else n_valid
         res, new_states = run(recurrent, steps, return_all_states=snapshots, **kwargs)
     elif snapshots:
