@@ -10,40 +10,14 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_jax import bench, cli, corpus, harness, profiling, training
-
-TEXTS = ["def add(a, b):\n    return a + b\n", "class Point:\n    def __init__(self, x, y):\n        self.x = x\n"] * 4
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    """Random weights and a small BPE tokenizer (the construction of tests/test_cli.py)."""
-    root = tmp_path_factory.mktemp("bench")
-    tok_dir = corpus.train_tokenizer(TEXTS, root / "tokenizer", vocab_size=300, min_frequency=1)
-    from tokenizers import Tokenizer
-    vocab = Tokenizer.from_file(str(tok_dir / "tokenizer.json")).get_vocab_size()
-    o = training.TrainOptions(hidden=32, layers=4, heads=4, kv_heads=2, head_dim=16, linear_key_heads=2,
-                              linear_value_heads=4, linear_head_dim=8, intermediate=64)
-    cfg = training.qwen35_config(vocab, o)
-    params = training.init_qwen35_params(cfg, jax.random.PRNGKey(0), std=0.2)
-    folder = root / "model"
-    training.save_checkpoint(folder, "qwen35", params, cfg, training.qwen35_config_json(cfg), tok_dir)
-    return folder
-
+from specdec_jax import bench, cli, harness, profiling
+from tests.conftest import one_line_error
 
 @pytest.fixture
 def prompts_file(tmp_path) -> Path:
     path = tmp_path / "prompts.txt"
     path.write_text("def add(a, b):\\n    return\n\nclass Point:\\n    def __init__(self, x, y):\\n\n")
     return path
-
-
-def one_line_error(rc: int, err: str, *needles: str) -> None:
-    assert rc == 2
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def test_bootstrap_ci_known_data():
