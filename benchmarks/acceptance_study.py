@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from specdec_jax.harness import result_header, write_results  # noqa: E402
+from specdec_jax.bench.harness import result_header, write_results  # noqa: E402
 from benchmarks.bench_spec import load_prompts  # noqa: E402
 
 DEFAULT_CONFIGS = ("ngram:4;ngram:8;ngram:16;ngram-table:4;ngram-table:8;mtp:2;mtp:4;mtp:8;mtp-shortlist:4;"

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from specdec_jax.harness import result_header, write_results  # noqa: E402
+from specdec_jax.bench.harness import result_header, write_results  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

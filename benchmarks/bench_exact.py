@@ -32,7 +32,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import specdec_jax.decoding.compiled as compiled  # noqa: E402
-from specdec_jax.harness import (alternate, cut_prompts, decode_tokens_per_second,  # noqa: E402
+from specdec_jax.bench.harness import (alternate, cut_prompts, decode_tokens_per_second,  # noqa: E402
                                   own_reference_rows, result_header, write_results)
 from specdec_jax.drafters.stateless import StatelessDrafter  # noqa: E402
 

@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 
 from pallas_kernels import gated_delta as gd  # noqa: E402
 from pallas_kernels.gated_delta import pallas_ops, reference  # noqa: E402
-from specdec_jax.harness import alternate, result_header, write_results  # noqa: E402
+from specdec_jax.bench.harness import alternate, result_header, write_results  # noqa: E402
 
 CHUNK_T = 64  # T above this uses the chunk kernel, at or below it the recurrent kernel
 

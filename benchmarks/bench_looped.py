@@ -31,10 +31,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
-from specdec_jax.harness import median_time, result_header, write_results  # noqa: E402
-from specdec_jax.model import Model  # noqa: E402
+from specdec_jax.bench.harness import median_time, result_header, write_results  # noqa: E402
+from specdec_jax.results import Model  # noqa: E402
 from specdec_jax.decoding import looped_ar  # noqa: E402
-from specdec_jax.models import looped  # noqa: E402
+from specdec_jax.models.looped import model as looped  # noqa: E402
 
 
 def bench_config(tiny: bool) -> looped.LoopedConfig:

@@ -41,7 +41,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.bench_looped_spec import huginn_config, random_model, tiny_config  # noqa: E402
-from specdec_jax.harness import alternate, compile_timed, finish_plot, result_header, write_results  # noqa: E402
+from specdec_jax.bench.harness import alternate, compile_timed, finish_plot, result_header, write_results  # noqa: E402
 from specdec_jax.decoding import autoregressive as ar_mod  # noqa: E402
 from specdec_jax.decoding.compiled import compiler_options  # noqa: E402
 from specdec_jax.decoding import looped_spec as ls  # noqa: E402

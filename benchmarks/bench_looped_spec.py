@@ -48,13 +48,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from specdec_jax.harness import (alternate, bootstrap_ci, cut_prompts, median_time,  # noqa: E402
+from specdec_jax.bench.harness import (alternate, bootstrap_ci, cut_prompts, median_time,  # noqa: E402
                                   result_header, write_results)
 from specdec_jax.decoding import looped_spec as ls  # noqa: E402
 from specdec_jax.decoding.sampling import SamplingConfig  # noqa: E402
-from specdec_jax.model import Model  # noqa: E402
+from specdec_jax.results import Model  # noqa: E402
 from specdec_jax.decoding import looped_ar  # noqa: E402
-from specdec_jax.models import looped  # noqa: E402
+from specdec_jax.models.looped import model as looped  # noqa: E402
 
 GROUPS = ("self-spec", "mature-spec", "das-wave", "component", "parallel-sampler")
 
@@ -126,7 +126,7 @@ def load_prompts(args, model) -> tuple[np.ndarray, str]:
     if args.tiny:
         return rng.integers(1, model.vocab_size, (args.num_prompts, args.prompt_len)).astype(np.int32), "random ids"
     from tokenizers import Tokenizer
-    from specdec_jax.corpus import heldout_prompts
+    from specdec_jax.training.corpus import heldout_prompts
     tok = Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
     try:
         texts = heldout_prompts(max_prompts=max(64, 4 * args.num_prompts))

@@ -27,7 +27,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from specdec_jax.harness import chained_time, result_header, write_results  # noqa: E402
+from specdec_jax.bench.harness import chained_time, result_header, write_results  # noqa: E402
 
 PEAK_BW = 4.3e12  # vendor copy figure (PERFORMANCE.md); measured copy ~4.3 TB/s on this machine
 
@@ -97,7 +97,7 @@ def component_times(model, prompt_len: int, chain: int = 64):
     """Time per application of each piece of one decode step (B=1, T=1), measured inside a jitted
     fori_loop of dependent calls (no dispatch overhead), on the model's random weights."""
     from specdec_jax.models import layers as L
-    from specdec_jax.models import qwen35
+    from specdec_jax.models.qwen35 import model as qwen35
     cfg, params = model.config, model.params
     dtype = params["embed"].dtype
     x = jax.random.normal(jax.random.PRNGKey(1), (1, 1, cfg.hidden_size), dtype)

@@ -27,10 +27,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from specdec_jax.harness import (alternate, compile_all, compile_timed, cut_prompts,  # noqa: E402
+from specdec_jax.bench.harness import (alternate, compile_all, compile_timed, cut_prompts,  # noqa: E402
                                   decode_tokens_per_second, finish_plot, median_time, own_reference_rows,
                                   result_header, write_results)
-from specdec_jax.profiling import device_kernel_profile, kernel_profile_markdown  # noqa: E402
+from specdec_jax.bench.profiling import device_kernel_profile, kernel_profile_markdown  # noqa: E402
 from specdec_jax.decoding.compiled import compiler_options  # noqa: E402
 
 
@@ -55,7 +55,7 @@ QWEN35_SHAPES = {
 
 def qwen35_shape_config(shape: str):
     """The Qwen35Config of a named random shape (QWEN35_SHAPES)."""
-    from specdec_jax.config import qwen35_config_from_dict
+    from specdec_jax.models.qwen35.config import qwen35_config_from_dict
     from transformers import Qwen3_5TextConfig
     raw = Qwen3_5TextConfig().to_dict()
     raw.update(QWEN35_SHAPES[shape])
@@ -84,8 +84,8 @@ def random_9b_model(tiny: bool, dtype: str = "bfloat16", damp: float = 1.0):
     damp: every residual write (attention / GDN output, MLP down projection) scaled by it; 0.02 keeps the
     embedding dominant, so top-1 margins are wide and greedy outputs are stable text-like sequences."""
     from specdec_jax.loading import build_tree
-    from specdec_jax.model import Model
-    from specdec_jax.models import qwen35
+    from specdec_jax.results import Model
+    from specdec_jax.models.qwen35 import model as qwen35
     cfg = qwen35_shape_config("tiny" if tiny else "9b")
     specs = qwen35.param_specs(cfg, {"model.embed_tokens.weight"}, "random")
     keys = iter(jax.random.split(jax.random.PRNGKey(0), len(specs)))
@@ -107,7 +107,7 @@ def random_9b_model(tiny: bool, dtype: str = "bfloat16", damp: float = 1.0):
 def load_prompts(spec: str, tokenizer, limit: int, keep: int = 384) -> list[list[int]]:
     """Token lists (each its last `keep` tokens): 'heldout' (signature + docstring prompts of the stdlib's held-out
     modules), 'heldout-files' (those modules' whole files: long prompts), or a .json list / text file of prompts."""
-    from specdec_jax import corpus
+    from specdec_jax.training import corpus
     if spec == "heldout":
         texts = corpus.heldout_prompts(max_prompts=limit)
     elif spec == "heldout-files":
@@ -121,7 +121,7 @@ def load_prompts(spec: str, tokenizer, limit: int, keep: int = 384) -> list[list
 
 def prefix_state(model, prefix: int, max_len: int):
     """A state as after a `prefix`-token prompt: that length, random GDN states (the K/V slots stay zeros)."""
-    from specdec_jax.models import qwen35
+    from specdec_jax.models.qwen35 import model as qwen35
     base = qwen35.init_state(model.config, 1, max_len, model.dtype)
     return base.replace(length=jnp.full((1,), prefix, jnp.int32),
                         recurrent=jnp.stack([jax.random.normal(jax.random.PRNGKey(i), r.shape, jnp.float32) * 0.1
@@ -134,7 +134,7 @@ def step_costs(model, gammas, prompt_len: int, repeats: int):
     Every variant is lowered first and compiled on a thread pool (XLA compiles release the GIL):
     a 9B forward takes tens of seconds to compile, and there are two per (gamma, rollback).
     """
-    from specdec_jax.models import qwen35
+    from specdec_jax.models.qwen35 import model as qwen35
     cfg, params = model.config, model.params
     base = prefix_state(model, prompt_len, prompt_len + max(gammas) + 2)
     tok1 = jnp.ones((1, 1), jnp.int32)
@@ -241,7 +241,7 @@ def forced_cost_curve(model, ps, gammas, rollbacks, prompt_len: int, new_tokens:
     from specdec_jax.decoding import autoregressive as ar_mod
     from specdec_jax.decoding import speculative as sp
     from specdec_jax.decoding.sampling import SamplingConfig
-    from specdec_jax.models import qwen35
+    from specdec_jax.models.qwen35 import model as qwen35
     cfg, params = model.config, model.params
     t_start = time.perf_counter()
     prompt = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (1, prompt_len)), jnp.int32)

@@ -36,7 +36,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from specdec_jax.harness import result_header, write_results  # noqa: E402
+from specdec_jax.bench.harness import result_header, write_results  # noqa: E402
 from benchmarks.bench_spec import qwen35_shape_config  # noqa: E402
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
@@ -56,8 +56,8 @@ def random_model(shape: str, n_devices: int, dtype):
     """A random Qwen3.5 of `shape` on one device (n_devices = 1: no mesh) or split over jax.devices()[:n]."""
     from specdec_jax import sharding
     from specdec_jax.loading import build_tree
-    from specdec_jax.model import Model
-    from specdec_jax.models import mtp, qwen35
+    from specdec_jax.results import Model
+    from specdec_jax.models.qwen35 import mtp_head as mtp, model as qwen35
     cfg = qwen35_shape_config(shape)
     if n_devices > 1:
         cfg = qwen35.with_mesh(cfg, jax.make_mesh((n_devices,), ("tp",), devices=jax.devices()[:n_devices]),

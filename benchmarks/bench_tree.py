@@ -34,11 +34,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.bench_spec import load_prompts, prefix_state, random_9b_model  # noqa: E402
-from specdec_jax.harness import (compile_all, cut_prompts, decode_tokens_per_second,  # noqa: E402
+from specdec_jax.bench.harness import (compile_all, cut_prompts, decode_tokens_per_second,  # noqa: E402
                                   median_time, result_header, write_results)
 from specdec_jax.decoding.tree_spec import path_table, tree_commit, tree_depth, tree_forward, \
     tree_from_branching  # noqa: E402
-from specdec_jax.models import qwen35  # noqa: E402
+from specdec_jax.models.qwen35 import model as qwen35  # noqa: E402
 
 MiB = 2 ** 20
 

@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 import specdec_jax as sj  # noqa: E402
-from specdec_jax.harness import result_header, write_results  # noqa: E402
+from specdec_jax.bench.harness import result_header, write_results  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -91,7 +91,7 @@ def method_spec(text: str) -> tuple[str, dict]:
 
 def heldout_token_files(model) -> list[np.ndarray]:
     """The held-out stdlib files, tokenized with the model's tokenizer (random ids for a random model)."""
-    from specdec_jax import corpus
+    from specdec_jax.training import corpus
     if model.tokenizer is None:
         rng = np.random.default_rng(1)
         return [rng.integers(0, model.vocab_size, 4096).astype(np.int32) for _ in range(16)]

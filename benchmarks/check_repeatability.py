@@ -29,7 +29,7 @@ from specdec_jax.decoding.decode_shape import choose_decode_rows  # noqa: E402
 from specdec_jax.decoding.sampling import SamplingConfig  # noqa: E402
 from specdec_jax.decoding.speculative import generate_speculative  # noqa: E402
 from specdec_jax.drafters.ngram import NgramDrafter  # noqa: E402
-from specdec_jax.harness import result_header, write_results  # noqa: E402
+from specdec_jax.bench.harness import result_header, write_results  # noqa: E402
 from specdec_jax.models.family import QWEN35  # noqa: E402
 
 PROGRAMS = {"ar": "ar", "stash-off": "ngram, stash off", "stash-on": "ngram, stash on", "default": "ngram"}

@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 import specdec_jax as sj  # noqa: E402
 from specdec_jax import training  # noqa: E402
 from specdec_jax.loading import save_safetensors  # noqa: E402
-from specdec_jax.models import qwen35  # noqa: E402
+from specdec_jax.models.qwen35 import model as qwen35  # noqa: E402
 
 LOG_NAME = "mtp_head_log.json"
 

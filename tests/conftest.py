@@ -71,7 +71,8 @@ def checkpoint(tmp_path_factory):
     test_cli; test_qwen35 defines its own `checkpoint`, transformers' reference models)."""
     from tokenizers import Tokenizer
 
-    from specdec_jax import corpus, training
+    from specdec_jax.training import corpus
+    from specdec_jax import training
     root = tmp_path_factory.mktemp("checkpoint")
     tok_dir = corpus.train_tokenizer(TEXTS, root / "tokenizer", vocab_size=300, min_frequency=1)
     vocab = Tokenizer.from_file(str(tok_dir / "tokenizer.json")).get_vocab_size()

@@ -10,7 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_jax import bench, cli, harness, profiling
+from specdec_jax.bench import bench, harness, profiling
+from specdec_jax import cli
 from tests.conftest import one_line_error
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 import specdec_jax as sj
 from specdec_jax import api, cli, methods, shipped
 from specdec_jax.errors import CheckpointError, InputError
-from specdec_jax.model import GenerateResult
+from specdec_jax.results import GenerateResult
 from tests.conftest import one_line_error
 
 REPO = Path(__file__).resolve().parents[1]
@@ -302,7 +302,7 @@ def test_corrupt_checkpoint_exits_2(checkpoint, tmp_path, capsys):
 
 
 def test_bench_out_defaults_outside_the_repository_results(checkpoint, tmp_path, monkeypatch, capsys):
-    from specdec_jax import bench
+    from specdec_jax.bench import bench
     written = {}
 
     def write_report(result, out):

@@ -178,7 +178,7 @@ import os  # noqa: E402
 
 import specdec_jax as sj  # noqa: E402
 from specdec_jax.errors import InputError  # noqa: E402
-from specdec_jax.models import mtp as mtp_head  # noqa: E402
+from specdec_jax.models.qwen35 import mtp_head  # noqa: E402
 
 TINY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints", "tiny-qwen35-code")
 

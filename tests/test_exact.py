@@ -80,7 +80,7 @@ def test_gdn_on_the_live_rows_leaves_every_valid_row_unchanged():
     full-rows forward's bit for bit (bf16, ragged valid counts)."""
     import jax
     import jax.numpy as jnp
-    from specdec_jax.models import qwen35
+    from specdec_jax.models.qwen35 import model as qwen35
     model = _model(QWEN)
     cfg, params = model.config, model.params
     rng = np.random.default_rng(0)
@@ -142,7 +142,8 @@ def test_every_decode_forward_runs_at_the_decode_shape(monkeypatch):
     (exact=False) verifies at gamma + 1."""
     import jax
     from specdec_jax.decoding import autoregressive, looped_spec, speculative
-    from specdec_jax.models import looped, qwen35
+    from specdec_jax.models.looped import model as looped
+    from specdec_jax.models.qwen35 import model as qwen35
     calls = []
 
     def recording(fn, name):

@@ -287,7 +287,7 @@ def test_replay_inputs_are_copied_into_their_layers_rows(impl):
     layer `state_layer`'s rows and every other row untouched (with "new", new stacks holding its rows); its outputs and
     state are those of the call without them; one compilation serves every layer; the pseudo-value replay of those
     stacks as L * B batch rows gives each layer its own replay's bits. Bad stacks are one clear error."""
-    from specdec_jax.models import qwen35
+    from specdec_jax.models.qwen35 import model as qwen35
     b, t, h, hv, k_dim, v_dim, n_layers = 2, 3, 1, 2, 16, 16, 3
     x = make_inputs(b, t, h, hv, k_dim, v_dim, jnp.bfloat16, seed=43, normalize_k=False)
     args = (x["q"], x["k"], x["v"], x["g"].astype(jnp.float32), x["beta"])
@@ -354,7 +354,7 @@ def test_replay_inputs_are_copied_into_their_layers_rows(impl):
 def test_commit_of_every_layer_in_one_call_equals_one_call_per_layer(rule):
     """qwen35.stacked_state_rule: the commit of L layers as L * B batch rows of one call (one kernel launch on the
     GPU) gives each layer the bits of its own call, for ragged counts."""
-    from specdec_jax.models import qwen35
+    from specdec_jax.models.qwen35 import model as qwen35
     b, t, h, hv, k_dim, v_dim, n_layers = 2, 4, 1, 2, 16, 16, 3
     xs = [make_inputs(b, t, h, hv, k_dim, v_dim, jnp.float32, seed=60 + i, normalize_k=False) for i in range(n_layers)]
     stack = jnp.stack([x["s0"] for x in xs])
@@ -609,7 +609,7 @@ def test_default_implementation_rule_and_env_override(monkeypatch):
 def test_verification_routes_through_the_recurrent_kernel_when_enabled(monkeypatch):
     """With the recurrent op on Pallas, a short verification (1 < T <= 64) runs the fused recurrent
     kernel (one launch per layer) and gives the chunk path's outputs and pseudo-values."""
-    from specdec_jax.models import qwen35
+    from specdec_jax.models.qwen35 import model as qwen35
     calls = []
     for name in ("fused_recurrent_gated_delta_rule", "packed_recurrent_gated_delta_rule"):  # either form of the kernel
         monkeypatch.setattr(gd, name, functools.partial(lambda real, *a, **k: calls.append(1) or real(*a, **k),

@@ -17,7 +17,7 @@ from safetensors.numpy import load_file, save_file
 from specdec_jax.decoding.sampling import SamplingConfig
 from specdec_jax.errors import CheckpointError, InputError
 from specdec_jax.decoding import looped_ar
-from specdec_jax.models import looped
+from specdec_jax.models.looped import model as looped
 
 FIXTURES = Path(__file__).parent / "fixtures" / "looped"
 NAMES = ("huginn_tiny", "raven_llama_tiny")

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 import specdec_jax as sj
 from pallas_kernels import gated_delta
-from specdec_jax.models import qwen35
+from specdec_jax.models.qwen35 import model as qwen35
 from tests import qwen_helpers as H
 
 VARIANTS = {

@@ -15,7 +15,7 @@ from specdec_jax.decoding import acceptance
 from specdec_jax.decoding.sampling import SamplingConfig
 from specdec_jax.decoding.speculative import generate_speculative
 from specdec_jax.drafters.ngram import NgramDrafter, ngram_lookup
-from specdec_jax.models import qwen35
+from specdec_jax.models.qwen35 import model as qwen35
 from tests import qwen_helpers as H
 from tests.stats_helpers import assert_first_tokens_match
 

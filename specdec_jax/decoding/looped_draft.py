@@ -14,7 +14,7 @@ from flax import struct
 from jax import lax
 
 from ..models import layers as L
-from ..models import looped
+from ..models.looped import model as looped
 from .looped_plan import LoopedSpecPlan
 from .sampling import SamplingConfig, probabilities, select_token
 

@@ -32,9 +32,9 @@ import numpy as np
 from flax import struct
 from jax import lax
 
-from ..model import GenerateResult
+from ..results import GenerateResult
 from .compiled import compiled, compiler_options, output_structs
-from ..models import qwen35
+from ..models.qwen35 import model as qwen35
 from .acceptance import accept
 from .decode_shape import pad_rows
 from .prefill import chunked_prefill

@@ -29,8 +29,8 @@ from pallas_kernels import decode_block
 
 from ..decoding.sampling import SamplingConfig, probabilities, select_token, shortlist_choice
 from ..errors import InputError
-from ..models import mtp as mtp_head
-from ..models import qwen35
+from ..models.qwen35 import mtp_head
+from ..models.qwen35 import model as qwen35
 
 KERNELS = ("auto", "xla", "blocks")
 # "auto" runs the decode blocks on the GPU for heads up to this hidden size: there a draft is a chain of launches of

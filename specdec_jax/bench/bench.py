@@ -29,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import shipped
-from .errors import CheckpointError, InputError
+from .. import shipped
+from ..errors import CheckpointError, InputError
 from .harness import (BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, alternation, bootstrap_ci,
                       decode_tokens_per_second, jsonable, own_reference_rows, result_header, write_results)
-from .text import load_tokenizer, unescape
+from ..text import load_tokenizer, unescape
 
 BASELINE = "ar"
 METRIC = ("decode tok/s = (new_tokens - 1) / decode_seconds: tokens after the first (every method takes the "
@@ -52,7 +52,7 @@ def load_prompt_texts(spec: str | os.PathLike, limit: int | None = None) -> list
         raise InputError(f"the number of prompts must be >= 1; got {limit}")
     spec = os.fspath(spec)
     if spec == "heldout":
-        from .corpus import heldout_prompts
+        from ..training.corpus import heldout_prompts
         texts = heldout_prompts(max_prompts=limit or 64)
         if not texts:
             raise InputError("no held-out prompts found in this interpreter's standard library")
@@ -97,8 +97,8 @@ def tokenize_prompts(tokenizer, texts: Sequence[str], max_prompt_tokens: int) ->
 
 def check_methods(model, methods: Sequence[str]) -> list[str]:
     """The methods to run, ar first (the baseline is always run); InputError naming any the model lacks."""
-    from . import api
-    from . import methods as registry
+    from .. import api
+    from .. import methods as registry
     if isinstance(methods, str):
         methods = methods.split(",")
     methods = [m.strip() for m in methods if m.strip()]

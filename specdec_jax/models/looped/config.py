@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .errors import CheckpointError
+from ...errors import CheckpointError
 
 VARIANTS = ("huginn", "raven_llama", "raven_olmo2")
 INITIAL_STATE_MODES = ("random", "embed-init", "skip-adapter")

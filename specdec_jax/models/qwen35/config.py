@@ -11,9 +11,9 @@ import json
 import os
 from typing import Any
 
-from .errors import CheckpointError
-from .sharding import tp_size
-from .looped_config import looped_config_from_dict
+from ...errors import CheckpointError
+from ...sharding import tp_size
+from ..looped.config import looped_config_from_dict
 
 QWEN35_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 LOOPED_MODEL_TYPES = ("huginn_raven",)

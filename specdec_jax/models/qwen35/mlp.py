@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..config import Qwen35Config
-from . import layers as L
+from .config import Qwen35Config
+from .. import layers as L
 
 
 def moe_mlp(p: dict, cfg: Qwen35Config, x: jax.Array) -> jax.Array:

@@ -21,13 +21,13 @@ from flax import struct
 
 from pallas_kernels import gated_delta
 
-from .. import sharding
-from ..config import FULL_ATTENTION, Qwen35Config
-from . import layers as L
-from .qwen35_gdn import (MAX_RECURRENT_VERIFY, conv_channels, conv_window_at, packed_form,  # noqa: F401 (public here)
+from ... import sharding
+from .config import FULL_ATTENTION, Qwen35Config
+from .. import layers as L
+from .gdn import (MAX_RECURRENT_VERIFY, conv_channels, conv_window_at, packed_form,  # noqa: F401 (public here)
                          gdn_gates, gdn_heads, gdn_mixer, gdn_projections, gdn_rule, gdn_state_rule,
                          linear_key_heads, split_projection, stacked_conv_windows_at, stacked_state_rule)
-from .qwen35_mlp import mlp, moe_mlp  # noqa: F401 (the layers' MLPs; public here as before)
+from .mlp import mlp, moe_mlp  # noqa: F401 (the layers' MLPs; public here as before)
 
 # ------------------------------------------------------------------------------------------ state
 
@@ -89,7 +89,7 @@ def init_state(cfg: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat16) 
 
 # ------------------------------------------------------------------------------------- parameters
 # The parameter layout, loading and saving live in qwen35_params.py; these names stay reachable here.
-from .qwen35_params import (Leaf, detect_prefix, fused_segments, hf_tensors, load_params,  # noqa: E402,F401
+from .params import (Leaf, detect_prefix, fused_segments, hf_tensors, load_params,  # noqa: E402,F401
                             param_specs, place_param, shard_params, split_counts, with_mesh)
 
 

@@ -13,11 +13,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from .. import sharding
-from ..config import FULL_ATTENTION, Qwen35Config
-from ..errors import CheckpointError
-from ..loading import TensorSource, build_tree, flatten_tree
-from ..sharding import Segment, SplitCount
+from ... import sharding
+from .config import FULL_ATTENTION, Qwen35Config
+from ...errors import CheckpointError
+from ...loading import TensorSource, build_tree, flatten_tree
+from ...sharding import Segment, SplitCount
 
 # ------------------------------------------------------------------------------------- parameters
 

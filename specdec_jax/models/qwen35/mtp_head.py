@@ -27,10 +27,10 @@ from jax import lax
 
 from pallas_kernels import decode_block
 
-from .. import sharding
-from ..config import Qwen35Config
-from . import layers as L
-from . import qwen35
+from ... import sharding
+from .config import Qwen35Config
+from .. import layers as L
+from . import model as qwen35
 
 
 def _norm(x: jax.Array, w: jax.Array, cfg: Qwen35Config) -> jax.Array:

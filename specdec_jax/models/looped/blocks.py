@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..looped_config import LoopedConfig
-from . import layers as L
+from .config import LoopedConfig
+from .. import layers as L
 
 
 def block_norm(cfg: LoopedConfig, x: jax.Array, w: jax.Array) -> jax.Array:

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-from ..errors import InputError
-from ..looped_config import LoopedConfig
+from ...errors import InputError
+from .config import LoopedConfig
 
 CACHE_MODES = ("full", "compressed")
 

@@ -15,9 +15,9 @@ import os
 import jax
 import jax.numpy as jnp
 
-from ..errors import CheckpointError
-from ..loading import TensorSource, build_tree, flatten_tree, resolve_dtype
-from ..looped_config import LoopedConfig, looped_config_from_dict, settle_variant, validate_config
+from ...errors import CheckpointError
+from ...loading import TensorSource, build_tree, flatten_tree, resolve_dtype
+from .config import LoopedConfig, looped_config_from_dict, settle_variant, validate_config
 
 _IGNORED_KEYS = ("freqs_cis",)  # Huginn's RoPE buffer: recomputed here
 
@@ -146,8 +146,8 @@ def init_random_params(cfg: LoopedConfig, key: jax.Array, dtype=jnp.bfloat16, st
 
 def load_looped(path: str | os.PathLike, dtype=None):
     """Checkpoint folder (official config.json + safetensors) -> `Model` (dtype default bfloat16)."""
-    from ..config import generation_eos_ids, read_config_json
-    from ..model import Model
+    from ..qwen35.config import generation_eos_ids, read_config_json
+    from ...results import Model
     path = os.fspath(path)
     raw = read_config_json(path)
     where = os.path.join(path, "config.json")

@@ -41,16 +41,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..errors import InputError
-from ..looped_config import (INITIAL_STATE_MODES, VARIANTS, LoopedConfig, looped_config_from_dict,  # noqa: F401
+from ...errors import InputError
+from .config import (INITIAL_STATE_MODES, VARIANTS, LoopedConfig, looped_config_from_dict,  # noqa: F401
                              parse_eos_ids, settle_variant, validate_config)
-from ..options import validate_input_ids
-from . import layers as L
-from .looped_cache import (CACHE_MODES, LoopedCache, cache_bytes, cache_lengths, cache_positions,  # noqa: F401
+from ...options import validate_input_ids
+from .. import layers as L
+from .cache import (CACHE_MODES, LoopedCache, cache_bytes, cache_lengths, cache_positions,  # noqa: F401
                            check_cache_mode, init_cache, write_layer, write_tokens)
-from .looped_layers import (apply_block, apply_rope, attend_prefix, block_attention, block_mlp,  # noqa: F401
+from .blocks import (apply_block, apply_rope, attend_prefix, block_attention, block_mlp,  # noqa: F401
                             block_norm, embed, initial_state, inject, rope_tables, run_blocks)
-from .looped_params import (detect_variant, expected_shapes, init_random_params, load_looped,  # noqa: F401
+from .params import (detect_variant, expected_shapes, init_random_params, load_looped,  # noqa: F401
                             load_looped_params, official_tensors, param_path)
 
 

@@ -17,11 +17,11 @@ from jax.sharding import PartitionSpec as P
 
 from pallas_kernels import gated_delta
 
-from .. import sharding
-from ..config import Qwen35Config
-from ..sharding import STATE_HEADS, TOKEN_HEADS
-from . import layers as L
-from .qwen35_params import fused_segments
+from ... import sharding
+from .config import Qwen35Config
+from ...sharding import STATE_HEADS, TOKEN_HEADS
+from .. import layers as L
+from .params import fused_segments
 
 # Longest verification the step recurrence runs (snapshot and replay rollback; the Pallas recurrent
 # kernel unrolls its steps up to this length).
