@@ -6,7 +6,7 @@ generate: loads a checkpoint folder and its tokenizer, generates, prints the pro
 then a table (method, tokens/s, new tokens, verify steps, mean accepted tokens, compile seconds);
 `--compare-ar` adds a plain autoregressive run and the speedup. `generate --help` lists the methods and
 their options.
-bench: paired runs of several methods on the same prompts (specdec_jax/bench.py) with a progress bar;
+bench: paired runs of several methods on the same prompts (specdec_jax/bench/bench.py) with a progress bar;
 writes bench.json, bench.md and bench.png to --out and prints the Markdown report.
 --model also takes the shipped checkpoints' names: tiny-qwen (the default), tiny-huginn.
 Bad input is one line on stderr and exit code 2.
@@ -275,7 +275,8 @@ def generate_command(args) -> int:
     prompt = unescape(args.prompt)
     if not prompt:
         raise UsageError("--prompt is empty")
-    from .models.qwen35.config import read_config  # the family decides which options apply: checked before any weight is read
+    # the family decides which options apply: checked before any weight is read
+    from .models.qwen35.config import read_config
     family = read_config(folder).family
     if args.num_steps is not None and family != "looped":
         raise UsageError(f"--num-steps applies to looped models only; '{folder}' is a {family} model")

@@ -1,6 +1,6 @@
 """MTP drafter: Qwen3.5's own multi-token-prediction head, chained to draft gamma tokens.
 
-The head's entry at position t consumes (h_t, token t+1) and predicts token t+2 (models/mtp.py).
+The head's entry at position t consumes (h_t, token t+1) and predicts token t+2 (models/qwen35/mtp_head.py).
 The drafter keeps the head's KV cache in step with the target's committed length:
 
 - init: entries for every prompt position (the prompt's target hiddens, the first new token

@@ -27,9 +27,9 @@ layer ("latest recurrence wins"): the prefix is always read at the last depth it
 This module owns the three stages and the forwards: `prelude`, `core_step` (one recurrence step),
 `coda_head`, `forward` (any depth, read schedules, early exits), the exact path's `decode_forward`,
 `forward_jit` and `forward_logits`.
-The rest lives beside it and is re-exported here: weights and loading in `looped_params`, the cache
-in `looped_cache`, the layer math (norm, RoPE, attention, blocks, embedding, initial state, adapter)
-in `looped_layers`.
+The rest lives beside it and is re-exported here: weights and loading in `params`, the cache
+in `cache`, the layer math (norm, RoPE, attention, blocks, embedding, initial state, adapter)
+in `blocks`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Hugging Face `config.json` -> frozen, hashable config dataclasses (jit-static).
 
 `read_config(folder)` recognises the model family from `model_type` and returns a
-`Qwen35Config` or a `LoopedConfig` (looped_config.py parses the looped ones).
+`Qwen35Config` or a `LoopedConfig` (models/looped/config.py parses the looped ones).
 """
 
 from __future__ import annotations

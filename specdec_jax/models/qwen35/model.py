@@ -88,7 +88,7 @@ def init_state(cfg: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat16) 
 
 
 # ------------------------------------------------------------------------------------- parameters
-# The parameter layout, loading and saving live in qwen35_params.py; these names stay reachable here.
+# The parameter layout, loading and saving live in params.py; these names stay reachable here.
 from .params import (Leaf, detect_prefix, fused_segments, hf_tensors, load_params,  # noqa: E402,F401
                             param_specs, place_param, shard_params, split_counts, with_mesh)
 
