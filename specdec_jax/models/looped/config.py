@@ -1,7 +1,7 @@
 """Looped-model configs (Huginn-0125 and the Raven retrofits): `LoopedConfig` and its parser.
 
-The config layer: `config.read_config` builds a `LoopedConfig` from config.json through
-`looped_config_from_dict` without importing model code; `models/looped/model.py` runs it.
+The config layer: `read_config` (models/qwen35/config.py, which dispatches on `model_type`) builds a `LoopedConfig`
+from config.json through `looped_config_from_dict` without importing model code; `models/looped/model.py` runs it.
 """
 
 from __future__ import annotations
