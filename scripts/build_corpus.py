@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from specdec_jax import corpus  # noqa: E402
+from specdec_jax.training import corpus  # noqa: E402
 
 SOURCES = ("stdlib", "site-packages")
 

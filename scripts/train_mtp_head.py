@@ -5,7 +5,7 @@
 
 A draft chain feeds the head its own output hidden state from the second draft on, while joint training
 (`train_tiny.py`) only ever feeds it the model's. Here the head runs chained `--depth` times from every position
-at once, with the attention a draft chain sees (`models.mtp.mtp_chain_train`), and each depth is trained toward
+at once, with the attention a draft chain sees (`models.qwen35.mtp_head.mtp_chain_train`), and each depth is trained toward
 the model's own distribution for its token (`--distill`; the rest against the true token). Only the head's
 parameters change: the output folder is a copy of --model whose model.safetensors differs in the `mtp.*`
 tensors alone (checked before writing), plus `mtp_head_log.json` and a section in its README. Held-out
@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 import specdec_jax as sj  # noqa: E402
 from specdec_jax import training  # noqa: E402
 from specdec_jax.loading import save_safetensors  # noqa: E402
-from specdec_jax.models import qwen35  # noqa: E402
+from specdec_jax.models.qwen35 import model as qwen35  # noqa: E402
 
 LOG_NAME = "mtp_head_log.json"
 

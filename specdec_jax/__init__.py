@@ -12,7 +12,7 @@ Public API:
 
 from .api import forward_logits, generate, generate_text, load, stream, supported_methods
 from .errors import CheckpointError, InputError, SpecdecError
-from .model import GenerateResult, Model, TextResult
+from .results import GenerateResult, Model, TextResult
 
 __all__ = ["load", "forward_logits", "generate", "generate_text", "stream", "supported_methods", "Model", "GenerateResult",
            "TextResult", "SpecdecError", "CheckpointError", "InputError"]

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .config import read_config
+from .models.qwen35.config import read_config
 from .decoding.autoregressive import generate_ar
 from .decoding.decode_shape import exact_rows
 from .decoding.sampling import SamplingConfig
@@ -17,7 +17,7 @@ from . import compile_cache, methods, sharding, shipped
 from .errors import CheckpointError, InputError
 from .loading import TensorSource, resolve_dtype
 from .methods import DRAFT_TABLES_FILE
-from .model import GenerateResult, Model, TextResult
+from .results import GenerateResult, Model, TextResult
 from .decoding.buckets import split_prompts
 from .memory import peak_bytes
 from .options import check_context_length, float_option, int_option, validate_input_ids
@@ -47,9 +47,9 @@ def load(path: str | os.PathLike, dtype="bfloat16", mesh=None) -> Model:
         cfg = _with_mesh(cfg, mesh, path)
     tokenizer = _folder_tokenizer(path)
     if cfg.family == "looped":
-        from .models import looped
+        from .models.looped import model as looped
         return dataclasses.replace(looped.load_looped(path, dtype), tokenizer=tokenizer)
-    from .models import qwen35
+    from .models.qwen35 import model as qwen35
     source = TensorSource(path)
     params = qwen35.load_params(source, cfg, jdtype)
     tables = os.path.join(path, DRAFT_TABLES_FILE)
@@ -83,7 +83,7 @@ def _with_mesh(cfg, mesh, path: str):
     if cfg.family == "looped":
         raise InputError(f"{where}: tensor parallelism (mesh=) is supported for Qwen3.5 models only; "
                          f"this is a looped ({cfg.variant}) model (load it without mesh=)")
-    from .models import qwen35
+    from .models.qwen35 import model as qwen35
     return qwen35.with_mesh(cfg, mesh, f"{where} ({os.path.join(path, 'config.json')})")
 
 
@@ -100,11 +100,11 @@ def forward_logits(model: Model, input_ids, **options):
     """
     ids = validate_input_ids(input_ids, model.vocab_size)
     if model.family == "looped":
-        from .models import looped
+        from .models.looped import model as looped
         return looped.forward_logits(model, ids, **options)
     if options:
         raise InputError(f"forward_logits: unknown options for a Qwen3.5 model: {sorted(options)}")
-    from .models import qwen35
+    from .models.qwen35 import model as qwen35
     state = qwen35.init_state(model.config, ids.shape[0], ids.shape[1], model.dtype)
     logits, _ = qwen35.forward_jit(model.params, model.config, state, jnp.asarray(ids))
     return logits
@@ -293,7 +293,7 @@ def _buckets(model: Model, prompts: list, needed: int, max_len: int | None, eos_
     ids, lens = buckets.pad_prompts(prompts, buckets.prompt_buffer(max_len, chunk))
     token_buffer = 0 if buckets.static_new_tokens(eos_ids, sure_steps_enabled()) else max_len
     from .memory import check_fits
-    from .models import qwen35
+    from .models.qwen35 import model as qwen35
     check_fits(jax.eval_shape(lambda: qwen35.init_state(model.config, len(prompts), max_len, model.dtype)),
                f"the decode state of {len(prompts)} row(s) over a cache of {max_len} positions",
                devices=model.config.tp_size)
@@ -335,7 +335,7 @@ def _generate_speculative_qwen(model, max_new_tokens, spec, gamma, sampling, see
     """Chain speculation with the method's drafter (options already checked against the method's set), at the
     shapes `buckets` (`_buckets`)."""
     from .decoding.speculative import DEFAULT_ROLLBACK, ROLLBACK_MODES, generate_speculative
-    from .models.qwen35 import MAX_RECURRENT_VERIFY
+    from .models.qwen35.model import MAX_RECURRENT_VERIFY
     # Replay verifies through the step recurrence (at most MAX_RECURRENT_VERIFY positions); longer drafts
     # (reached only with exact=False: exact_rows refuses them otherwise) default to the pseudo-value commit.
     rollback = options.get("rollback", DEFAULT_ROLLBACK if gamma + 1 <= MAX_RECURRENT_VERIFY else "pseudo")

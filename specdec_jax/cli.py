@@ -6,7 +6,7 @@ generate: loads a checkpoint folder and its tokenizer, generates, prints the pro
 then a table (method, tokens/s, new tokens, verify steps, mean accepted tokens, compile seconds);
 `--compare-ar` adds a plain autoregressive run and the speedup. `generate --help` lists the methods and
 their options.
-bench: paired runs of several methods on the same prompts (specdec_jax/bench.py) with a progress bar;
+bench: paired runs of several methods on the same prompts (specdec_jax/bench/bench.py) with a progress bar;
 writes bench.json, bench.md and bench.png to --out and prints the Markdown report.
 --model also takes the shipped checkpoints' names: tiny-qwen (the default), tiny-huginn.
 Bad input is one line on stderr and exit code 2.
@@ -275,7 +275,8 @@ def generate_command(args) -> int:
     prompt = unescape(args.prompt)
     if not prompt:
         raise UsageError("--prompt is empty")
-    from .config import read_config  # the family decides which options apply: checked before any weight is read
+    # the family decides which options apply: checked before any weight is read
+    from .models.qwen35.config import read_config
     family = read_config(folder).family
     if args.num_steps is not None and family != "looped":
         raise UsageError(f"--num-steps applies to looped models only; '{folder}' is a {family} model")
@@ -395,7 +396,7 @@ def bench_command(args) -> int:
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--out '{out}' exists and is not a folder")
 
-    from . import bench
+    from .bench import bench
     options = {m: {"gamma": args.gamma} for m in methods if m != "ar"} if args.gamma is not None else {}
     # run_bench checks the prompts, tokenizer, model and methods before the first generation
     result = bench.run_bench(folder, methods, args.prompts, max_new_tokens=args.max_new_tokens, method_options=options,

@@ -127,16 +127,14 @@ _TREE_OPTIONS = frozenset({"tree", "rollback", "exact"})
 # Self-drafts draft 2 tokens per step by default: a draft costs 0.7-0.85 of an AR step at the Qwen3.5-9B shape, so
 # short chains win. At the acceptance measured on the shipped checkpoint and the 9B step costs measured on the
 # H200, gamma 2 projects to 0.91-0.97x of AR against 0.77-0.92x at gamma 3 and 0.69-0.86x at gamma 4
-# (benchmarks/results/selfdraft_projection_qwen35_9b.md, from acceptance_tiny-qwen35-code_selfdraft.md and
-# spec_cost_curve_qwen35_9b_random_selfdraft.md).
+# (benchmarks/results/selfdraft_projection_qwen35_9b.md).
 SELF_DRAFT_GAMMA = 2
 # MTP drafts 4 tokens per step by default. On the shipped checkpoint, whose head is trained for chained drafting
 # (scripts/train_mtp_head.py), 8 held-out prompts end to end on the H200 (3 rounds each) gave gamma 3 / 4 / 5 / 6
 # 1.85x / 1.95x / 1.98x over AR in one run and gamma 4 / 5 / 6 1.97x / 1.98x / 2.00x in another (MTP-shortlist gamma
-# 4 / 5: 1.99x-2.00x / 2.04x) (benchmarks/results/spec_tiny-qwen35-code_mtp_chain.md, _mtp_chain_gammas.md): past 4
-# the gain is within run-to-run spread, while each draft is a head forward that also reads the output head (at the
-# 9B shape 2 GB). Before the head was trained for chaining, gamma 3 beat 4 (1.75x / 1.58x in the same session,
-# spec_tiny-qwen35-code-joint_mtp_joint.md).
+# 4 / 5: 1.99x-2.00x / 2.04x): past 4 the gain is within run-to-run spread, while each draft is a head forward that
+# also reads the output head (at the 9B shape 2 GB). Before the head was trained for chaining, gamma 3 beat 4 (1.75x /
+# 1.58x in the same session; docs/LOG.md, 2026-12-03).
 MTP_GAMMA = 4
 REGISTRY: tuple[MethodSpec, ...] = (
     MethodSpec("ar", "qwen3_5", AR, frozenset({"exact", "decode_rows"})),

@@ -58,3 +58,37 @@ def _bounded_compiled_programs():
     if maps is not None and maps[0] > maps[1] // 3:
         jax.clear_caches()
         gc.collect()
+
+
+# ---------------------------------------------------------------------------------- shared fixtures and helpers
+
+TEXTS = ["def add(a, b):\n    return a + b\n", "class Point:\n    def __init__(self, x, y):\n        self.x = x\n"] * 4
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny Qwen3.5 checkpoint folder: random weights and a small BPE tokenizer trained on TEXTS (test_bench,
+    test_cli; test_qwen35 defines its own `checkpoint`, transformers' reference models)."""
+    from tokenizers import Tokenizer
+
+    from specdec_jax.training import corpus
+    from specdec_jax import training
+    root = tmp_path_factory.mktemp("checkpoint")
+    tok_dir = corpus.train_tokenizer(TEXTS, root / "tokenizer", vocab_size=300, min_frequency=1)
+    vocab = Tokenizer.from_file(str(tok_dir / "tokenizer.json")).get_vocab_size()
+    o = training.TrainOptions(hidden=32, layers=4, heads=4, kv_heads=2, head_dim=16, linear_key_heads=2,
+                              linear_value_heads=4, linear_head_dim=8, intermediate=64)
+    cfg = training.qwen35_config(vocab, o)
+    params = training.init_qwen35_params(cfg, jax.random.PRNGKey(0), std=0.2)
+    folder = root / "model"
+    training.save_checkpoint(folder, "qwen35", params, cfg, training.qwen35_config_json(cfg), tok_dir)
+    return folder
+
+
+def one_line_error(rc: int, err: str, *needles: str) -> None:
+    """A command-line error: exit code 2 and one line on stderr holding every needle."""
+    assert rc == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]

@@ -90,10 +90,10 @@ def refused_meshes() -> dict:
 
 def random_moe_model(mesh=None):
     """A random MoE model: 8 experts (top 2) and a shared expert, 2 GDN key heads (copied on 4 devices)."""
-    from specdec_jax.config import qwen35_config_from_dict
+    from specdec_jax.models.qwen35.config import qwen35_config_from_dict
     from specdec_jax.loading import build_tree
-    from specdec_jax.model import Model
-    from specdec_jax.models import mtp, qwen35
+    from specdec_jax.results import Model
+    from specdec_jax.models.qwen35 import mtp_head as mtp, model as qwen35
     cfg = qwen35_config_from_dict(dict(
         model_type="qwen3_5_moe_text", vocab_size=96, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,

@@ -3,7 +3,7 @@ softmax, and the model's prefill through the flash kernel against XLA's path.
 
 Cases: grouped query heads (1, 2 and 4 per key head), ragged per-row start positions (a chunk deep in a cache), a
 cache whose length is not a whole number of key tiles, a head size that is not a power of two (padded), bfloat16.
-The Pallas kernel runs in interpret mode here; the GPU run is scripts/bench_long_context.py's check."""
+The Pallas kernel runs in interpret mode here; the GPU run is benchmarks/bench_long_context.py's check."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import specdec_jax as sj
 from pallas_kernels import attention as A
 from specdec_jax.decoding.prefill import chunked_prefill
-from specdec_jax.models import qwen35
+from specdec_jax.models.qwen35 import model as qwen35
 from tests import qwen_helpers as H
 
 

@@ -10,40 +10,15 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_jax import bench, cli, corpus, harness, profiling, training
-
-TEXTS = ["def add(a, b):\n    return a + b\n", "class Point:\n    def __init__(self, x, y):\n        self.x = x\n"] * 4
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    """Random weights and a small BPE tokenizer (the construction of tests/test_cli.py)."""
-    root = tmp_path_factory.mktemp("bench")
-    tok_dir = corpus.train_tokenizer(TEXTS, root / "tokenizer", vocab_size=300, min_frequency=1)
-    from tokenizers import Tokenizer
-    vocab = Tokenizer.from_file(str(tok_dir / "tokenizer.json")).get_vocab_size()
-    o = training.TrainOptions(hidden=32, layers=4, heads=4, kv_heads=2, head_dim=16, linear_key_heads=2,
-                              linear_value_heads=4, linear_head_dim=8, intermediate=64)
-    cfg = training.qwen35_config(vocab, o)
-    params = training.init_qwen35_params(cfg, jax.random.PRNGKey(0), std=0.2)
-    folder = root / "model"
-    training.save_checkpoint(folder, "qwen35", params, cfg, training.qwen35_config_json(cfg), tok_dir)
-    return folder
-
+from specdec_jax.bench import bench, harness, profiling
+from specdec_jax import cli
+from tests.conftest import one_line_error
 
 @pytest.fixture
 def prompts_file(tmp_path) -> Path:
     path = tmp_path / "prompts.txt"
     path.write_text("def add(a, b):\\n    return\n\nclass Point:\\n    def __init__(self, x, y):\\n\n")
     return path
-
-
-def one_line_error(rc: int, err: str, *needles: str) -> None:
-    assert rc == 2
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def test_bootstrap_ci_known_data():
@@ -259,67 +234,10 @@ def test_while_loops_lists_each_loops_trip_count_and_what_its_body_launches():
     assert profiling.while_loops(GPU_LIKE_HLO.replace("while(", "call(")) == {}
 
 
-def _repeatability_result(commit: str, options: str | None, first_differences: list[list[int]]) -> dict:
-    rows = []
-    for prompt, diffs in enumerate(first_differences):
-        rows.append({"prompt": prompt, "program": "ar", "runs": 2, "equal_to_first_ar": 2, "distinct_outputs": 1,
-                     "first_differences": []})
-        rows.append({"prompt": prompt, "program": "ngram", "runs": 2, "equal_to_first_ar": 2 - len(diffs),
-                     "distinct_outputs": 1, "first_differences": diffs})
-    return {"benchmark": "check_repeatability", "device": "cpu", "platform": "cpu", "jax": "x", "jaxlib": "x",
-            "python": "3.12", "git_commit": commit, "command": "python scripts/check_repeatability.py",
-            "env": {} if options is None else {"SPECDEC_XLA_OPTIONS": options}, "model": "m", "damp": 0.02,
-            "gamma": 16, "decode_rows": 17, "max_new_tokens": 8, "prompt_len": 4, "repeats": 2, "rows": rows}
-
-
-def test_merge_repeatability_counts_processes_with_unequal_prompts(tmp_path, monkeypatch):
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts import merge_repeatability
-    paths = []
-    for i, diffs in enumerate([[[], []], [[5, 5], []]]):
-        paths.append(tmp_path / f"p{i}.json")
-        paths[-1].write_text(json.dumps(_repeatability_result("c" * 40, "none" if i else None, diffs)))
-    log = tmp_path / "cmp.log"
-    log.write_text("/x/hlo_p1: 3 / 3 GEMM / fusion computations in AR / spec, 3 shared, 0 shared with different "
-                   "configurations\n  kinds: {}\n2 differences\n")
-    monkeypatch.setattr(sys, "argv", ["merge", "--name", "merged", "--hlo-log", str(log), "--out", str(tmp_path),
-                                      *map(str, paths)])
-    merge_repeatability.main()
-    out = json.loads((tmp_path / "merged.json").read_text())
-    assert out["processes_unequal"] == 1
-    assert [p["prompts_equal"] for p in out["processes"]] == [2, 1]
-    assert out["processes"][1]["first_differences"] == {"0": 5}  # JSON object keys are strings
-    assert out["hlo_comparison"][0].startswith("hlo_p1: 3 / 3")
-    assert "**1 of 2 processes" in (tmp_path / "merged.md").read_text()
-    paths[0].write_text(json.dumps({"benchmark": "bench_spec"}))
-    with pytest.raises(SystemExit, match="check_repeatability"):
-        merge_repeatability.main()
-
-
-def test_prefill_into_writes_the_new_state_over_the_old_buffers():
-    # bench_fixed_cost.py --recycle: the previous call's state, donated and unread, takes the new state (same addresses)
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import jax.numpy as jnp
-    from bench_fixed_cost import prefill_into
-
-    def prefill(x, *, rows):
-        return x.sum(), (jnp.zeros((rows, 4)) + x, jnp.ones((rows,), jnp.int32))
-
-    run = prefill_into(prefill, 1, {"rows": 3})
-    old = (jnp.full((3, 4), 7.0), jnp.zeros((3,), jnp.int32))
-    addresses = [a.unsafe_buffer_pointer() for a in old]
-    total, state = run(jnp.arange(4.0), old, rows=3)
-    assert [a.unsafe_buffer_pointer() for a in state] == addresses
-    np.testing.assert_array_equal(np.asarray(state[0]), np.tile(np.arange(4.0), (3, 1)))  # the new values, not 7s
-    assert float(total) == 6.0 and all(a.is_deleted() for a in old)
-
-
 def test_bench_compile_measures_each_method_cold_and_refuses_bad_input(tmp_path, capsys):
-    """scripts/bench_compile.py: a method's first call compiles (caches cleared before it), its second reuses the
+    """benchmarks/bench_compile.py: a method's first call compiles (caches cleared before it), its second reuses the
     programs; an unknown method or an option without its partner is one clear error before any model is made."""
-    from scripts import bench_compile
+    from benchmarks import bench_compile
 
     argv = ["--random-9b", "--tiny", "--methods", "ar", "--prompt-len", "8", "--max-new-tokens", "4",
             "--out", str(tmp_path)]
@@ -330,21 +248,4 @@ def test_bench_compile_measures_each_method_cold_and_refuses_bad_input(tmp_path,
     for bad, needle in ((["--model", "x", "--tiny"], "--tiny"), (["--random-9b", "--methods", "ar,nope"], "nope")):
         with pytest.raises(SystemExit):
             bench_compile.parse_args(bad)
-        assert needle in capsys.readouterr().err
-
-
-def test_tune_pseudo_replay_checks_every_setting_against_the_recurrence_and_refuses_bad_input(tmp_path, capsys):
-    """scripts/tune_pseudo_replay.py --small: each (block, warps) setting's committed states are compared, for every
-    kept count, with the states the verification's own kernel reached (here equal); bad settings or lengths are one
-    clear error naming the flag."""
-    from scripts import tune_pseudo_replay
-
-    assert tune_pseudo_replay.main(["--small", "--lengths", "2", "--out", str(tmp_path)]) == 0
-    result = json.loads((tmp_path / "tune_pseudo_replay_small.json").read_text())
-    assert [(r["block_v"], r["num_warps"]) for r in result["rows"]] == [(8, 1), (16, 1)]
-    assert all(c["equal_to_the_recurrence"] for c in result["checks"]), result["checks"]
-    for bad, needle in ((["--settings", "8:1,16"], "--settings"), (["--lengths", "0"], "--lengths"),
-                        (["--lengths", "x"], "--lengths")):
-        with pytest.raises(SystemExit):
-            tune_pseudo_replay.main(bad + ["--out", str(tmp_path)])
         assert needle in capsys.readouterr().err

@@ -12,7 +12,7 @@ import pytest
 import specdec_jax as sj
 from specdec_jax.decoding import buckets
 from specdec_jax.decoding.prefill import chunked_prefill
-from specdec_jax.models import qwen35
+from specdec_jax.models.qwen35 import model as qwen35
 from tests import qwen_helpers as H
 
 
@@ -130,7 +130,7 @@ def test_stats_keys_are_the_same_for_every_family_and_kind(model):
     """Every generation reports model.STATS_KEYS (speculative methods add their step statistics), the looped family
     included (its exact-shape path)."""
     from pathlib import Path
-    from specdec_jax.model import STATS_KEYS
+    from specdec_jax.results import STATS_KEYS
     ids = _prompts([6], 61, seed=6)
     runs = [sj.generate(model, ids, 5), sj.generate(model, ids, 5, method="ngram", gamma=3)]
     huginn = sj.load(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-huginn-code", dtype="float32")

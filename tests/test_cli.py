@@ -11,46 +11,22 @@ import sys
 import tomllib
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 
 import specdec_jax as sj
-from specdec_jax import api, cli, corpus, methods, shipped, training
+from specdec_jax import api, cli, methods, shipped
 from specdec_jax.errors import CheckpointError, InputError
-from specdec_jax.model import GenerateResult
+from specdec_jax.results import GenerateResult
+from tests.conftest import one_line_error
 
 REPO = Path(__file__).resolve().parents[1]
-TEXTS = ["def add(a, b):\n    return a + b\n", "class Point:\n    def __init__(self, x, y):\n        self.x = x\n"] * 4
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("cli")
-    tok_dir = corpus.train_tokenizer(TEXTS, root / "tokenizer", vocab_size=300, min_frequency=1)
-    from tokenizers import Tokenizer
-    vocab = Tokenizer.from_file(str(tok_dir / "tokenizer.json")).get_vocab_size()
-    o = training.TrainOptions(hidden=32, layers=4, heads=4, kv_heads=2, head_dim=16, linear_key_heads=2,
-                              linear_value_heads=4, linear_head_dim=8, intermediate=64)
-    cfg = training.qwen35_config(vocab, o)
-    params = training.init_qwen35_params(cfg, jax.random.PRNGKey(0), std=0.2)
-    folder = root / "model"
-    training.save_checkpoint(folder, "qwen35", params, cfg, training.qwen35_config_json(cfg), tok_dir)
-    return folder
 
 
 def run_module(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-m", "specdec_jax", *args], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=300)
-
-
-def one_line_error(rc: int, err: str, *needles: str) -> None:
-    assert rc == 2
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def test_missing_folder_exits_2(tmp_path):
@@ -326,7 +302,7 @@ def test_corrupt_checkpoint_exits_2(checkpoint, tmp_path, capsys):
 
 
 def test_bench_out_defaults_outside_the_repository_results(checkpoint, tmp_path, monkeypatch, capsys):
-    from specdec_jax import bench
+    from specdec_jax.bench import bench
     written = {}
 
     def write_report(result, out):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from specdec_jax import corpus
+from specdec_jax.training import corpus
 
 SNIPPETS = [
     "def add(a, b):\n    return a + b\n",

@@ -1,4 +1,4 @@
-"""The forced-acceptance mode behind `scripts/bench_spec.py --forced-acceptance` (a benchmark of step cost
+"""The forced-acceptance mode behind `benchmarks/bench_spec.py --forced-acceptance` (a benchmark of step cost
 against tokens per step): the accepted count follows the seeded schedule, the real acceptance still runs,
 generate() cannot reach it, and the script refuses bad flags with one clear error."""
 
@@ -68,7 +68,7 @@ def test_generate_cannot_reach_forced_acceptance():
 def test_bad_forced_acceptance_flags_are_one_clear_error(flags, needle, monkeypatch, capsys):
     """argparse's one-line error and exit code 2, before any model is built."""
     sys.path.insert(0, str(ROOT))
-    from scripts import bench_spec
+    from benchmarks import bench_spec
     monkeypatch.setattr(bench_spec, "random_9b_model", lambda *a, **k: pytest.fail("built a model"))
     monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--random-9b", "--tiny", *flags])
     with pytest.raises(SystemExit) as exit_info:
@@ -80,7 +80,7 @@ def test_bad_forced_acceptance_flags_are_one_clear_error(flags, needle, monkeypa
 
 def test_curve_methods_take_options_and_a_random_model_gets_a_synthetic_shortlist():
     sys.path.insert(0, str(ROOT))
-    from scripts import bench_spec
+    from benchmarks import bench_spec
     assert bench_spec.parse_curve_method("partial-mlp:mlp_keep=0.75:shortlist_size=64") == (
         "partial-mlp", {"mlp_keep": 0.75, "shortlist_size": 64})
     model = bench_spec.with_synthetic_shortlist(bench_spec.random_9b_model(True), ["ngram", "layer-skip:shortlist_size=64"])
@@ -93,7 +93,7 @@ def test_curve_methods_take_options_and_a_random_model_gets_a_synthetic_shortlis
 
 def test_e2e_methods_take_a_gamma_options_and_a_rollback():
     sys.path.insert(0, str(ROOT))
-    from scripts import bench_spec
+    from benchmarks import bench_spec
     parse = bench_spec.parse_e2e_method
     assert parse("mtp") == ("mtp", None, {}, None)
     assert parse("ngram:8/snapshot") == ("ngram", 8, {}, "snapshot")
@@ -101,25 +101,3 @@ def test_e2e_methods_take_a_gamma_options_and_a_rollback():
     assert parse("mtp-shortlist:shortlist_size=64/replay") == ("mtp-shortlist", None, {"shortlist_size": 64}, "replay")
     with pytest.raises(ValueError, match="gamma must be an integer"):
         parse("mtp:three")
-
-
-def test_selfdraft_projection_joins_step_costs_and_acceptance_by_configuration():
-    """project_selfdraft: a curve row meets the acceptance row of the same method, gamma, mlp_keep and
-    shortlist-or-not; speedup = (1 + accepted) x AR time / step time; unmatched rows are left out."""
-    sys.path.insert(0, str(ROOT))
-    from scripts import project_selfdraft as ps
-    curve = {"ar_s_per_token": 0.005, "rows": [
-        {"method": "layer-skip", "gamma": 2, "seconds_per_step": 0.0125},
-        {"method": "layer-skip", "gamma": 2, "seconds_per_step": 0.0127},
-        {"method": "layer-skip:shortlist_size=32768", "gamma": 2, "seconds_per_step": 0.012},
-        {"method": "partial-mlp:mlp_keep=0.75", "gamma": 3, "seconds_per_step": 0.019},
-        {"method": "ngram", "gamma": 2, "seconds_per_step": 0.005}]}
-    acceptance = {"rows": [
-        {"method": "layer-skip", "shape": "2", "mean_accepted": 1.5},
-        {"method": "layer-skip", "shape": "gamma=2 shortlist_size=2048", "mean_accepted": 1.2},
-        {"method": "partial-mlp", "shape": "gamma=3 mlp_keep=0.5", "mean_accepted": 2.0},
-        {"method": "ngram", "shape": "2", "mean_accepted": 1.0}]}
-    rows = ps.project(curve, acceptance)
-    assert [(r["method"], r["shortlist_9b"]) for r in rows] == [("layer-skip", 0), ("layer-skip", 32768)]
-    assert rows[0]["projected_speedup"] == pytest.approx(2.5 * 0.005 / 0.0126)
-    assert rows[1]["projected_speedup"] == pytest.approx(2.2 * 0.005 / 0.012)

@@ -163,19 +163,14 @@ def test_block_linear_gathers_its_rows(impl):
 def test_split_block_and_gather_settings_are_read_and_checked(monkeypatch):
     assert [db.attention_splits(n, 64) for n in (512, 1024, 1280, 2048, 4096)] == [1, 1, 2, 2, 4]
     assert [db.attention_block(hd) for hd in (32, 64, 128, 256)] == [256, 256, 128, 64]
-    monkeypatch.setenv(db.SPLITS_ENV, "8")
+    assert db.gather_inputs() is True and db.fuse_out_proj() is False
+    monkeypatch.setattr(db, "SPLITS", 8)
     assert db.attention_splits(256, 64) == 1 and db.attention_splits(4096, 64) == 8
-    monkeypatch.setenv(db.GATHER_ENV, "0")
-    monkeypatch.setenv(db.FUSE_ENV, "1")
+    monkeypatch.setattr(db, "GATHER", False)
+    monkeypatch.setattr(db, "FUSE_OUT_PROJ", True)
     assert db.gather_inputs() is False and db.fuse_out_proj() is True
-    monkeypatch.setenv(db.SLOTS_ENV, "64")
+    monkeypatch.setattr(db, "SLOTS", 64)
     assert db.attention_block(64) == 64 and db.attention_splits(256, 64) == 4
-    for env, bad, fn in ((db.SPLITS_ENV, "0", lambda: db.attention_splits(256, 64)),
-                         (db.GATHER_ENV, "yes", db.gather_inputs), (db.FUSE_ENV, "on", db.fuse_out_proj),
-                         (db.SLOTS_ENV, "96", lambda: db.attention_block(64))):
-        monkeypatch.setenv(env, bad)
-        with pytest.raises(ValueError, match=env):
-            fn()
 
 
 # ------------------------------------------------------------------------------------ the MTP head from blocks
@@ -183,7 +178,7 @@ import os  # noqa: E402
 
 import specdec_jax as sj  # noqa: E402
 from specdec_jax.errors import InputError  # noqa: E402
-from specdec_jax.models import mtp as mtp_head  # noqa: E402
+from specdec_jax.models.qwen35 import mtp_head  # noqa: E402
 
 TINY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints", "tiny-qwen35-code")
 
@@ -201,10 +196,10 @@ def test_mtp_head_from_blocks_matches_its_forward(tiny, impl, splits, gather, sl
     forms: logits, hidden states and the cache they leave agree (float32); attention in one program per head or split
     over the cache, the fc input gathered by the product or padded by XLA, the output projection in the attention or
     a product of its own."""
-    monkeypatch.setenv(db.SPLITS_ENV, splits)
-    monkeypatch.setenv(db.GATHER_ENV, gather)
-    monkeypatch.setenv(db.SLOTS_ENV, slots)
-    monkeypatch.setenv(db.FUSE_ENV, fuse)
+    monkeypatch.setattr(db, "SPLITS", int(splits))
+    monkeypatch.setattr(db, "GATHER", gather == "1")
+    monkeypatch.setattr(db, "SLOTS", int(slots))
+    monkeypatch.setattr(db, "FUSE_OUT_PROJ", fuse == "1")
     cfg, params = tiny.config, tiny.params
     B, P = 2, 70
     rng = np.random.default_rng(0)
@@ -236,10 +231,6 @@ def test_mtp_drafting_with_blocks_is_exact(tiny):
 
 
 def test_warps_setting_is_read_and_checked(monkeypatch):
-    monkeypatch.setenv(db.WARPS_ENV, "2,8")
+    assert db.warps() == db.WARPS == (8, 4)
+    monkeypatch.setattr(db, "WARPS", (2, 8))
     assert db.warps() == (2, 8)
-    monkeypatch.setenv(db.WARPS_ENV, "eight")
-    with pytest.raises(ValueError, match=r"SPECDEC_DECODE_BLOCK_WARPS must be two integers 'ATTENTION,LINEAR'"):
-        db.warps()
-    monkeypatch.delenv(db.WARPS_ENV)
-    assert db.warps() == db.DEFAULT_WARPS

@@ -14,7 +14,7 @@ from specdec_jax.decoding.speculative import generate_speculative
 from specdec_jax.drafters.mtp import MtpDrafter
 from specdec_jax.drafters.table import build_tables, save_draft_tables, table_lookup
 from specdec_jax.errors import InputError
-from specdec_jax.profiling import while_loops
+from specdec_jax.bench.profiling import while_loops
 from tests import qwen_helpers as H
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -50,7 +50,7 @@ def _ar(folder: str, i: int, rows: int) -> np.ndarray:
 # its float32 equality is test_drafters.py's. layer-skip and residual-reuse are left out too (the suite's time on 2
 # cores, issue 47): their verification is the chain loop's program, which the methods here run in bf16, and their
 # equality to AR with their drafter states rolled back is test_self_draft.py's; partial-mlp stays as the self-draft
-# in bf16. On the GPU every chain method runs in bf16 (scripts/bench_workload.py --parts exact: 20 of 20 each).
+# in bf16. On the GPU every chain method runs in bf16 (benchmarks/bench_workload.py --parts exact: 20 of 20 each).
 @pytest.mark.parametrize("method,options", [("ngram", {}), ("ngram-table", {}), ("mtp", {}),
                                             ("mtp", {"rollback": "snapshot"}), ("ngram", {"gamma": 8}),
                                             ("partial-mlp", {})],
@@ -80,7 +80,7 @@ def test_gdn_on_the_live_rows_leaves_every_valid_row_unchanged():
     full-rows forward's bit for bit (bf16, ragged valid counts)."""
     import jax
     import jax.numpy as jnp
-    from specdec_jax.models import qwen35
+    from specdec_jax.models.qwen35 import model as qwen35
     model = _model(QWEN)
     cfg, params = model.config, model.params
     rng = np.random.default_rng(0)
@@ -142,7 +142,8 @@ def test_every_decode_forward_runs_at_the_decode_shape(monkeypatch):
     (exact=False) verifies at gamma + 1."""
     import jax
     from specdec_jax.decoding import autoregressive, looped_spec, speculative
-    from specdec_jax.models import looped, qwen35
+    from specdec_jax.models.looped import model as looped
+    from specdec_jax.models.qwen35 import model as qwen35
     calls = []
 
     def recording(fn, name):

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from specdec_jax import training
-from specdec_jax.config import FULL_ATTENTION, LINEAR_ATTENTION
+from specdec_jax.models.qwen35.config import FULL_ATTENTION, LINEAR_ATTENTION
 from specdec_jax.errors import InputError
-from specdec_jax.model import Model
-from specdec_jax.models import looped
+from specdec_jax.results import Model
+from specdec_jax.models.looped import model as looped
 from specdec_jax.models.family import QWEN35, Family, LoopedFamily, family_for, looped_family
 
 DEPTH = 3  # the looped family's recurrence depth

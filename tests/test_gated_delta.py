@@ -270,17 +270,14 @@ def test_stacked_states_run_one_layer_in_place(impl):
 
 
 def test_replay_stash_switch_default_and_bad_values(monkeypatch):
-    """SPECDEC_GDN_REPLAY_STASH: unset, the stash follows the platform (on only where the step recurrence is the
-    compiled Pallas kernel, the GPU; off on this CPU); 1 / 0 force it; any other value is one clear error."""
-    monkeypatch.delenv(gd.REPLAY_STASH_ENV, raising=False)
+    """gated_delta.REPLAY_STASH: None (the default), the stash follows the platform (on only where the step recurrence
+    is the compiled Pallas kernel, the GPU; off on this CPU); True / False force it."""
+    assert gd.REPLAY_STASH is None
     assert gd.replay_stash_enabled("auto") is (jax.default_backend() == "gpu")
     assert gd.replay_stash_enabled("reference") is False
-    for value, want in (("1", True), ("0", False)):
-        monkeypatch.setenv(gd.REPLAY_STASH_ENV, value)
-        assert gd.replay_stash_enabled("reference") is want
-    monkeypatch.setenv(gd.REPLAY_STASH_ENV, "yes")
-    with pytest.raises(ValueError, match="SPECDEC_GDN_REPLAY_STASH must be 0 or 1"):
-        gd.replay_stash_enabled()
+    for value in (True, False):
+        monkeypatch.setattr(gd, "REPLAY_STASH", value)
+        assert gd.replay_stash_enabled("reference") is value
 
 
 @pytest.mark.parametrize("impl", ["reference", "pallas"])
@@ -290,7 +287,7 @@ def test_replay_inputs_are_copied_into_their_layers_rows(impl):
     layer `state_layer`'s rows and every other row untouched (with "new", new stacks holding its rows); its outputs and
     state are those of the call without them; one compilation serves every layer; the pseudo-value replay of those
     stacks as L * B batch rows gives each layer its own replay's bits. Bad stacks are one clear error."""
-    from specdec_jax.models import qwen35
+    from specdec_jax.models.qwen35 import model as qwen35
     b, t, h, hv, k_dim, v_dim, n_layers = 2, 3, 1, 2, 16, 16, 3
     x = make_inputs(b, t, h, hv, k_dim, v_dim, jnp.bfloat16, seed=43, normalize_k=False)
     args = (x["q"], x["k"], x["v"], x["g"].astype(jnp.float32), x["beta"])
@@ -357,7 +354,7 @@ def test_replay_inputs_are_copied_into_their_layers_rows(impl):
 def test_commit_of_every_layer_in_one_call_equals_one_call_per_layer(rule):
     """qwen35.stacked_state_rule: the commit of L layers as L * B batch rows of one call (one kernel launch on the
     GPU) gives each layer the bits of its own call, for ragged counts."""
-    from specdec_jax.models import qwen35
+    from specdec_jax.models.qwen35 import model as qwen35
     b, t, h, hv, k_dim, v_dim, n_layers = 2, 4, 1, 2, 16, 16, 3
     xs = [make_inputs(b, t, h, hv, k_dim, v_dim, jnp.float32, seed=60 + i, normalize_k=False) for i in range(n_layers)]
     stack = jnp.stack([x["s0"] for x in xs])
@@ -379,7 +376,7 @@ def test_commit_of_every_layer_in_one_call_equals_one_call_per_layer(rule):
     ids=["unrolled_preloaded", "unrolled_preloaded_skip", "unrolled_one_step_skip", "loop_skip"])
 def test_replay_forms_equal_the_recurrence(form, skip, case, monkeypatch, request):
     """The GPU's unrolled forms (interpret mode otherwise runs the loop form) and the replay that skips the steps
-    it does not keep (SPECDEC_GDN_REPLAY_SKIP=1): the state after n steps is the recurrence's, bit for bit, for
+    it does not keep (recurrent_kernel.REPLAY_SKIP): the state after n steps is the recurrence's, bit for bit, for
     every n."""
     from pallas_kernels.gated_delta import recurrent_kernel
     b, t, h, hv, k_dim, v_dim, dtype = case
@@ -392,7 +389,7 @@ def test_replay_forms_equal_the_recurrence(form, skip, case, monkeypatch, reques
     stash, _ = _pseudo_replay_inputs("pallas", args, x["s0"])
     if form == "unrolled":
         monkeypatch.setattr(recurrent_kernel, "_unroll", lambda t, interpret: True)
-    monkeypatch.setenv("SPECDEC_GDN_REPLAY_SKIP", skip)
+    monkeypatch.setattr(recurrent_kernel, "REPLAY_SKIP", skip == "1")
     # Both settings are read when a kernel is traced: no trace of the same shapes may be reused from another case,
     # nor this case's traces by later tests.
     jax.clear_caches()
@@ -612,7 +609,7 @@ def test_default_implementation_rule_and_env_override(monkeypatch):
 def test_verification_routes_through_the_recurrent_kernel_when_enabled(monkeypatch):
     """With the recurrent op on Pallas, a short verification (1 < T <= 64) runs the fused recurrent
     kernel (one launch per layer) and gives the chunk path's outputs and pseudo-values."""
-    from specdec_jax.models import qwen35
+    from specdec_jax.models.qwen35 import model as qwen35
     calls = []
     for name in ("fused_recurrent_gated_delta_rule", "packed_recurrent_gated_delta_rule"):  # either form of the kernel
         monkeypatch.setattr(gd, name, functools.partial(lambda real, *a, **k: calls.append(1) or real(*a, **k),
@@ -644,20 +641,12 @@ def test_verification_routes_through_the_recurrent_kernel_when_enabled(monkeypat
 
 
 def test_pseudo_replay_setting_by_length_env_and_bad_values(monkeypatch):
-    """The pseudo-value replay's block and warps: the measured default by position count, SPECDEC_GDN_PSEUDO_REPLAY
-    over it, explicit arguments over both; a malformed value is one clear error naming the variable."""
-    monkeypatch.delenv(pallas_ops.PSEUDO_REPLAY_ENV, raising=False)
+    """The pseudo-value replay's block and warps: the measured default by position count, explicit arguments over
+    it; a block that is not a power of two is one clear error."""
     assert pallas_ops.pseudo_replay_setting(9) == (32, 4) and pallas_ops.pseudo_replay_setting(17) == (64, 4)
-    monkeypatch.setenv(pallas_ops.PSEUDO_REPLAY_ENV, "16:2")
-    assert pallas_ops.pseudo_replay_setting(9) == (16, 2)
     assert pallas_ops.pseudo_replay_setting(9, block_v=8, num_warps=1) == (8, 1)
-    for bad in ("16", "16:x", "0:1"):
-        monkeypatch.setenv(pallas_ops.PSEUDO_REPLAY_ENV, bad)
-        with pytest.raises(ValueError, match="SPECDEC_GDN_PSEUDO_REPLAY must be BLOCK_V:WARPS"):
-            pallas_ops.pseudo_replay_setting(9)
-    monkeypatch.setenv(pallas_ops.PSEUDO_REPLAY_ENV, "12:1")
     with pytest.raises(ValueError, match="block_v must be a power of two"):
-        pallas_ops.pseudo_replay_setting(9)
+        pallas_ops.pseudo_replay_setting(9, block_v=12)
 
 
 # The packed form (the step kernel reading q, k, v where they lie in a layer's conv output and forming the gates from the
@@ -708,8 +697,8 @@ def test_packed_form_is_the_recurrence_on_its_inputs(impl, case):
 
 
 def test_packed_form_bad_inputs_and_switch(monkeypatch):
-    """Bad packed-form inputs are one clear error naming the argument; SPECDEC_GDN_PACKED_FORM: 0 turns the form off,
-    a bad value is an error; layouts the kernel does not take (K or V not a power of two >= 16) are off."""
+    """Bad packed-form inputs are one clear error naming the argument; gated_delta.PACKED_FORM False turns the form off;
+    layouts the kernel does not take (K or V not a power of two >= 16) are off."""
     layout, (conv, gates, a_log, dt_bias), _ = _packed_inputs(1, 1, 2, 16, 16, 3, jnp.float32, 1)
     call = lambda *x, **kw: gd.packed_recurrent_gated_delta_rule(*x, **({"layout": layout, "n_steps": 2} | kw))
     with pytest.raises(ValueError, match="conv must be"):
@@ -722,25 +711,18 @@ def test_packed_form_bad_inputs_and_switch(monkeypatch):
         call(conv, gates, a_log, dt_bias[:1])
     assert gd.packed_form_enabled("pallas", layout) and not gd.packed_form_enabled("reference", layout)
     assert not gd.packed_form_enabled("pallas", layout._replace(key_dim=24))
-    monkeypatch.setenv(gd.PACKED_FORM_ENV, "0")
+    monkeypatch.setattr(gd, "PACKED_FORM", False)
     assert not gd.packed_form_enabled("pallas", layout)
-    monkeypatch.setenv(gd.PACKED_FORM_ENV, "yes")
-    with pytest.raises(ValueError, match=gd.PACKED_FORM_ENV):
-        gd.packed_form_enabled("pallas", layout)
-    if gd.pallas_available():  # the step kernel's (block_v, warps): arguments, else SPECDEC_GDN_STEP_BLOCK, else (8, 1)
+    if gd.pallas_available():  # the step kernel's (block_v, warps): arguments, else STEP_BLOCK (8, 1)
         from pallas_kernels.gated_delta import pallas_ops
         assert pallas_ops.step_block_setting() == pallas_ops.STEP_BLOCK == (8, 1)
-        monkeypatch.setenv(pallas_ops.STEP_BLOCK_ENV, "16:2")
-        assert pallas_ops.step_block_setting() == (16, 2) and pallas_ops.step_block_setting(4, None) == (4, 2)
-        for bad in ("16", "12:1", "8:0"):
-            monkeypatch.setenv(pallas_ops.STEP_BLOCK_ENV, bad)
-            with pytest.raises(ValueError, match="SPECDEC_GDN_STEP_BLOCK must be BLOCK_V:WARPS|block_v must be"):
-                pallas_ops.step_block_setting()
-        # SPECDEC_GDN_FETCH_FIRST (every position's loads issued before any input is formed; 0: as they come): the
-        # same bits either way; a bad value is an error.
-        monkeypatch.delenv(pallas_ops.STEP_BLOCK_ENV)
-        monkeypatch.delenv(gd.PACKED_FORM_ENV)
-        from pallas_kernels.gated_delta.recurrent_kernel import FETCH_FIRST_ENV
+        assert pallas_ops.step_block_setting(4, None) == (4, 1) and pallas_ops.step_block_setting(None, 2) == (8, 2)
+        with pytest.raises(ValueError, match="block_v must be"):
+            pallas_ops.step_block_setting(12, None)
+        # recurrent_kernel.FETCH_FIRST (every position's loads issued before any input is formed; False: as they
+        # come): the same bits either way.
+        monkeypatch.setattr(gd, "PACKED_FORM", True)
+        from pallas_kernels.gated_delta import recurrent_kernel
         stack = jnp.zeros((2, 1, 2, 16, 16), jnp.float32)
         def run():  # the knob is read when the kernel is traced: no cached trace
             jax.clear_caches()
@@ -748,11 +730,8 @@ def test_packed_form_bad_inputs_and_switch(monkeypatch):
                         replay_inputs="new", use_qk_l2norm=True, **_kw("pallas"))
         outs = []
         for value in ("0", "1"):
-            monkeypatch.setenv(FETCH_FIRST_ENV, value)
+            monkeypatch.setattr(recurrent_kernel, "FETCH_FIRST", value == "1")
             res = run()
             outs.append([np.asarray(x) for x in (res.o, *res.replay_inputs)])
         for a, b in zip(*outs):
             np.testing.assert_array_equal(a, b)
-        monkeypatch.setenv(FETCH_FIRST_ENV, "yes")
-        with pytest.raises(ValueError, match=FETCH_FIRST_ENV):
-            run()

@@ -17,7 +17,7 @@ from safetensors.numpy import load_file, save_file
 from specdec_jax.decoding.sampling import SamplingConfig
 from specdec_jax.errors import CheckpointError, InputError
 from specdec_jax.decoding import looped_ar
-from specdec_jax.models import looped
+from specdec_jax.models.looped import model as looped
 
 FIXTURES = Path(__file__).parent / "fixtures" / "looped"
 NAMES = ("huginn_tiny", "raven_llama_tiny")
@@ -123,13 +123,13 @@ def test_exit_depths_equal_separate_forwards(models, refs):
 
 
 def test_unrolled_recurrence_computes_the_rolled_one(models, refs, monkeypatch):
-    """SPECDEC_RECURRENCE_UNROLL changes how the depth loop is compiled, not what it computes: forward (with an
+    """looped.RECURRENCE_UNROLL changes how the depth loop is compiled, not what it computes: forward (with an
     early exit, two scans) and the exact path's decode_forward, traced anew under each setting."""
     model, ids = models["huginn_tiny"], jnp.asarray(refs["huginn_tiny"]["input_ids"])
     cfg, r = model.config, 5
 
     def traced_under(unroll):  # a new function each time (jit caches traces by function): the setting is read
-        monkeypatch.setenv("SPECDEC_RECURRENCE_UNROLL", unroll)  # while tracing
+        monkeypatch.setattr(looped, "RECURRENCE_UNROLL", unroll)  # read while tracing
 
         def run(params, ids):
             logits, _, extras = looped.forward(params, cfg, None, ids, num_steps=r, exit_depths=(2,))
@@ -150,7 +150,7 @@ def test_unrolled_recurrence_computes_the_rolled_one(models, refs, monkeypatch):
         assert (loops == 0) == (unroll == "full")
         for got, want in zip(outputs, rolled):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="SPECDEC_RECURRENCE_UNROLL"):
+    with pytest.raises(ValueError, match="RECURRENCE_UNROLL"):
         traced_under("0")
 
 

@@ -1,5 +1,5 @@
 """The forced-acceptance mode of looped self-speculation (`looped_spec._loop(accept_p=...)`) behind
-scripts/bench_looped_curve.py: the accepted count follows the forced schedule, generate() cannot reach it,
+benchmarks/bench_looped_curve.py: the accepted count follows the forced schedule, generate() cannot reach it,
 and the script's tiny run writes rows with the documented fields. CPU, tiny random model, R = 2."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from specdec_jax.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from scripts import bench_looped_curve  # noqa: E402
-from scripts.bench_looped_spec import random_model, tiny_config  # noqa: E402
+from benchmarks import bench_looped_curve  # noqa: E402
+from benchmarks.bench_looped_spec import random_model, tiny_config  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from specdec_jax.decoding import looped_spec as ls
 from specdec_jax.decoding.sampling import SamplingConfig
 from specdec_jax.errors import InputError
 from specdec_jax.decoding import looped_ar
-from specdec_jax.models import looped
+from specdec_jax.models.looped import model as looped
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "looped"

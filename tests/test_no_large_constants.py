@@ -65,9 +65,9 @@ def test_generation_programs_take_parameters_as_arguments():
 
 
 def test_looped_benchmark_round_functions_take_parameters_as_arguments(monkeypatch):
-    """scripts/bench_looped_spec.py's per-round timings (the run that stalled in constant folding)."""
+    """benchmarks/bench_looped_spec.py's per-round timings (the run that stalled in constant folding)."""
     sys.path.insert(0, str(ROOT))
-    from scripts import bench_looped_spec
+    from benchmarks import bench_looped_spec
     real_jit, largest = jax.jit, []
 
     def recording_jit(fn, *a, **kw):

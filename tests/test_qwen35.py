@@ -13,7 +13,8 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 import specdec_jax as sj
-from specdec_jax.models import qwen35
+from pallas_kernels import gated_delta
+from specdec_jax.models.qwen35 import model as qwen35
 from tests import qwen_helpers as H
 
 VARIANTS = {
@@ -225,18 +226,18 @@ def test_hf_tensors_round_trip(small_model):
 
 @pytest.mark.parametrize("impl, shapes", [("pallas", ("decode", "plain")), ("reference", ("decode",))])
 def test_replay_stash_commits_the_states_of_the_stacking_commit(small_model, impl, shapes, monkeypatch):
-    """SPECDEC_GDN_REPLAY_STASH=1: a replay-rollback verification hands its commit every GDN layer's inputs already
+    """gated_delta.REPLAY_STASH on: a replay-rollback verification hands its commit every GDN layer's inputs already
     stacked by its step kernels (extras["replay_inputs"]); the committed state is the stacking commit's, bit for bit,
     for kept counts from one to all, on the decode shape (padded rows, live rows) and off it. (Interpret mode fills
     what a kernel leaves unwritten with NaN, so a read of a row no layer wrote would show.)"""
     _, model = small_model
     cfg = model.config
-    monkeypatch.setenv("SPECDEC_GDN_PACKED_FORM", "0")  # the plain form's stash switch (the packed form always stashes)
+    monkeypatch.setattr(gated_delta, "PACKED_FORM", False)  # the plain form's stash switch (the packed form always stashes)
     ids = jnp.asarray(np.random.default_rng(21).integers(0, model.vocab_size, size=(1, 12)))
     state = qwen35.forward(model.params, cfg, qwen35.init_state(cfg, 1, 40, jnp.float32), ids[:, :7], impl=impl)[1]
     kept = {}
     for flag in ("0", "1"):
-        monkeypatch.setenv("SPECDEC_GDN_REPLAY_STASH", flag)
+        monkeypatch.setattr(gated_delta, "REPLAY_STASH", flag == "1")
         for shape in shapes:
             options = dict(n_valid=jnp.full((1,), 8, jnp.int32), live_rows=5) if shape == "decode" else {}
             rows = 8 if shape == "decode" else 5
@@ -347,7 +348,7 @@ def test_packed_form_in_the_model_decode_and_verification_agree_bit_for_bit(tmp_
     keys, gates and pseudo-values for the replay commit, bit for bit (what makes the committed states equal: on the
     GPU the pseudo-value replay reproduces the recurrence's state bit for bit, kernel README; XLA's CPU compiler may
     contract that update differently, so here the states are compared to rounding); and the form's logits are the
-    plain form's (SPECDEC_GDN_PACKED_FORM=0) within float32 rounding."""
+    plain form's (gated_delta.PACKED_FORM off) within float32 rounding."""
     cfg = H.tiny_text_config(ratio=2, layers=4, linear_key_head_dim=16, linear_value_head_dim=16)
     H.save_reference(H.build_reference(cfg, seed=9), str(tmp_path))
     model = sj.load(str(tmp_path), dtype="float32")
@@ -358,7 +359,7 @@ def test_packed_form_in_the_model_decode_and_verification_agree_bit_for_bit(tmp_
     rows, one = 4, jnp.ones((1,), jnp.int32)
 
     def run(packed: str):
-        monkeypatch.setenv("SPECDEC_GDN_PACKED_FORM", packed)
+        monkeypatch.setattr(gated_delta, "PACKED_FORM", packed == "1")
 
         def forward_commit(p, s, x, n, live):  # a decode-shape forward of `live` tokens, then the commit of n
             logits, verified, extras = qwen35.forward(p, cfg, s, x, impl="pallas", collect="replay",

@@ -17,8 +17,8 @@ from specdec_jax.decoding.sampling import SamplingConfig
 from specdec_jax.decoding.speculative import _spec_prefill, generate_speculative, spec_step_jit
 from specdec_jax.drafters.self_draft import SelfDrafter, default_skip_layers
 from specdec_jax.errors import InputError
-from specdec_jax.models import qwen35
-from specdec_jax.profiling import while_loops
+from specdec_jax.models.qwen35 import model as qwen35
+from specdec_jax.bench.profiling import while_loops
 from tests import qwen_helpers as H
 from tests.stats_helpers import assert_first_tokens_match
 

@@ -15,7 +15,7 @@ from specdec_jax.decoding import acceptance
 from specdec_jax.decoding.sampling import SamplingConfig
 from specdec_jax.decoding.speculative import generate_speculative
 from specdec_jax.drafters.ngram import NgramDrafter, ngram_lookup
-from specdec_jax.models import qwen35
+from specdec_jax.models.qwen35 import model as qwen35
 from tests import qwen_helpers as H
 from tests.stats_helpers import assert_first_tokens_match
 
@@ -277,18 +277,17 @@ def _prefilled(model, ids, gamma, n):
 
 
 def test_deferred_commit_and_sure_steps_give_the_same_tokens_and_state_bit_for_bit(model, monkeypatch):
-    """The loop carrying each step's GDN commit into the next step (SPECDEC_DEFER_COMMIT=1), and with it the sure steps
-    run first in a loop of known trip count (SPECDEC_SURE_STEPS=1: here ceil(19 / 5) = 4 of the steps), emit the same
+    """The loop carrying each step's GDN commit into the next step (speculative.DEFER_DEFAULT), and with it the sure
+    steps run first in a loop of known trip count (speculative.SURE_STEPS: here ceil(19 / 5) = 4 of the steps), emit the same
     tokens and end in the same state, bit for bit, as committing within each step; ragged acceptance over two rows."""
     from specdec_jax.decoding import speculative
     ids = np.random.default_rng(9).integers(0, model.vocab_size, size=(2, 6))
     ar = sj.generate(model, ids, 20, eos_token_id=False).tokens
     reference = tuple(map(tuple, np.concatenate([ids, ar], axis=1).tolist()))
     results = {}
-    monkeypatch.setenv(speculative.SURE_STEPS_ENV, "0")
     for defer, sure in (("0", "0"), ("1", "0"), ("1", "1")):
-        monkeypatch.setenv(speculative.DEFER_ENV, defer)
-        monkeypatch.setenv(speculative.SURE_STEPS_ENV, sure)
+        monkeypatch.setattr(speculative, "DEFER_DEFAULT", defer == "1")
+        monkeypatch.setattr(speculative, "SURE_STEPS", sure == "1")
         assert speculative.defer_commit("replay") == (defer == "1") and not speculative.defer_commit("snapshot")
         assert speculative.sure_steps_enabled() == (sure == "1")
         results[defer + sure] = _spec(model, ids, 20, OracleDrafter(reference, 4, model.vocab_size), 4, "replay",
@@ -307,12 +306,6 @@ def test_deferred_commit_and_sure_steps_give_the_same_tokens_and_state_bit_for_b
         assert results[variant].stats["accepted_counts"] == results["00"].stats["accepted_counts"]
         for a, b in zip(jax.tree.leaves(results["00"].stats["state"]), jax.tree.leaves(results[variant].stats["state"])):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    monkeypatch.setenv(speculative.DEFER_ENV, "yes")
-    with pytest.raises(ValueError, match="SPECDEC_DEFER_COMMIT must be 0 or 1; got 'yes'"):
-        speculative.defer_commit("replay")
-    monkeypatch.setenv(speculative.SURE_STEPS_ENV, "on")
-    with pytest.raises(ValueError, match="SPECDEC_SURE_STEPS must be 0 or 1 .*; got 'on'"):
-        speculative.sure_steps_enabled()
     with pytest.raises(ValueError, match="deferred under replay rollback only"):
         jax.eval_shape(functools.partial(speculative._spec_loop, cfg=model.config, sampling=SamplingConfig(), eos_ids=(),
                                          gamma=2, max_new_tokens=4, drafter=NgramDrafter(), rollback="snapshot",

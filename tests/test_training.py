@@ -19,7 +19,7 @@ import torch
 
 import specdec_jax as sj
 from specdec_jax import training
-from specdec_jax.models import mtp, qwen35
+from specdec_jax.models.qwen35 import mtp_head as mtp, model as qwen35
 from tests import qwen_helpers as H
 
 VOCAB = 96

@@ -17,7 +17,7 @@ from specdec_jax.decoding import tree_spec as ts
 from specdec_jax.decoding.sampling import SamplingConfig
 from specdec_jax.drafters.tree import TreeMtpDrafter, TreeNgramDrafter, candidate_ids, ngram_candidates, \
     sibling_rank
-from specdec_jax.models import qwen35
+from specdec_jax.models.qwen35 import model as qwen35
 from tests import qwen_helpers as H
 from tests.stats_helpers import assert_first_tokens_match
 

@@ -17,7 +17,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from .flash import F32, _dot
+from .flash import F32, dot_f32
 
 
 def _split_kernel(start_ref, q_ref, k_ref, v_ref, a_ref, m_ref, l_ref, *, group, n_rows, block_k, span, seq_len,
@@ -39,13 +39,13 @@ def _split_kernel(start_ref, q_ref, k_ref, v_ref, a_ref, m_ref, l_ref, *, group,
         inside = jnp.broadcast_to((keys < seq_len)[:, None], (block_k, q.shape[1]))
         k = plt.load(k_ref.at[at, :], mask=inside, other=0.0)
         v = plt.load(v_ref.at[at, :], mask=inside, other=0.0)
-        s = _dot(q, k, trans_b=True, exact=exact) * scale  # [R, BK]
+        s = dot_f32(q, k, trans_b=True, exact=exact) * scale  # [R, BK]
         s = jnp.where((keys[None, :] <= pos[:, None]) & (keys[None, :] < seq_len), s, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # a row with nothing seen yet keeps exp(-inf) = 0
         p = jnp.exp(s - safe[:, None])
         alpha = jnp.exp(m - safe)
-        return m_new, l * alpha + jnp.sum(p, axis=1), acc * alpha[:, None] + _dot(p.astype(v.dtype), v, exact=exact)
+        return m_new, l * alpha + jnp.sum(p, axis=1), acc * alpha[:, None] + dot_f32(p.astype(v.dtype), v, exact=exact)
 
     d = q.shape[1]
     m, l, acc = lax.fori_loop(0, n_tiles, tile, (jnp.full((rows,), -jnp.inf, F32), jnp.zeros((rows,), F32),

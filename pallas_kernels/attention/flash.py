@@ -21,7 +21,7 @@ from jax.experimental.pallas import triton as plt
 F32 = jnp.float32
 
 
-def _dot(a, b, *, trans_b=False, exact):
+def dot_f32(a, b, *, trans_b=False, exact):
     """a @ b (or a @ b^T) with fp32 accumulation; `exact`: fp32 operands at full precision (CPU interpret, fp32)."""
     dims = (((1,), (1 if trans_b else 0,)), ((), ()))
     prec = lax.Precision.HIGHEST if exact and a.dtype == F32 else None
@@ -47,13 +47,13 @@ def _flash_kernel(start_ref, q_ref, k_ref, v_ref, o_ref, *, group, block_m, bloc
             v = plt.load(v_ref.at[rows, :], mask=inside, other=0.0)
         else:
             k, v = k_ref[rows, :], v_ref[rows, :]
-        s = _dot(q, k, trans_b=True, exact=exact) * scale  # [BM, BK] fp32
+        s = dot_f32(q, k, trans_b=True, exact=exact) * scale  # [BM, BK] fp32
         if masked:
             s = jnp.where((keys[None, :] <= pos[:, None]) & (keys[None, :] < seq_len), s, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))  # finite: every row sees slot 0 in the first tile
         p = jnp.exp(s - m_new[:, None])
         alpha = jnp.exp(m - m_new)
-        acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v, exact=exact)
+        acc = acc * alpha[:, None] + dot_f32(p.astype(v.dtype), v, exact=exact)
         return m_new, l * alpha + jnp.sum(p, axis=1), acc
 
     d = q.shape[1]

@@ -9,8 +9,6 @@ KV cache) in few launches, for drafts, whose numerics need not match the target'
 
 from __future__ import annotations
 
-import os
-
 import jax
 
 from . import reference
@@ -21,84 +19,57 @@ MAX_ROWS = 16  # positions per batch row a forward through the blocks takes: dec
 MAX_OPERAND_ROWS = 64  # rows of a product's operand (batch x padded positions): the input tile lives in registers
 ATTENTION_BLOCKS = (64, 128, 256)  # cache slots per attention block `cached_attention` runs with
 CACHE_MULTIPLE = 256  # a cache's length must be a multiple of it (of every block size)
-# Measurements behind the defaults below: H200, the tiny checkpoint's MTP head (hd 64) in bf16, time per chained
-# forward at cache fills 200 / 400 / 1000 / 3000 (benchmarks/results/mtp_head_tiny-qwen35-code_gather.md;
-# ..._splits.md for the gather). Slots per block 64 / 128 / 256: 29.7 / 28.3 / 28.2 µs at fill 200, 41.3 / 38.7 /
-# 37.8 at 1000: the largest block whose [slots, hd] tile is at most BLOCK_ELEMENTS (hd 64: 256 slots; larger head
-# dims take fewer slots: not measured). Splits over the cache 1 / 2 / 4: 29.7 / 31.8 / 35.3 µs at fill 200, 41.3 /
+# The settings below were measured on an H200 with the tiny checkpoint's MTP head (hd 64) in bf16, time per chained
+# forward (README.md, "Measurements"). Slots per block 64 / 128 / 256: 29.7 / 28.3 / 28.2 µs at cache fill 200, 41.3 /
+# 38.7 / 37.8 at 1000: the largest block whose [slots, hd] tile is at most BLOCK_ELEMENTS (hd 64: 256 slots; larger
+# head dims take fewer slots: not measured). Splits over the cache 1 / 2 / 4: 29.7 / 31.8 / 35.3 µs at fill 200, 41.3 /
 # 37.3 / 37.6 at 1000, 71.3 / 52.7 / 47.3 at 3000 (XLA's forward: 33.4, 37.2, 34.9): one program per head up to
 # SPLIT_SLOTS[0] cache slots, 2 up to SPLIT_SLOTS[1], 4 beyond. The fc input gathered by its product: 30.6 -> 29.5 µs
 # (T = 1), 31.6 -> 30.2 (T = 4) at fill 200.
 BLOCK_ELEMENTS = 16384
 SPLIT_SLOTS = (1024, 2048)
-SLOTS_ENV = "SPECDEC_DECODE_BLOCK_SLOTS"  # cache slots per attention block (an A/B knob; read when traced)
-WARPS_ENV = "SPECDEC_DECODE_BLOCK_WARPS"  # "ATTENTION,LINEAR" warps per program (an A/B knob; read when traced)
-# Measured on the H200, the tiny checkpoint's MTP head in bf16, time per chained forward against XLA's (T = 1 / 4 / 5
-# rows): (8, 4) 1.03 / 1.13 / 1.17x, (4, 4) 0.98-1.10x, (8, 8) 0.99-1.14x, (16, 8) 0.91-1.07x, (2, *) 0.74-0.84x,
-# (1, *) 0.41-0.51x (benchmarks/results/mtp_head_tiny-qwen35-code.md, ..._warps.md).
-DEFAULT_WARPS = (8, 4)
-SPLITS_ENV = "SPECDEC_DECODE_BLOCK_SPLITS"  # programs per (batch row, head) over a cache (an A/B knob; when traced)
-GATHER_ENV = "SPECDEC_DECODE_BLOCK_GATHER"  # "1": products gather their input rows (`Gathered`); "0": XLA pads them
-DEFAULT_GATHER = True
-FUSE_ENV = "SPECDEC_DECODE_BLOCK_FUSE_OUT_PROJ"  # "1": attention projects each head (`HeadSum`); "0": a product
-# Off: on the H200 (tiny checkpoint's head, cache fill 200 / 1000, T = 1 and 4) the fused form took 29.6 / 30.9 / 37.4 /
-# 38.0 us per chained forward against 29.1 / 31.1 / 38.0 / 38.9 with the product of its own: within +-2%, one launch
-# fewer buys nothing measurable (benchmarks/results/mtp_head_tiny-qwen35-code_fuse.md).
-DEFAULT_FUSE_OUT_PROJ = False
+SPLITS: int | None = None  # programs per (batch row, head) over a cache; None: by the cache's length (SPLIT_SLOTS)
+SLOTS: int | None = None  # cache slots per attention block, one of ATTENTION_BLOCKS; None: the largest that fits
+# (attention, linear) warps per program; against XLA's forward at T = 1 / 4 / 5 rows: (8, 4) 1.03 / 1.13 / 1.17x,
+# (4, 4) 0.98-1.10x, (8, 8) 0.99-1.14x, (16, 8) 0.91-1.07x, (2, *) 0.74-0.84x, (1, *) 0.41-0.51x.
+WARPS = (8, 4)
+GATHER = True  # products gather their input rows (`Gathered`); False: XLA pads them first
+# The attention projecting each head's output (`HeadSum`, one launch fewer) instead of a product of its own: 29.6 /
+# 30.9 / 37.4 / 38.0 us per chained forward against 29.1 / 31.1 / 38.0 / 38.9 (fill 200 / 1000, T = 1 and 4): within
+# +-2%, nothing measurable, so off.
+FUSE_OUT_PROJ = False
 
 
 def warps() -> tuple[int, int]:
-    """(attention, linear) warps per program: WARPS_ENV, else DEFAULT_WARPS."""
-    raw = os.environ.get(WARPS_ENV, "").strip()
-    if not raw:
-        return DEFAULT_WARPS
-    try:
-        attention, linear = (int(x) for x in raw.split(","))
-    except ValueError:
-        raise ValueError(f"{WARPS_ENV} must be two integers 'ATTENTION,LINEAR'; got {raw!r}") from None
-    return attention, linear
+    """(attention, linear) warps per program."""
+    return WARPS
 
 
 def attention_splits(cache_len: int, head_dim: int) -> int:
-    """Programs per (batch row, query head) `cached_attention` spreads a cache of cache_len slots over: SPLITS_ENV,
-    else by the cache's length (SPLIT_SLOTS); at most one per attention block."""
-    raw = os.environ.get(SPLITS_ENV, "").strip()
-    try:
-        most = int(raw) if raw else 2 ** sum(cache_len > slots for slots in SPLIT_SLOTS)  # 1, 2, 4
-    except ValueError:
-        raise ValueError(f"{SPLITS_ENV} must be a positive integer; got {raw!r}") from None
-    if most < 1:
-        raise ValueError(f"{SPLITS_ENV} must be a positive integer; got {raw!r}")
+    """Programs per (batch row, query head) `cached_attention` spreads a cache of cache_len slots over: SPLITS where
+    set, else by the cache's length (SPLIT_SLOTS); at most one per attention block."""
+    most = SPLITS if SPLITS is not None else 2 ** sum(cache_len > slots for slots in SPLIT_SLOTS)  # 1, 2, 4
     return max(1, min(most, cache_len // attention_block(head_dim, cache_len)))
 
 
 def attention_block(head_dim: int, cache_len: int = CACHE_MULTIPLE) -> int:
-    """Cache slots per attention block: SLOTS_ENV, else the largest of ATTENTION_BLOCKS dividing cache_len whose
+    """Cache slots per attention block: SLOTS where set, else the largest of ATTENTION_BLOCKS dividing cache_len whose
     [slots, head_dim] tile holds at most BLOCK_ELEMENTS values (at least the smallest)."""
-    raw = os.environ.get(SLOTS_ENV, "").strip()
-    if raw and raw not in {str(b) for b in ATTENTION_BLOCKS}:
-        raise ValueError(f"{SLOTS_ENV} must be one of {ATTENTION_BLOCKS}; got {raw!r}")
-    if raw:
-        return int(raw)
+    if SLOTS is not None:
+        return SLOTS
     fits = [b for b in ATTENTION_BLOCKS if b * head_dim <= BLOCK_ELEMENTS and cache_len % b == 0]
     return max(fits or [ATTENTION_BLOCKS[0]])
 
 
 def gather_inputs() -> bool:
-    """Whether a forward through the blocks hands its products `Gathered` inputs (GATHER_ENV, else DEFAULT_GATHER)."""
-    raw = os.environ.get(GATHER_ENV, "").strip()
-    if raw not in ("", "0", "1"):
-        raise ValueError(f"{GATHER_ENV} must be 0 or 1; got {raw!r}")
-    return DEFAULT_GATHER if not raw else raw == "1"
+    """Whether a forward through the blocks hands its products `Gathered` inputs (GATHER)."""
+    return GATHER
 
 
 def fuse_out_proj() -> bool:
     """Whether a forward through the blocks projects the attention's output per head inside the attention (summed by
-    the next product: one launch fewer) or in a product of its own (FUSE_ENV, else DEFAULT_FUSE_OUT_PROJ)."""
-    raw = os.environ.get(FUSE_ENV, "").strip()
-    if raw not in ("", "0", "1"):
-        raise ValueError(f"{FUSE_ENV} must be 0 or 1; got {raw!r}")
-    return DEFAULT_FUSE_OUT_PROJ if not raw else raw == "1"
+    the next product: one launch fewer) or in a product of its own (FUSE_OUT_PROJ)."""
+    return FUSE_OUT_PROJ
 
 
 def _kernels():
@@ -156,6 +127,6 @@ def cached_attention(qkv, start, k_cache, v_cache, q_norm, k_norm, freqs, *, n_h
 
 __all__ = ["IMPLEMENTATIONS", "MAX_ROWS", "MAX_OPERAND_ROWS", "EPILOGUES", "block_linear", "cached_attention",
            "rope_frequencies", "Gathered", "Partials", "HeadSum", "default_implementation", "resolve",
-           "linear_shape_supported", "warps", "WARPS_ENV", "attention_splits", "SPLITS_ENV", "attention_block",
-           "SLOTS_ENV", "ATTENTION_BLOCKS", "CACHE_MULTIPLE", "gather_inputs", "GATHER_ENV", "fuse_out_proj",
-           "FUSE_ENV"]
+           "linear_shape_supported", "warps", "WARPS", "attention_splits", "SPLITS", "attention_block",
+           "SLOTS", "ATTENTION_BLOCKS", "CACHE_MULTIPLE", "gather_inputs", "GATHER", "fuse_out_proj",
+           "FUSE_OUT_PROJ"]

@@ -42,57 +42,43 @@ def pallas_available() -> bool:
     return _pallas_module() is not None
 
 
-# Ops whose Pallas kernel has been measured faster than the XLA path on the GPU (H200):
-# - chunk (prefill, long verification): benchmarks/results/gdn_h200.md (5.6x the XLA path at T = 8192);
-# - recurrent, in decode and in verification of up to 64 tokens, and so the replay commit that re-runs it:
-#   benchmarks/results/profile_spec_step_qwen35_9b_random.md (verify of 9 tokens 5.63 ms against 6.76 ms
-#   for the chunk kernels and 7.47 ms as an XLA loop; replay commit 0.34 ms against 3.3 ms) and
-#   profile_spec_step_tiny-qwen35-code.md (verify 201 us against 425 / 507 us).
-# The pseudo-value commit stays on XLA: its Pallas kernel measured slower (9B: 0.37 / 2.14 ms against
-# 0.30 / 0.35 ms at gamma 8 / 16; tiny: 52 against 43 us), same files.
+# Ops whose Pallas kernel has been measured faster than the XLA path on the GPU (H200): the chunk op (prefill, long
+# verification: 5.6x the XLA path at T = 8192, benchmarks/results/gdn_h200.md), and the recurrent op in decode and in
+# verification of up to 64 tokens, and so the replay commit that re-runs it (a 9-token verification at the 9B shape
+# 5.63 ms against 6.76 ms for the chunk kernels and 7.47 ms as an XLA loop; docs/LOG.md, 2026-12-01). The
+# pseudo-value commit stays on XLA: its Pallas kernel measured slower (9B: 0.37 / 2.14 ms against 0.30 / 0.35 ms at
+# gamma 8 / 16).
 _PALLAS_BY_DEFAULT = frozenset({"chunk", "recurrent"})
 
-
-REPLAY_STASH_ENV = "SPECDEC_GDN_REPLAY_STASH"
+# Whether a replay-rollback verification stores the inputs its commit replays from (`replay_inputs`: keys, gates and
+# pseudo-values, nothing stacked first). None: where the step recurrence runs as the compiled Pallas kernel (the GPU),
+# not elsewhere (the CPU's paths replay from stacked inputs); True / False force it (tests). Same bits as the full
+# replay, step by step at the 9B shape; speedup / tokens per step at gamma 8 0.936-0.975 with it (docs/LOG.md,
+# 2026-12-02 and 2026-12-03; kernel README).
+REPLAY_STASH: bool | None = None
+# Whether the step recurrence runs in the packed form where the Pallas kernel takes the layout (q, k, v read where they
+# lie in the conv output, beta and g formed in the kernel): 9B AR 4.846 -> 4.806 ms per token, steps ~1% faster
+# (docs/LOG.md, 2026-12-03). False runs the plain form (tests compare the two).
+PACKED_FORM = True
 
 
 def replay_stash_enabled(implementation: str | None = "auto") -> bool:
     """Whether a model's verification under replay rollback passes `replay_inputs` to its step kernels (the stacks of
-    keys, gates and pseudo-values its commit replays from with `replay_pseudo_values`, nothing stacked first), read
-    when a function is traced.
-
-    Default: on where the step recurrence runs as the compiled Pallas kernel (the GPU), off elsewhere (the CPU
-    suite's paths keep the full replay from stacked inputs); SPECDEC_GDN_REPLAY_STASH=1 / 0 forces it on / off.
-    Chosen on the H200 at the 9B shape: first as a stash of the inputs (commit 469e934: speedup / tokens per step
-    0.918-0.933 at gamma 8 against 0.905-0.920 without, spec_cost_curve_qwen35_9b_random_stash_on.md), now of the
-    pseudo-values (b51cb4a / e3105b9: 0.936-0.975 at gamma 8, 0.869-0.911 at gamma 16,
-    spec_cost_curve_qwen35_9b_random_pseudo_replay_{tuned,default}.md; the replay 68 us against 83 us per gamma-8
-    step, tune_pseudo_replay.md). Outputs: the same bits as the full replay, step by step at the 9B shape
-    (stash_bits_qwen35_9b_random.md; kernel README)."""
-    env = os.environ.get(REPLAY_STASH_ENV, "").strip()
-    if env not in ("", "0", "1"):
-        raise ValueError(f"{REPLAY_STASH_ENV} must be 0 or 1 (or unset for the default); got {env!r}")
-    if env:
-        return env == "1"
+    keys, gates and pseudo-values its commit replays from with `replay_pseudo_values`), read when a function is
+    traced: REPLAY_STASH where set, else on where the step recurrence runs as the compiled Pallas kernel (the GPU)."""
+    if REPLAY_STASH is not None:
+        return bool(REPLAY_STASH)
     return jax.default_backend() == "gpu" and _resolve(implementation, "recurrent") == "pallas"
-
-
-PACKED_FORM_ENV = "SPECDEC_GDN_PACKED_FORM"
 
 
 def packed_form_enabled(implementation: str | None = "auto", layout: PackedLayout | None = None) -> bool:
     """Whether a model runs its step recurrences in the packed form (`packed_recurrent_gated_delta_rule`: q, k, v read
     where they lie in the layer's conv output, beta and g computed inside the step kernel), read when a function is
-    traced: where the step recurrence is the Pallas kernel and its packed form takes `layout` (None: any it takes).
-    Where it is on, a model runs every step recurrence in that form (decode and verification alike, so both compute
-    each position's gates with the same instructions) and, under replay rollback, commits from the kernel's stash.
-
-    Default: on there; SPECDEC_GDN_PACKED_FORM=0 turns it off (an A/B knob: per process, as jit caches what it
-    traced; 1 is the default)."""
-    env = os.environ.get(PACKED_FORM_ENV, "").strip()
-    if env not in ("", "0", "1"):
-        raise ValueError(f"{PACKED_FORM_ENV} must be 0 or 1 (or unset for the default); got {env!r}")
-    if env == "0" or _resolve(implementation, "recurrent") != "pallas":
+    traced: where PACKED_FORM holds, the step recurrence is the Pallas kernel and its packed form takes `layout`
+    (None: any it takes). Where it is on, a model runs every step recurrence in that form (decode and verification
+    alike, so both compute each position's gates with the same instructions) and, under replay rollback, commits from
+    the kernel's stash."""
+    if not PACKED_FORM or _resolve(implementation, "recurrent") != "pallas":
         return False
     return layout is None or _pallas_module().packed_form_supported(layout)
 

@@ -19,7 +19,6 @@ measured best on an H200 where a measurement exists (README.md, "Benchmarks").
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -95,7 +94,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, 
     both only matter for 16-bit inputs. `split_output`: O from a separate kernel parallel over chunks
     (True) or inside the sequential chunk loop (False); see chunk_kernel.chunk_fwd. `num_warps`:
     warps of the (WY, state, output) kernels; `state_stages`: pipeline stages of the state kernel
-    (3 measured fastest at T = 8192: benchmarks/results/gdn_chunk_tuning.md). `wy_solver`: how the
+    (3 measured fastest at T = 8192: kernel README, "Benchmarks"). `wy_solver`: how the
     64x64 triangular inverse is formed, "substitution" (measured) or "merge" (products only, to be
     measured; chunk_kernel.unit_lower_inverse).
     """
@@ -208,32 +207,20 @@ def fused_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_st
 
 
 # The packed step kernel's (block_v, warps), decode and verification alike (they must run one setting to compute the
-# same bits): (8, 1). SPECDEC_GDN_STEP_BLOCK="BV:WARPS" overrides it (an A/B knob, read when traced). Measured on an H200
-# at the 9B layer shape (benchmarks/results/tune_packed_step.md, commit b3cad6f; every setting exact against itself):
-# per call at 1 / 9 rows (8, 1) 24.2 / 28.6 us, (8, 2) 22.0 / 19.7 us, the others no faster at 9 rows; but in the model
-# (8, 2) gave steps at gamma 2 / 4 / 8 of 5.036 / 5.122 / 5.257 ms against 4.971 / 5.058 / 5.271 ms at (8, 1), each
-# paired with its own AR (spec_cost_curve_qwen35_9b_random_step_block_8_{1,2}.md), so (8, 1) stays.
+# same bits). (8, 2) was faster per call at 9 rows in isolation, but not in the model's steps, so (8, 1) stays
+# (docs/LOG.md, 2026-12-03).
 STEP_BLOCK = (8, 1)
-STEP_BLOCK_ENV = "SPECDEC_GDN_STEP_BLOCK"
 
 
-def launch_setting(env_name: str, default: tuple[int, int], block_v=None, num_warps=None) -> tuple[int, int]:
-    """(block_v, num_warps): the arguments where given, else the environment variable `env_name` ("BLOCK_V:WARPS", an
-    A/B knob), else `default`. A bad value is one clear error."""
-    env = os.environ.get(env_name, "").strip()
-    if env:
-        parts = env.split(":")
-        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise ValueError(f"{env_name} must be BLOCK_V:WARPS (positive integers); got {env!r}")
-        default = (check_block_v(int(parts[0])), int(parts[1]))
+def launch_setting(default: tuple[int, int], block_v=None, num_warps=None) -> tuple[int, int]:
+    """(block_v, num_warps): the arguments where given, else `default`."""
     return (default[0] if block_v is None else check_block_v(block_v),
             default[1] if num_warps is None else int(num_warps))
 
 
 def step_block_setting(block_v=None, num_warps=None) -> tuple[int, int]:
-    """(block_v, num_warps) of the packed step kernel: the arguments where given, else SPECDEC_GDN_STEP_BLOCK, else
-    STEP_BLOCK."""
-    return launch_setting(STEP_BLOCK_ENV, STEP_BLOCK, block_v, num_warps)
+    """(block_v, num_warps) of the packed step kernel: the arguments where given, else STEP_BLOCK."""
+    return launch_setting(STEP_BLOCK, block_v, num_warps)
 
 
 def packed_form_supported(layout, block_v: int = 8) -> bool:
@@ -360,19 +347,17 @@ def replay_state(initial_state, k, v, g, beta, n_steps, *, use_qk_l2norm=False, 
 
 
 # The pseudo-value replay's (block_v, warps) by position count: free (every operation is elementwise, so every setting
-# gives the same bits), chosen on an H200 at the 9B shape, 24 layers in one launch, each setting's states checked equal
-# to the verification's (benchmarks/results/tune_pseudo_replay.md, b51cb4a): at T = 3 / 9 / 17 the verification's own
-# (8, 1) took 94 / 117 / 115 us, (32, 4) 61 / 68 / 97 us, (64, 4) 67 / 72 / 83 us. Up to 16 positions (the unrolled
-# form) (32, 4); from 17 (the loop form) (64, 4).
+# gives the same bits), chosen on an H200 at the 9B shape, 24 layers in one launch (docs/LOG.md, 2026-12-03): at
+# T = 3 / 9 / 17 the verification's own (8, 1) took 94 / 117 / 115 us, (32, 4) 61 / 68 / 97 us, (64, 4) 67 / 72 / 83 us.
+# Up to 16 positions (the unrolled form) (32, 4); from 17 (the loop form) (64, 4).
 PSEUDO_REPLAY_SETTINGS = ((16, (32, 4)), (None, (64, 4)))  # (up to T, setting); None: any T
-PSEUDO_REPLAY_ENV = "SPECDEC_GDN_PSEUDO_REPLAY"  # "BLOCK_V:WARPS" overrides both (an A/B knob; read when traced)
 
 
 def pseudo_replay_setting(t: int, block_v=None, num_warps=None) -> tuple[int, int]:
-    """(block_v, num_warps) of the pseudo-value replay of t positions: the arguments where given, else
-    SPECDEC_GDN_PSEUDO_REPLAY, else the measured default for t. A bad value is one clear error."""
+    """(block_v, num_warps) of the pseudo-value replay of t positions: the arguments where given, else the measured
+    default for t."""
     default = next(setting for bound, setting in PSEUDO_REPLAY_SETTINGS if bound is None or t <= bound)
-    return launch_setting(PSEUDO_REPLAY_ENV, default, block_v, num_warps)
+    return launch_setting(default, block_v, num_warps)
 
 
 @functools.partial(jax.jit, static_argnames=("interpret", "block_v", "num_warps", "preload"))

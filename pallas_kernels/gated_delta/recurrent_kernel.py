@@ -8,167 +8,114 @@ positions (T <= 64 in practice; any T works):
 Rollback outputs: `u_t` (pseudo-values, [T, BV] per program: 1/K of a state per position) and,
 for the snapshot baseline, the state after every position ([T, K, BV] per program).
 
-Counted (`counts` given): the update of position t is kept only where t < counts[b], so the final state
-is the state after the first counts[b] positions (outputs past them are computed and meaningless). With
-outputs it is a decode step at a padded row count (one valid row: the state after it); without outputs
-(replay) it is the commit of the replay rollback.
+One kernel per mode, over the helpers of `recurrent_chain` (the step's math, the loaders, the chain driver):
 
-Replay (`counts` given, no outputs but the state): It is the commit of the replay rollback: the state after the accepted
-prefix, recomputed from the old state by the very arithmetic that verification (and AR decode) ran,
-so it equals the recurrence's state bit for bit (one read and one write of the state).
-
-Pseudo-value replay (`replay_pseudo_fwd`, the GPU's commit): the verification stores the keys as its steps used them
-and the pseudo-values u_t they computed (`stash`), and each kept step is the step's own elementwise update on them,
-with no reduction, so any block shape gives the same bits (kernel README, "The pseudo-value replay").
+- `_step_kernel` (`recurrent_fwd`, `recurrent_packed_fwd`): decode and verification. Counted (`counts` given): the
+  update of position t is kept only where t < counts[b], so the final state is the state after the first counts[b]
+  positions (outputs past them are computed and meaningless): a decode step at a padded row count.
+- `_replay_kernel` (`replay_fwd`): the commit of the replay rollback: the state after the accepted prefix,
+  recomputed from the old state by the very arithmetic that verification (and AR decode) ran, so it equals the
+  recurrence's state bit for bit (one read and one write of the state).
+- `_pseudo_replay_kernel` (`replay_pseudo_fwd`, the GPU's commit): the verification stores the keys as its steps used
+  them and the pseudo-values u_t they computed (`stash`), and each kept step is the step's own elementwise update on
+  them, with no reduction, so any block shape gives the same bits (kernel README, "The pseudo-value replay").
 
 Stacked states (`layer` given): the model keeps every GDN layer's state in one array [L, B, HV, K, V]; a step reads
 and writes its own layer's blocks in place (the layer index is an input, so one compiled kernel serves every layer and
 nothing copies the stack), and the replay commits every layer in ONE launch, the layers as batch rows (L * B).
 At the Qwen3.5-9B shape that replay took 62 / 85 / 100 us per step at gamma 2 / 8 / 16, against 101 / 154 / 288 us for
-24 launches, one per layer (benchmarks/results/kernel_profile_qwen35_9b_random_stacked_profile.md against
-..._rolled_profile.md); without its inputs preloaded (72 registers against 96 / 167) the same 62 / 83 / 99 us
-(..._stacked_replay_nopreload.md). Earlier tries at fewer launches, with the layers' states still separate arrays:
-4 launches of 6 layers each (one branch per layer) took 167-187 us plus 50 us of input stacking, 1 launch of 24
-branches did not compile within 3 minutes (..._profile_grouped_replay.md, commit 28c9a1c); deferring the replay
-into the next verification's launch measured slower (README.md).
+24 launches, one per layer; fewer launches over separate arrays, and deferring the replay into the next
+verification's launch, measured slower (docs/LOG.md, 2026-12-01 and 2026-12-02; kernel README).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from ._kernel_utils import F32, l2norm_vec
+from ._kernel_utils import F32
 from .packed import packed_loader
+from .recurrent_chain import (decayed_state, gated_delta_step, initial_state, kept_count, kept_only,  # noqa: F401
+                              plain_loader, pseudo_loader, rank_one_update, run_chain, write_state)
 
 # Up to this many steps the kernel is unrolled; from 3 rows (every verification and its replay) the same step runs as a
 # loop. Unrolled at 9 rows it is ~4,600 instructions run once, 31.8% of its warp samples waiting for instructions, 13.38
-# against 10.53 us as a loop (benchmarks/results/ncu_step_kernel.md); in the model, with the loads a step ahead, gamma 2 /
-# 4 / 8 steps 4.936 / 5.010 / 5.211 ms unrolled to 16, 4.910 / 4.964 / 5.122 with this bound
-# (spec_cost_curve_qwen35_9b_random_loop_form_unroll{16,4,2}.md; kernel README, "A loop from 3 rows").
+# against 10.53 us as a loop; in the model, with the loads a step ahead, gamma 2 / 4 / 8 steps 4.936 / 5.010 / 5.211 ms
+# unrolled to 16, 4.910 / 4.964 / 5.122 with this bound (docs/LOG.md, 2026-12-03; kernel README, "A loop from 3 rows").
 MAX_UNROLL = 2
-# From 2 to this many steps all inputs are loaded before the first update (registers allow it). Measured on
-# an H200 at the Qwen3.5-9B layer shape (benchmarks/results/tune_recurrent.md): T = 17 29.1 -> 19.9 us,
-# T = 9 20.6 -> 20.2 us, but T = 1 (decode) 15.8 -> 24.7 us, so a single step loads as it goes. In the model, a
-# gamma-16 step (17 rows) took 6.51 / 6.61 / 6.75 ms with bounds 32 / 16 / 8 (spec_cost_curve_qwen35_9b_random_preload*.md).
+# From 2 to this many steps all inputs are loaded before the first update (registers allow it). Measured on an H200 at
+# the Qwen3.5-9B layer shape: T = 17 29.1 -> 19.9 us, T = 9 20.6 -> 20.2 us, but T = 1 (decode) 15.8 -> 24.7 us, so a
+# single step loads as it goes (kernel README). The replay takes the same bound.
 PRELOAD_MAX = 32
+# The replay runs only the steps it keeps (a branch per unrolled step; the loop form ends at n): the same bits
+# (interpret tests of both forms); a gamma-16 step at p 0.6 5.688 -> 5.508 ms on an H200 (docs/LOG.md, 2026-12-02).
+REPLAY_SKIP = True
+# Every position's loads are issued before any step input is formed (all at once unrolled, a step ahead in the loop):
+# the same arithmetic either way; without it each position's loads waited behind the previous position's gates.
+FETCH_FIRST = True
 
 
 def _unroll(t: int, interpret: bool) -> bool:
-    # Interpret mode runs the same step as a loop: unrolled it compiles ~10x slower on CPU.
-    # SPECDEC_GDN_UNROLL_MAX overrides the bound (an A/B knob for GPU measurements; arithmetic is unchanged). Why
-    # the bound is low: compiled locally for sm_90a (Triton 3.8 + ptxas), an unrolled verification step is ~22 KB
-    # of code (the cubin 200 KiB at T = 9, 373 KiB at T = 17; 208 registers, no spills), where the loop form is
-    # ~37 KiB whatever T; at 17 rows the unrolled kernel took 27.6 us per 9B layer against 7.8 at 9.
-    return t <= int(os.environ.get("SPECDEC_GDN_UNROLL_MAX", MAX_UNROLL)) and not interpret
+    # Interpret mode runs the same step as a loop: unrolled it compiles ~10x slower on CPU. Why the bound is low:
+    # compiled locally for sm_90a (Triton 3.8 + ptxas), an unrolled verification step is ~22 KB of code (the cubin
+    # 200 KiB at T = 9, 373 KiB at T = 17; 208 registers, no spills), where the loop form is ~37 KiB whatever T; at 17
+    # rows the unrolled kernel took 27.6 us per 9B layer against 7.8 at 9.
+    return t <= MAX_UNROLL and not interpret
 
 
 def _skip_unkept() -> bool:
-    # The replay runs only the steps it keeps (a branch per unrolled step; the loop form ends at n): the same bits
-    # (interpret tests of both forms). Measured on an H200, 9B shape, exact path, paired runs each with its own AR
-    # (spec_cost_curve_qwen35_9b_random_replay_skip{0,1}.md, commit a5d4558): ms per step at gamma 16, p 0.6
-    # 5.688 -> 5.508 (the loop form stops at the accepted count); gamma 8 (unrolled) and full acceptance unchanged
-    # (5.228 / 5.250, 5.488 / 5.488, 6.185 / 6.210); bf16 output equal to AR at partial acceptance
-    # (exact_qwen35_9b_random_replay_kept.md). SPECDEC_GDN_REPLAY_SKIP=0 runs every step (the A/B knob).
-    return os.environ.get("SPECDEC_GDN_REPLAY_SKIP", "1") == "1"
-
-
-FETCH_FIRST_ENV = "SPECDEC_GDN_FETCH_FIRST"
+    return REPLAY_SKIP
 
 
 def _fetch_first() -> bool:
-    # SPECDEC_GDN_FETCH_FIRST=0 forms each position's inputs right after its loads, as before (the A/B knob; the
-    # arithmetic is the same either way).
-    value = os.environ.get(FETCH_FIRST_ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{FETCH_FIRST_ENV} must be 0 or 1; got {value!r}")
-    return value == "1"
+    return FETCH_FIRST
 
 
 def _preload(preload, t: int, replay: bool = False) -> bool:
-    # SPECDEC_GDN_PRELOAD_MAX overrides the bound, SPECDEC_GDN_REPLAY_PRELOAD_MAX the replay's alone (A/B knobs for GPU
-    # measurements; arithmetic is unchanged).
-    bound = int(os.environ.get("SPECDEC_GDN_PRELOAD_MAX", PRELOAD_MAX))
-    if replay:
-        bound = int(os.environ.get("SPECDEC_GDN_REPLAY_PRELOAD_MAX", bound))
-    return 1 < t <= bound if preload is None else bool(preload)
+    return 1 < t <= PRELOAD_MAX if preload is None else bool(preload)
 
 
-def decayed_state(state, g):
-    """e^{g} S on a [K, BV] fp32 state block."""
-    return state * jnp.exp(g)
+# ---------------------------------------------------------------------------------- kernels, one per mode
+# Three kernels share the loaders, the chain driver and the state's read and write below: `_step_kernel` (decode and
+# verification: outputs per position, optionally counted, stacked, stashed, packed), `_replay_kernel` (the replay
+# rollback's commit: the state after the kept positions, by the same step) and `_pseudo_replay_kernel` (the GPU's
+# commit: each kept step the step's own update on the keys, gates and pseudo-values a verification stored).
 
 
-def rank_one_update(decayed, k, u):
-    """decayed + k u^T: a step's state from its decayed state, key [K] and pseudo-value u [BV]."""
-    return decayed + k[:, None] * u[None, :]
-
-
-def gated_delta_step(state, k, v, g, beta):
-    """One step of the recurrence on a [K, BV] fp32 state block: (new state, u). Shared by decode,
-    verification and replay, so the three compute every state with the same instructions (the pseudo-value
-    replay runs its `decayed_state` and `rank_one_update` on the u this step computed)."""
-    # The prediction reads the undecayed state and scales the sum: (e^g S)^T k = e^g (S^T k) in exact arithmetic.
-    # So the decayed state's one use is the update, as in the pseudo-value replay, and the compiler contracts the
-    # update into the same fused multiply-add in both kernels (with a second use here it fused k u^T instead, and
-    # a replay from u would have differed in the last bit; PTX checked locally, kernel README).
-    u = beta * (v - jnp.exp(g) * jnp.sum(state * k[:, None], axis=0))  # [BV]
-    return rank_one_update(decayed_state(state, g), k, u), u
-
-
-def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2norm, unroll, replay, n_heads,
-                      preload, counted=False, want_state=True, stacked=False, stash_group=0, stash_aliased=True,
-                      pseudo=False, packed=False):
-    """want_state: False when no final state is written (outputs only). stacked: the state refs hold every layer's
-    block [L, K, BV]; a layer index ref (after the counts) says which one this call reads and writes.
+def _step_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2norm, unroll, n_heads, preload,
+                 counted=False, want_state=True, stacked=False, stash_group=0, stash_aliased=True, packed=False):
+    """Decode and verification: each position's output o_t = S_t^T (scale q_t), its pseudo-value (want_vnew) and
+    state (want_states), and the final state (want_state; counted: the state after the first counts[b] positions,
+    while every row's output is still computed). stacked: the state refs hold every layer's block [L, K, BV]; a layer
+    index ref (after the counts) says which one this call reads and writes.
     stash_group > 0 (with stacked): three more refs after the state's, the pseudo-value replay's inputs of every
     layer (k [L, T, Kp] fp32 as the steps used them, normalised where l2norm; g [L, T] as read; u [L, T, BV] fp32);
     this call stores its keys, gates and the pseudo-values it computes into layer `layer`'s rows (stash_group: value
     heads per key head, so one program of each key head writes the keys).
-    replay with pseudo: the refs after the counts are k (fp32, as the steps used them), g, u (the pseudo-values a
-    verification computed), and each kept step is `rank_one_update(decayed_state(S, g_t), k_t, u_t)`: the
-    verification's own update on the same values, elementwise (so any block shape gives the same bits).
     packed (the packed form, `recurrent_packed_fwd`): instead of q, k, v, g, beta the refs are this program's columns
     of the layer's conv output ([R, K], [R, K], [R, BV]: q, k, v where they lie), the raw gate inputs b and a ([R],
     where they lie in the input projection's output) and A_log and dt_bias of every head ([HVp]); each position's
     beta and g are computed here (`packed.packed_loader`)."""
     n_valid = None
-    if replay or counted:
-        n_ref, refs = refs[0], refs[1:]
-        n_valid = n_ref[pl.program_id(0) // n_heads]  # leading positions whose update is kept
+    if counted:
+        n_valid, refs = kept_count(refs, n_heads)
     layer = None
     if stacked:
         layer_ref, refs = refs[0], refs[1:]
         layer = layer_ref[0]
-    q_ref = v_ref = beta_ref = u_ref = None
-    if replay:
-        if pseudo:
-            k_ref, g_ref, u_ref = refs[:3]
-            rest = list(refs[3:])
-        else:
-            k_ref, v_ref, g_ref, beta_ref = refs[:4]
-            rest = list(refs[4:])
-        s0_ref = rest.pop(0)
-        st_ref = rest.pop(0)
-        o_ref = vnew_ref = states_ref = None
-    else:
-        n_in = 7 if packed else 5
-        inputs, rest = refs[:n_in], list(refs[n_in:])
-        if not packed:
-            q_ref, k_ref, v_ref, g_ref, beta_ref = inputs
-        s0_ref = rest.pop(0) if has_s0 else None
-        if stash_group and stash_aliased:
-            del rest[:3]  # the stash's input buffers: aliased to its outputs below, never read
-        o_ref = rest.pop(0)
-        st_ref = rest.pop(0) if want_state else None
-        vnew_ref = rest.pop(0) if want_vnew else None
-        states_ref = rest.pop(0) if want_states else None
+    n_in = 7 if packed else 5
+    inputs, rest = refs[:n_in], list(refs[n_in:])
+    s0_ref = rest.pop(0) if has_s0 else None
+    if stash_group and stash_aliased:
+        del rest[:3]  # the stash's input buffers: aliased to its outputs below, never read
+    o_ref = rest.pop(0)
+    st_ref = rest.pop(0) if want_state else None
+    vnew_ref = rest.pop(0) if want_vnew else None
+    states_ref = rest.pop(0) if want_states else None
     stash_row = None
     if stash_group:
         # Which stacks this program writes, decided here: program ids are not read inside a loop body (interpret
@@ -180,98 +127,73 @@ def _recurrent_kernel(*refs, n_steps, scale, has_s0, want_vnew, want_states, l2n
         fetch, prepare = packed_loader(inputs, pl.program_id(0) % n_heads, l2norm)
         kdim, bv = inputs[0].shape[-1], inputs[2].shape[-1]
     else:
-        kdim, bv = k_ref.shape[-1], (u_ref if pseudo else v_ref).shape[-1]
-    if s0_ref is None:
-        state = jnp.zeros((kdim, bv), F32)
-    else:
-        state = (s0_ref[layer] if stacked else s0_ref[...]).astype(F32)
+        q_ref, k_ref, v_ref, g_ref, beta_ref = inputs
+        fetch, prepare = plain_loader(q_ref, k_ref, v_ref, g_ref, beta_ref, l2norm)
+        kdim, bv = k_ref.shape[-1], v_ref.shape[-1]
+    state = initial_state(s0_ref, layer, kdim, bv)
 
-    if not packed:
-        def fetch(t):  # position t's loads (none depends on the state)
-            return (k_ref[t, :], None if replay else q_ref[t, :], g_ref[t], (u_ref if pseudo else v_ref)[t, :],
-                    None if pseudo else beta_ref[t])
-
-        def prepare(raw):  # its step inputs, and as read when they are to be stashed
-            k_raw, q_raw, g_raw, v_raw, beta_raw = raw
-            k, q = k_raw.astype(F32), None if replay else q_raw.astype(F32)  # [K]
-            if l2norm:
-                k = l2norm_vec(k)
-                q = None if replay else l2norm_vec(q)
-            g = g_raw.astype(F32)
-            if pseudo:  # (k, g, u): the update's inputs
-                return None, k, g, v_raw, None
-            return q, k, g, v_raw.astype(F32), beta_raw.astype(F32), (k, g_raw)
-
-    def load(t):
-        return prepare(fetch(t))
-
-    skip = replay and _skip_unkept()
-
-    def step(t, state, x):  # state [K, BV] fp32 -> (state after position t, its pseudo-value or None)
-        if pseudo:
-            _, k, g, u, _ = x
-            new, u = rank_one_update(decayed_state(state, g), k, u), None
-        else:
-            q, k, g, v, beta = x[:5]
-            new, u = gated_delta_step(state, k, v, g, beta)
-        if not replay:
-            o_ref[t, :] = jnp.sum(new * (q * scale)[:, None], axis=0).astype(o_ref.dtype)
-            if want_vnew:
-                vnew_ref[t, :] = u
-            if want_states:
-                states_ref[t, :, :] = new
+    def step(t, state, x):  # state [K, BV] fp32 -> (state after position t, its pseudo-value)
+        q, k, g, v, beta = x[:5]
+        new, u = gated_delta_step(state, k, v, g, beta)
+        o_ref[t, :] = jnp.sum(new * (q * scale)[:, None], axis=0).astype(o_ref.dtype)
+        if want_vnew:
+            vnew_ref[t, :] = u
+        if want_states:
+            states_ref[t, :, :] = new
         # Past n_valid the state stays (a counted verification still computes every row's output).
-        return (new if n_valid is None or skip else jnp.where(t < n_valid, new, state)), u
+        return (new if n_valid is None else jnp.where(t < n_valid, new, state)), u
 
-    def kept(t, state, x):
-        # With `skip` the replay runs only the steps it keeps (the state after them is the same bits as running
-        # all T and keeping the first n_valid): at partial acceptance a commit costs its accepted positions.
-        if not skip:
-            return step(t, state, x)
-        return lax.cond(t < n_valid, lambda s: step(t, s, x)[0], lambda s: s, state), None
-
-    us = []
-    if unroll:
-        # Preloaded: every position's loads are issued before any of them is used, then the step inputs are formed
-        # (key / query normalisation, the packed form's gates), then the chain of state updates runs: the memory
-        # latency is paid once, not once per step. (Issued position by position, each position's loads waited
-        # behind the previous one's gates: log1p's special-value branch ends a basic block, and no load was moved
-        # above it; one L2 round trip per position, PTX checked locally, kernel README.)
-        order = range(n_steps)
-        xs = ([prepare(raw) for raw in [fetch(t) for t in order]] if _fetch_first() else [load(t) for t in order]
-              ) if preload else []
-        for t in range(n_steps):
-            if not preload:
-                xs.append(load(t))
-            state, u = kept(t, state, xs[t])
-            us.append(u)
-    else:
-        # One step's code in a loop; the next position's loads are issued before this step's update and its inputs
-        # formed after it, so their latency overlaps the update (the arithmetic is the unrolled form's). The
-        # replay's loop ends at n_valid.
-        def body(t, carry):
-            state, x = carry
-            raw_next = fetch(jnp.minimum(t + 1, n_steps - 1))
-            x_next = None if _fetch_first() else prepare(raw_next)
-            state, u = step(t, state, x)
-            if stash_row:  # after the step: stores issued behind it, from values already held
-                stash_row(t, x[5], u)
-            return state, prepare(raw_next) if x_next is None else x_next
-
-        upper = jnp.clip(n_valid, 0, n_steps) if skip else n_steps
-        state, _ = lax.fori_loop(0, upper, body, (state, load(0)))
-        xs = []
+    state, xs, us = run_chain(state, n_steps=n_steps, unroll=unroll, preload=preload, fetch_first=_fetch_first(),
+                              fetch=fetch, prepare=prepare, step=step, stash_row=stash_row)
     if st_ref is not None:
-        if stacked:
-            st_ref[layer] = state
-        else:
-            st_ref[...] = state
+        write_state(st_ref, layer, state)
     if stash_row:
         # After the chain, from the values the loads above brought in and the pseudo-values the chain computed:
         # stores only. (Loading inputs again before the chain, as a first form did, put a load's latency and three
-        # branches ahead of it: +5-10 us per 9B layer, kernel_profile_qwen35_9b_random_stash_profile.md.)
+        # branches ahead of it: +5-10 us per 9B layer; docs/LOG.md, 2026-12-02.)
         for t, (x, u) in enumerate(zip(xs, us)):
             stash_row(t, x[5], u)
+
+
+def _replay_kernel(n_ref, k_ref, v_ref, g_ref, beta_ref, s0_ref, st_ref, *, n_steps, l2norm, unroll, n_heads,
+                   preload):
+    """The replay rollback's commit: the state after the first counts[b] positions, recomputed from s0 by the step
+    decode and verification run (`gated_delta_step`, same loads and normalisation), so it is their state bit for
+    bit. With REPLAY_SKIP only the kept steps run."""
+    n_valid, _ = kept_count((n_ref,), n_heads)
+    fetch, prepare = plain_loader(None, k_ref, v_ref, g_ref, beta_ref, l2norm)
+    state = initial_state(s0_ref, None, k_ref.shape[-1], v_ref.shape[-1])
+    skip = _skip_unkept()
+
+    def step(t, state, x):
+        q, k, g, v, beta = x[:5]
+        new, u = gated_delta_step(state, k, v, g, beta)
+        return (new if skip else jnp.where(t < n_valid, new, state)), u
+
+    state, _, _ = run_chain(state, n_steps=n_steps, unroll=unroll, preload=preload, fetch_first=_fetch_first(),
+                            fetch=fetch, prepare=prepare, step=step, kept=kept_only(step, n_valid) if skip else None,
+                            stop_at=n_valid if skip else None)
+    write_state(st_ref, None, state)
+
+
+def _pseudo_replay_kernel(n_ref, k_ref, g_ref, u_ref, s0_ref, st_ref, *, n_steps, unroll, n_heads, preload):
+    """The pseudo-value replay: each kept step is `rank_one_update(decayed_state(S, g_t), k_t, u_t)` on the keys (fp32,
+    as the steps used them), gates and pseudo-values a verification stored: the verification's own update on the same
+    values, elementwise (so any block shape gives the same bits). With REPLAY_SKIP only the kept steps run."""
+    n_valid, _ = kept_count((n_ref,), n_heads)
+    fetch, prepare = pseudo_loader(k_ref, g_ref, u_ref)
+    state = initial_state(s0_ref, None, k_ref.shape[-1], u_ref.shape[-1])
+    skip = _skip_unkept()
+
+    def step(t, state, x):
+        _, k, g, u, _ = x
+        new = rank_one_update(decayed_state(state, g), k, u)
+        return (new if skip else jnp.where(t < n_valid, new, state)), None
+
+    state, _, _ = run_chain(state, n_steps=n_steps, unroll=unroll, preload=preload, fetch_first=_fetch_first(),
+                            fetch=fetch, prepare=prepare, step=step, kept=kept_only(step, n_valid) if skip else None,
+                            stop_at=n_valid if skip else None)
+    write_state(st_ref, None, state)
 
 
 def _stash_row(stash_refs, layer, first_block, key_writer, t, raw, u) -> None:
@@ -279,8 +201,7 @@ def _stash_row(stash_refs, layer, first_block, key_writer, t, raw, u) -> None:
     (fp32) into layer `layer` of the pseudo-value replay's input stacks: pseudo-values by every program (its own block), gates by the
     first value block of each head, keys by the first value head of each key head (the programs sharing a block hold
     the same values; one writes). Stores only: the arithmetic is untouched, and a commit replays every layer from
-    these stacks in one launch without stacking 24 layers' inputs first (16-21 us per 9B step:
-    kernel_profile_qwen35_9b_random_convstack_profile.md)."""
+    these stacks in one launch without stacking 24 layers' inputs first (16-21 us per 9B step)."""
     ks_ref, gs_ref, us_ref = stash_refs[-3:]
     k, g = raw
     us_ref[layer, t, :] = u
@@ -407,8 +328,7 @@ def _recurrent_call(args, in_specs, s0, *, dims, out_dtype, packed, scale, l2nor
     if want_state:
         out_shape.append(jax.ShapeDtypeStruct(s0.shape if stacked else (b, hv, kp, vp), F32))
     # The final state over s0's buffer: in the decode loop the state is carried in place, where a separate
-    # output cost a 2 MiB copy per GDN layer and token at the 9B shape (24 `memcpy128`, 55 us per token:
-    # benchmarks/results/kernel_profile_qwen35_9b_random_profile.md).
+    # output cost a 2 MiB copy per GDN layer and token at the 9B shape (24 `memcpy128`, 55 us per token).
     aliases = {state_arg: 1} if has_s0 and want_state else {}
     if want_vnew:
         out_specs.append(val_spec)
@@ -422,8 +342,8 @@ def _recurrent_call(args, in_specs, s0, *, dims, out_dtype, packed, scale, l2nor
         out_specs += stash_specs
         out_shape += [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in stash]
     outs = pl.pallas_call(
-        functools.partial(_recurrent_kernel, n_steps=t, scale=scale, has_s0=has_s0, want_vnew=want_vnew,
-                          want_states=want_states, l2norm=l2norm, replay=False, n_heads=hv,
+        functools.partial(_step_kernel, n_steps=t, scale=scale, has_s0=has_s0, want_vnew=want_vnew,
+                          want_states=want_states, l2norm=l2norm, n_heads=hv,
                           preload=_preload(preload, t), counted=counts is not None,
                           unroll=_unroll(t, interpret), want_state=want_state, stacked=stacked,
                           stash_group=group if stash is not None else 0,
@@ -449,10 +369,11 @@ def _replay_launch(counts, inputs, in_specs, s0, state_spec, *, grid, pseudo, l2
                    num_stages, preload, name):
     """One replay launch: counts, the step inputs (with their block specs) and the state s0 (aliased to the output)."""
     t, hv = inputs[0].shape[1], s0.shape[1]
+    options = dict(n_steps=t, n_heads=hv, preload=_preload(preload, t, replay=True), unroll=_unroll(t, interpret))
+    kernel = (functools.partial(_pseudo_replay_kernel, **options) if pseudo
+              else functools.partial(_replay_kernel, l2norm=l2norm, **options))
     return pl.pallas_call(
-        functools.partial(_recurrent_kernel, n_steps=t, scale=1.0, has_s0=True, want_vnew=False,
-                          want_states=False, l2norm=l2norm, replay=True, pseudo=pseudo, n_heads=hv,
-                          preload=_preload(preload, t, replay=True), unroll=_unroll(t, interpret)),
+        kernel,
         grid=grid,
         in_specs=[pl.BlockSpec((counts.shape[0],), lambda i, j: (0,))] + list(in_specs) + [state_spec],
         out_specs=state_spec,

@@ -140,7 +140,7 @@ def _rank_one(decayed, k_t, u_t):
 def _step(state, k_t, v_t, g_t, b_t):
     """One step for every (batch, head): state [B, HV, K, V] -> (new state, u_t [B, HV, V]). Shared by
     the recurrence and the replays, so all compute each state by the same operations. The prediction
-    scales the undecayed state's product (as the Pallas kernel does: recurrent_kernel.gated_delta_step)."""
+    scales the undecayed state's product (as the Pallas kernel does: recurrent_chain.gated_delta_step)."""
     pred = jnp.exp(g_t)[..., None] * jnp.einsum("bhkv,bhk->bhv", state, k_t, precision=_HIGHEST)
     u_t = b_t[..., None] * (v_t - pred)  # [B, HV, V]
     return _rank_one(_decayed(state, g_t), k_t, u_t), u_t

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..model import GenerateResult
+from ..results import GenerateResult
 from .compiled import compiled, output_structs
 from .compiled import compiler_options as family_compiler_options
 from .decode_shape import pad_rows

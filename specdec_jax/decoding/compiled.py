@@ -3,8 +3,8 @@
 `generate()` compiles its prefill and decode loop ahead of time (so compile time is reported apart from
 run time). Without a cache every call would compile again; with it, a second call with the same static
 settings, argument shapes and shardings (params, prompt, state) reuses the executables. The implementation switches
-read at trace time (SPECDEC_GDN_IMPLEMENTATION, SPECDEC_MATVEC) are part of the key, and so are the XLA options a
-family's programs compile with on the GPU (`compiler_options`).
+read at trace time (SPECDEC_GDN_IMPLEMENTATION, SPECDEC_MATVEC, and the kernels' module settings tests flip) are part
+of the key, and so are the XLA options a family's programs compile with on the GPU (`compiler_options`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,17 @@ import time
 
 import jax
 
-from pallas_kernels import decode_block
+from pallas_kernels import decode_block, gated_delta
 
 MAX_ENTRIES = 32
-_ENV_KEYS = ("SPECDEC_GDN_IMPLEMENTATION", "SPECDEC_MATVEC", "SPECDEC_GDN_REPLAY_STASH", decode_block.WARPS_ENV,
-             decode_block.SPLITS_ENV, decode_block.GATHER_ENV, decode_block.SLOTS_ENV, decode_block.FUSE_ENV)
+_ENV_KEYS = ("SPECDEC_GDN_IMPLEMENTATION", "SPECDEC_MATVEC")
+
+
+def _switches() -> tuple:
+    """What a traced program depends on besides its arguments: the environment switches and the kernels' settings."""
+    return (tuple(os.environ.get(k, "") for k in _ENV_KEYS), gated_delta.REPLAY_STASH, gated_delta.PACKED_FORM,
+            decode_block.WARPS, decode_block.SPLITS, decode_block.SLOTS, decode_block.GATHER,
+            decode_block.FUSE_OUT_PROJ)
 _cache: collections.OrderedDict = collections.OrderedDict()
 
 # XLA options every family's generation programs compile with on the GPU, for exactness. The exact path compiles AR's
@@ -30,13 +36,12 @@ _cache: collections.OrderedDict = collections.OrderedDict()
 # 0.11.2), eight processes four at a time, 4 prompts each, gamma 16: with the defaults 6 of 8 processes gave 1-4
 # outputs unlike AR; with these options 8 of 8 gave every output equal, AR's and the speculative loop's GEMM and
 # fusion computations identical in each (benchmarks/results/repeatability_qwen35_9b_random_{procs,strict}.md). Cost:
-# AR 4.700 -> 4.876 ms per token, a gamma-8 step 4.968 -> 5.032 ms (fixed_cost_qwen35_9b_random_strict.md). Each
-# option set back alone (fixed_cost_*_exact_options_each.md): the autotuner and excess precision cost nothing at the
-# 9B shape (the tiny checkpoint's step is 6% faster without the autotuner); split-K is the cost (9B: AR 3.4%, step
-# 1.3%; tiny: step 8%). Split-K alone back was exact in 8 of 8 processes at the 9B shape
-# (repeatability_qwen35_9b_random_strict_splitk.md), but its partial sums are reduced inside each consumer fusion,
-# whose emitter the cost model picks per fusion shape (AR's GDN gates see one row, verification's all): equal there,
-# not guaranteed for other shapes, so it stays off. SPECDEC_XLA_OPTIONS overrides all of this.
+# AR 4.700 -> 4.876 ms per token, a gamma-8 step 4.968 -> 5.032 ms. Each option set back alone: the autotuner and
+# excess precision cost nothing at the 9B shape (the tiny checkpoint's step is 6% faster without the autotuner);
+# split-K is the cost (9B: AR 3.4%, step 1.3%; tiny: step 8%). Split-K alone back was exact in 8 of 8 processes at
+# the 9B shape, but its partial sums are reduced inside each consumer fusion, whose emitter the cost model picks per
+# fusion shape (AR's GDN gates see one row, verification's all): equal there, not guaranteed for other shapes, so it
+# stays off (docs/exactness.md; docs/LOG.md, 2026-12-02). SPECDEC_XLA_OPTIONS overrides all of this.
 EXACT_GPU_OPTIONS = {"xla_gpu_experimental_enable_fusion_autotuner": False,  # one emitter choice, by cost model
                      "xla_gpu_experimental_force_split_k": 1,  # no split-K partial sums
                      "xla_allow_excess_precision": False}  # every bf16 rounding the program asks for, in every fusion
@@ -44,11 +49,10 @@ EXACT_GPU_OPTIONS = {"xla_gpu_experimental_enable_fusion_autotuner": False,  # o
 # qwen3_5 adds XLA's command buffers scheduled CONCURRENT (independent kernels of a step may overlap) instead of
 # serially. On an H200 (JAX 0.11.2), both loops compiled both ways and timed alternately in one process: at the 9B
 # shape AR 4.763 -> 4.633 ms per token and a gamma-8 speculative step 5.022 -> 4.939 ms; on the tiny checkpoint AR
-# 0.176 -> 0.163 ms and the step 0.210 -> 0.203 ms (benchmarks/results/fixed_cost_qwen35_9b_random_cbmodes.md,
-# fixed_cost_tiny-qwen35-code_cbmodes.md). Scheduling does not change any kernel's arithmetic (the processes above
-# alternated both schedules: no difference). The update mode SKIP_TEMP measured the same as the default there, and
-# XLA's WHILE / CONDITIONAL command buffers (the speculative loop on the device) slower, also re-measured under these
-# options (9B step 5.03 -> 5.29 ms, tiny 0.19 -> 0.93 ms: fixed_cost_*_cbwhile.md).
+# 0.176 -> 0.163 ms and the step 0.210 -> 0.203 ms. Scheduling does not change any kernel's arithmetic (the processes
+# above alternated both schedules: no difference). The update mode SKIP_TEMP measured the same as the default there,
+# and XLA's WHILE / CONDITIONAL command buffers (the speculative loop on the device) slower, also re-measured under
+# these options (9B step 5.03 -> 5.29 ms, tiny 0.19 -> 0.93 ms; docs/LOG.md, 2026-12-02).
 GPU_COMPILER_OPTIONS = {"qwen3_5": {**EXACT_GPU_OPTIONS, "xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"},
                         "looped": dict(EXACT_GPU_OPTIONS)}
 
@@ -78,7 +82,7 @@ def compiled(jitted, static: dict, *args, options: dict | None = None):
     """(executable, seconds spent compiling: 0.0 when cached) of `jitted` for static keyword arguments
     `static` and positional arguments `args` (arrays or ShapeDtypeStructs), compiled with the XLA `options`."""
     key = (jitted, tuple(sorted(static.items())), _signature(args), tuple(sorted((options or {}).items())),
-           tuple(os.environ.get(k, "") for k in _ENV_KEYS), jax.default_backend())
+           _switches(), jax.default_backend())
     if key in _cache:
         _cache.move_to_end(key)
         return _cache[key], 0.0

@@ -6,8 +6,7 @@ in bfloat16 their logits differ in the last bits and greedy outputs drift apart.
 decode-time forward of a generation -- each AR step and each verification -- runs at the same row count
 D >= gamma + 1 with a traced count of valid rows, so a token meets the same kernels, in the same order,
 wherever it sits; the recurrent state advances by the valid rows only (step recurrence with a count).
-In the memory-bound regime the padding costs little: the weights are read once either way
-(benchmarks/results/exact_decode_*.md measures it).
+In the memory-bound regime the padding costs little: the weights are read once either way (docs/exactness.md).
 """
 
 from __future__ import annotations
@@ -20,15 +19,13 @@ from ..errors import InputError
 
 # Row count: max(default, gamma + 1). A generation is bit-identical to AR run at the same row count (its
 # stats say which: `decode_rows`). Padding rows are not free at the 9B shape (H200, XLA GEMMs at 9-32 rows:
-# a 32-row verification took 8.3 ms against 6.0 ms at 17 rows, benchmarks/results/spec_cost_curve_qwen35_
-# 9b_random.md), so rows are not rounded up. Qwen3.5: 8 rows cover gamma <= 7 (the default 4, MTP's 3-4),
-# and an AR step at 8 rows took 0.956x the time of a 1-row step (16 rows 1.077x; exact_qwen35_9b_random_rows16.md;
-# re-measured: 8 rows 0.949x, 9 rows 0.979x, exact_qwen35_9b_random.md; with the GDN recurrence on the valid row
-# only, 8 rows 0.938x, 9 rows 0.950x, exact_qwen35_9b_random_live.md).
+# a 32-row verification took 8.3 ms against 6.0 ms at 17 rows), so rows are not rounded up. Qwen3.5: 8 rows cover
+# gamma <= 7 (the default 4, MTP's 3-4), and an AR step at 8 rows took 0.938x the time of a 1-row step, 9 rows 0.950x
+# (with the GDN recurrence on the valid row only; docs/LOG.md, 2026-12-01 and 2026-12-02).
 # Looped models: 17 rows, so das-wave's and the sampler's default gamma of 16 share AR's shape. Its price at the
-# Huginn-0125 shape: AR at 17 rows took 38.75 ms per token (looped_cost_curve_huginn0125.md) against 29.3 and
-# 31.3 ms at one row in other runs (looped_ar_huginn0125_r32_20261201_*.md, looped_spec_tiny-huginn-code_r32_
-# 20261201_152056.md): about 1.24-1.32x, not yet paired in one run; the exact path's largest measured cost.
+# Huginn-0125 shape: AR at 17 rows took 38.24-38.75 ms per token (benchmarks/results/looped_cost_curve_huginn0125.md)
+# against 29.3 and 31.3 ms at one row in other runs: about 1.24-1.32x, not yet paired in one run; the exact path's
+# largest measured cost.
 DEFAULT_DECODE_ROWS = {"qwen3_5": 8, "looped": 17}
 MAX_DECODE_ROWS = 64  # the step recurrence's longest run (qwen35.MAX_RECURRENT_VERIFY)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError
-from ..looped_config import parse_eos_ids
+from ..models.looped.config import parse_eos_ids
 from ..models.family import looped_family
-from ..models.looped import check_cache_mode, check_steps
+from ..models.looped.model import check_cache_mode, check_steps
 from ..options import check_context_length, validate_input_ids
 from .autoregressive import generate_ar
 from .sampling import SamplingConfig

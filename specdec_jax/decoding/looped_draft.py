@@ -14,7 +14,7 @@ from flax import struct
 from jax import lax
 
 from ..models import layers as L
-from ..models import looped
+from ..models.looped import model as looped
 from .looped_plan import LoopedSpecPlan
 from .sampling import SamplingConfig, probabilities, select_token
 
@@ -112,7 +112,7 @@ def draft_forward(params, cfg, cache: looped.LoopedCache, ids: jax.Array, *, dra
 # ------------------------------------------------------------------- window (per-position) core
 
 def _attend_pp(q, k, v, k_pre, v_pre, length, scale):
-    """`looped_layers.attend_prefix` where the prefix may differ per query: k_pre/v_pre [B, S, N, hd] (shared) or
+    """`looped.blocks.attend_prefix` where the prefix may differ per query: k_pre/v_pre [B, S, N, hd] (shared) or
     [B, T, S, N, hd] (query t reads its own prefix slot). One softmax over prefix + new tokens."""
     B, T, H, hd = q.shape
     NKV = k.shape[2]
@@ -133,7 +133,7 @@ def _attend_pp(q, k, v, k_pre, v_pre, length, scale):
 
 
 def _attention_pp(ap, cfg, h, cos, sin, k_pre, v_pre, length):
-    """`looped_layers.block_attention` with per-query prefix slots (see _attend_pp)."""
+    """`looped.blocks.block_attention` with per-query prefix slots (see _attend_pp)."""
     B, T, _ = h.shape
     qkv = L.linear(h, ap["Wqkv"])
     q, k, v = jnp.split(qkv, [cfg.q_dim, cfg.q_dim + cfg.kv_dim], axis=-1)
@@ -152,7 +152,7 @@ def _attention_pp(ap, cfg, h, cos, sin, k_pre, v_pre, length):
 
 
 def _block_pp(lp, cfg, x, cos, sin, k_pre, v_pre, length):
-    """`looped_layers.apply_block` with per-query prefix slots."""
+    """`looped.blocks.apply_block` with per-query prefix slots."""
     norm = functools.partial(looped.block_norm, cfg)
     if cfg.variant == "huginn":
         x = norm(_attention_pp(lp["attn"], cfg, norm(x, lp["norm_1"]), cos, sin, k_pre, v_pre, length) + x,

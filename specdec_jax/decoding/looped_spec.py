@@ -70,8 +70,8 @@ from jax import lax
 
 from ..errors import InputError
 from ..options import check_context_length, validate_input_ids
-from ..model import GenerateResult
-from ..models import looped
+from ..results import GenerateResult
+from ..models.looped import model as looped
 from ..models.family import looped_family
 from .acceptance import leading_true, accept
 from .compiled import compiled, compiler_options

@@ -76,7 +76,7 @@ def continued_rows(session: Session, new: list[np.ndarray]) -> list[np.ndarray]:
 def grown(model_state, max_len: int, resumable: np.ndarray):
     """The model state with caches of max_len slots (never shorter than they are) and the rows that are not
     resumable emptied (length 0, zero states), so a prefill of their whole history rebuilds them."""
-    from ..models.qwen35 import Qwen35State
+    from ..models.qwen35.model import Qwen35State
     assert isinstance(model_state, Qwen35State)
     S = model_state.max_len
     pad = lambda x: jnp.pad(x, ((0, 0), (0, max(0, max_len - S))) + ((0, 0),) * (x.ndim - 2))

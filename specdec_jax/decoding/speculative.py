@@ -24,7 +24,6 @@ Batches are ragged: every sequence keeps its own length, accepted count and outp
 from __future__ import annotations
 
 import functools
-import os
 import time
 
 import jax
@@ -33,9 +32,9 @@ import numpy as np
 from flax import struct
 from jax import lax
 
-from ..model import GenerateResult
+from ..results import GenerateResult
 from .compiled import compiled, compiler_options, output_structs
-from ..models import qwen35
+from ..models.qwen35 import model as qwen35
 from .acceptance import accept
 from .decode_shape import pad_rows
 from .prefill import chunked_prefill
@@ -44,11 +43,8 @@ from .sampling import SamplingConfig, select_token
 
 ROLLBACK_MODES = ("replay", "pseudo", "snapshot")
 DEFAULT_ROLLBACK = "replay"
-DEFER_ENV = "SPECDEC_DEFER_COMMIT"
-# On (replay rollback): measured on the H200 at the 9B shape, the cost curve in two processes each paired with its own AR
-# (AR 205.9 / 205.7 tok/s): a step at gamma 2 / 8 / 16 (p 1) 5.007 / 5.201 / 5.601 -> 4.974 / 5.138 / 5.500 ms; every
-# chain method on the shipped Qwen equal to AR with it on, 8 of 8 each
-# (benchmarks/results/spec_cost_curve_qwen35_9b_random_defer{0,1}.md, exact_tiny_qwen_defer1.md).
+# On (replay rollback): on the H200 at the 9B shape a step at gamma 2 / 8 / 16 (p 1) 5.007 / 5.201 / 5.601 -> 4.974 /
+# 5.138 / 5.500 ms, every chain method on the shipped Qwen equal to AR with it on (docs/LOG.md, 2026-12-03).
 DEFER_DEFAULT = True
 
 
@@ -212,12 +208,9 @@ def _step(params, cfg, state: SpecState, drafter_state, key, *, drafter, gamma, 
 def defer_commit(rollback: str) -> bool:
     """Whether the speculative loop carries each step's GDN commit into the next step (`qwen35.commit_deferred`),
     where it runs beside the drafting and the first layer's projections, which do not wait for it, instead of
-    last in its own step. Replay rollback only; SPECDEC_DEFER_COMMIT=0/1 overrides DEFER_DEFAULT (read when
-    `generate_speculative` is called: the loop takes the result as its static `defer`)."""
-    env = os.environ.get(DEFER_ENV, "")
-    if env not in ("", "0", "1"):
-        raise ValueError(f"{DEFER_ENV} must be 0 or 1; got {env!r}")
-    return rollback == "replay" and (DEFER_DEFAULT if env == "" else env == "1")
+    last in its own step. Replay rollback only, where DEFER_DEFAULT holds (read when `generate_speculative` is
+    called: the loop takes the result as its static `defer`)."""
+    return rollback == "replay" and bool(DEFER_DEFAULT)
 
 
 # The step alone as one jitted call (state and drafter state donated), for callers that drive their own
@@ -270,7 +263,9 @@ def _spec_prefill(params, prompt, key, lens=None, budget=None, initial=None, sta
     return state, drafter.init(params, cfg, prompt, max_len + gamma + 1, hidden=hidden, first_token=first, lens=lens)
 
 
-SURE_STEPS_ENV = "SPECDEC_SURE_STEPS"
+# Whether the sure steps run first in a loop of known trip count (`sure_steps_enabled`). None: on the GPU, off
+# elsewhere (each step's program is compiled twice: CPU suite time); True / False force it (tests).
+SURE_STEPS: bool | None = None
 
 
 def sure_steps(max_new_tokens: int, tokens_per_step: int, eos_ids: tuple) -> int:
@@ -287,16 +282,11 @@ def sure_steps_enabled() -> bool:
     """Whether the speculative loop runs its sure steps (`sure_steps`) in a loop of known trip count before the loop
     that tests `done` each step. A loop with no known trip count runs from the host, which reads its predicate back
     every step while the device waits (the next step cannot be launched before); AR's loop without EOS has a known
-    trip count and pays none. Default: on the GPU, off elsewhere (each step's program is compiled twice: CPU suite time);
-    SPECDEC_SURE_STEPS=0 / 1 overrides (read when the loop is traced, or by `generate_speculative` for its static `sure`).
-    Measured on the H200 at the 9B shape, off and on in own processes each paired with its own AR (commit 6457d0d,
-    benchmarks/results/spec_cost_curve_qwen35_9b_random_sure_steps{0,1}.md): a step at gamma 2 / 4 / 8 (p 1)
-    4.952 / 5.028 / 5.159 -> 4.894 / 4.982 / 5.071 ms; gamma 16 5.447 -> 5.498 ms; bf16 output equal to AR with it on
-    (exact_tiny_qwen_sure_steps.md); compile at the 9B shape ngram 19.9 -> 24.5 s (compile_*_sure_steps.md)."""
-    env = os.environ.get(SURE_STEPS_ENV, "").strip()
-    if env not in ("", "0", "1"):
-        raise ValueError(f"{SURE_STEPS_ENV} must be 0 or 1 (or unset for the default); got {env!r}")
-    return env == "1" if env else jax.default_backend() == "gpu"
+    trip count and pays none. SURE_STEPS where set, else on the GPU (read when the loop is traced, or by
+    `generate_speculative` for its static `sure`). Measured on the H200 at the 9B shape: a step at gamma 2 / 4 / 8
+    (p 1) 4.952 / 5.028 / 5.159 -> 4.894 / 4.982 / 5.071 ms, gamma 16 5.447 -> 5.498 ms; bf16 output equal to AR;
+    compile at the 9B shape (n-gram) 19.9 -> 24.5 s (docs/LOG.md, 2026-12-03)."""
+    return bool(SURE_STEPS) if SURE_STEPS is not None else jax.default_backend() == "gpu"
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "sampling", "eos_ids", "gamma", "max_new_tokens", "drafter",

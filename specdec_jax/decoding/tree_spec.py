@@ -34,10 +34,10 @@ from jax import lax
 
 from pallas_kernels.gated_delta import tree_wy
 
-from ..config import FULL_ATTENTION
-from ..model import GenerateResult
+from ..models.qwen35.config import FULL_ATTENTION
+from ..results import GenerateResult
 from ..models import layers as L
-from ..models import qwen35
+from ..models.qwen35 import model as qwen35
 from .sampling import SamplingConfig, probabilities
 from .speculative import SpecState, advance, emit_accepted, run_spec_loop
 

@@ -1,6 +1,6 @@
 """MTP drafter: Qwen3.5's own multi-token-prediction head, chained to draft gamma tokens.
 
-The head's entry at position t consumes (h_t, token t+1) and predicts token t+2 (models/mtp.py).
+The head's entry at position t consumes (h_t, token t+1) and predicts token t+2 (models/qwen35/mtp_head.py).
 The drafter keeps the head's KV cache in step with the target's committed length:
 
 - init: entries for every prompt position (the prompt's target hiddens, the first new token
@@ -29,21 +29,19 @@ from pallas_kernels import decode_block
 
 from ..decoding.sampling import SamplingConfig, probabilities, select_token, shortlist_choice
 from ..errors import InputError
-from ..models import mtp as mtp_head
-from ..models import qwen35
+from ..models.qwen35 import mtp_head
+from ..models.qwen35 import model as qwen35
 
 KERNELS = ("auto", "xla", "blocks")
 # "auto" runs the decode blocks on the GPU for heads up to this hidden size: there a draft is a chain of launches of
 # ~1 us of work each, and seven launches beat XLA's ~30. Measured on the H200 at the shipped checkpoint (hidden 256):
 # per chained forward 1.03-1.17x faster, end to end over 8 held-out prompts MTP gamma 3 1.59x -> 1.63x and gamma 4
-# 1.54x -> 1.60x over AR, 8 of 8 outputs equal (benchmarks/results/spec_tiny-qwen35-code_mtp_blocks.md,
-# mtp_head_tiny-qwen35-code.md), at batch 1. Larger heads read their weights at memory speed, where these untuned
+# 1.54x -> 1.60x over AR, 8 of 8 outputs equal, at batch 1 (pallas_kernels/decode_block/README.md). Larger heads read their weights at memory speed, where these untuned
 # products have not been measured against cuBLAS, and batches were not measured: XLA there.
 AUTO_MAX_HIDDEN = 1024
 # ... and for caches up to this many slots: per chained forward on the H200 (tiny checkpoint) the blocks took 28.2 /
 # 32.3 / 37.8 µs at cache fills 200 / 400 / 1000 against XLA's 33.4 / 33.6 / 37.2, and at fill 3000 47.3 µs at best
-# (4 splits) against XLA's 34.9: XLA's attention spreads a long cache over the whole GPU
-# (benchmarks/results/mtp_head_tiny-qwen35-code_gather.md).
+# (4 splits) against XLA's 34.9: XLA's attention spreads a long cache over the whole GPU.
 AUTO_MAX_CACHE = 1024
 
 
@@ -53,7 +51,7 @@ class MtpDrafter:
     # Drafts 2..gamma as straight-line code (True) or a lax.scan loop (False). XLA's GPU runtime runs a loop
     # nested in the decode loop's body from the host, one command buffer per iteration, splitting the step's
     # own command buffer around it; unrolled, the step stays one. Chosen on the H200, tiny checkpoint end to end:
-    # gamma 3 1.42x -> 1.54x, gamma 4 1.33x -> 1.43x over AR (benchmarks/results/spec_tiny-qwen35-code_unroll.md).
+    # gamma 3 1.42x -> 1.54x, gamma 4 1.33x -> 1.43x over AR (docs/LOG.md, 2026-12-02).
     unroll: bool = True
     # How the head runs its few-row forwards (each draft, and the update after verification): "xla" (the jnp
     # forward, ~30 launches), "blocks" (pallas_kernels/decode_block: seven launches; refused where

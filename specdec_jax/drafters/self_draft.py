@@ -40,13 +40,12 @@ from jax import lax
 
 from ..decoding.sampling import SamplingConfig, probabilities, select_token, shortlist_choice
 from ..errors import InputError
-from ..models import qwen35
+from ..models.qwen35 import model as qwen35
 
 SELF_DRAFT_METHODS = ("layer-skip", "residual-reuse", "partial-mlp")
 # Three quarters of every MLP: at gamma 2 the projected speed at the 9B shape is 0.97x of AR at mlp_keep 0.75
 # (acceptance 1.75 of 2 on the shipped checkpoint, step 13.9 ms) against 0.77x at 0.5 (1.03 of 2, 12.9 ms):
-# benchmarks/results/selfdraft_projection_qwen35_9b.md (acceptance_tiny-qwen35-code_selfdraft.md x the H200 step
-# costs of spec_cost_curve_qwen35_9b_random_selfdraft.md; mlp_keep 0.5 from ..._selfdraft_previous.md).
+# benchmarks/results/selfdraft_projection_qwen35_9b.md (the shipped checkpoint's acceptance x the H200 step costs).
 DEFAULT_MLP_KEEP = 0.75
 
 
@@ -135,7 +134,7 @@ class SelfDrafter:
     shortlist_size: int = 0  # 0: the full vocabulary
     # Drafts 2..gamma as straight-line code, not a loop nested in the step (MtpDrafter.unroll). H200: tiny layer-skip at
     # gamma 3 0.86x -> 0.91x of AR; 9B shape gamma 4 the same step (20.03 / 20.05 ms), compile 37 -> 58 s
-    # (spec_tiny-qwen35-code_loops.md, spec_cost_curve_qwen35_9b_random_loops.md).
+    # (docs/LOG.md, 2026-12-02).
     unroll: bool = True
     deterministic = False
 

@@ -119,7 +119,7 @@ def table_lookup(tables: dict, a: jax.Array, b: jax.Array, search: str = "compar
 class TableDrafter(StatelessDrafter):
     # How the sorted context hashes are searched. jnp.searchsorted's default ("scan") compiles to a while loop of
     # log2(M) steps, which XLA's GPU runtime drives from the host inside every decode step. H200, tiny checkpoint end
-    # to end at gamma 4: scan 0.33x, compare_all 0.99x, scan_unrolled 0.99x of AR (spec_tiny-qwen35-code_loops.md).
+    # to end at gamma 4: scan 0.33x, compare_all 0.99x, scan_unrolled 0.99x of AR (docs/LOG.md, 2026-12-02).
     # compare_all reads all M hashes per lookup (M = 18254 there); scan_unrolled reads log2(M) of them, so for tables
     # of millions of contexts it is the one to try.
     search: str = "compare_all"

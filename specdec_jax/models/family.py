@@ -35,7 +35,8 @@ import dataclasses
 import functools
 from typing import Callable
 
-from . import looped, qwen35
+from .looped import model as looped
+from .qwen35 import model as qwen35
 
 
 @dataclasses.dataclass(frozen=True)

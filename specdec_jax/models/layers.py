@@ -21,7 +21,7 @@ from ..sharding import split_groups
 
 MATVEC_MODES = ("auto", "dot", "reduce")
 # Float32 products of this many rows or fewer at precision "highest" run as TF32x3 on the GPU (see product_form);
-# measured at 2-32 rows (matmul_forms.md, matmul_forms_rows17_32.md), so the exact path's 17- and 33-row decode
+# measured at 2-32 rows (docs/LOG.md, 2026-12-02), so the exact path's 17- and 33-row decode
 # shapes (gamma 16, 32) are covered up to 32.
 MAX_FEW_ROWS = 32
 
@@ -34,7 +34,7 @@ def matvec_mode() -> str:
     bandwidth-bound reduction kernel reading the weight once; "auto": on GPU, reduce when the
     contraction length is not a multiple of 128 (where XLA's GEMM tiling measured 14-69% of the
     bandwidth roofline against 55-89% for the reduction), else dot (which measured faster for
-    aligned lengths such as 17920); dot elsewhere. Measurements: benchmarks/results/profile_looped_core*.md.
+    aligned lengths such as 17920); dot elsewhere (docs/LOG.md, 2026-12-01).
     "auto" also runs float32 products of 2..MAX_FEW_ROWS rows at precision "highest" as TF32x3 on
     the GPU (product_form); "dot" and "reduce" keep XLA's IEEE float32 GEMM there.
     """
@@ -59,7 +59,7 @@ def product_form(rows: int, in_dim: int, dtype) -> str:
     3.1-3.5 at one row, which made a 9-token verification 2.3x a 1-row AR step; TF32x3 reads it at
     2.0-2.8 TB/s, and its error against a float64 product was 2-5e-7 of the largest output, against
     8.8e-7-2.9e-6 for the IEEE GEMM at 8-32 rows (and 1.1-1.4e-7 at one row, where the GEMM stays):
-    benchmarks/results/matmul_forms.md, matmul_forms_rows17_32.md. Every decode forward of an exact
+    docs/exactness.md. Every decode forward of an exact
     generation runs at one row count, so AR and verification meet the same algorithm.
     """
     mode = matvec_mode()

@@ -12,7 +12,8 @@ from pathlib import Path
 import jax.numpy as jnp
 
 from ..loading import save_safetensors
-from ..models import looped, qwen35
+from ..models.looped import model as looped
+from ..models.qwen35 import model as qwen35
 from .recipe import TrainOptions, cast
 
 MAX_CHECKPOINT_BYTES = 20 * 1024 * 1024

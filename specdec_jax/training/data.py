@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..models import looped
+from ..models.looped import model as looped
 from .recipe import TrainOptions, cast, ce_rows, mtp_chain_outputs, qwen35_outputs
 
 

@@ -14,9 +14,10 @@ import numpy as np
 import optax
 from jax import lax
 
-from ..config import FULL_ATTENTION, LINEAR_ATTENTION, Qwen35Config
+from ..models.qwen35.config import FULL_ATTENTION, LINEAR_ATTENTION, Qwen35Config
 from ..loading import TensorSource, build_tree, flatten_tree
-from ..models import looped, mtp, qwen35
+from ..models.looped import model as looped
+from ..models.qwen35 import mtp_head as mtp, model as qwen35
 
 ARCHS = ("qwen35", "huginn")
 DEFAULT_OUT = {"qwen35": "checkpoints/tiny-qwen35-code", "huginn": "checkpoints/tiny-huginn-code"}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# GPU measurements of issue 48 (buckets, ragged batches, compile reuse), in two parts that each fit one 10-minute
+# device command; each step under its own timeout, results under OUT as they are written.
+#   bash benchmarks/gpu_workload.sh a OUT   the 9B cost curve at the current code; new prompt lengths; prefill chunks
+#   bash benchmarks/gpu_workload.sh b OUT   the 9B ragged batch curve; a second process; bf16 exactness (tiny Qwen, Huginn)
+set -u
+part=${1:?part a or b}
+out=${2:?output folder}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+step() {  # step SECONDS NAME command...
+    local limit=$1 name=$2; shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    echo "$name: rc=$? after $((SECONDS - t0)) s (limit $limit)" | tee -a "$out/suite.log"
+    tail -n 12 "$out/$name.log"
+}
+case $part in
+a)
+    step 290 curve python benchmarks/bench_spec.py --random-9b --forced-acceptance 0.8,1.0 --exact on --rollbacks replay \
+        --gammas 2,4,8,16 --repeats 3 --max-new-tokens 128 --prompt-len 256 --time-budget-s 90 --tag _buckets \
+        --out "$out"
+    step 270 lengths_chunks python benchmarks/bench_workload.py --random-9b --parts lengths,chunks \
+        --chunks 256,1024 --chunk-lengths 1000,4000 --budget-s 250 --name workload_qwen35_9b_random_lengths --out "$out"
+    ;;
+b)
+    step 300 batch python benchmarks/bench_workload.py --random-9b --parts batch,second,chunks --batches 1,4,8,16 \
+        --chunks 256,1024 --chunk-lengths 128,256,512 --budget-s 270 --name workload_qwen35_9b_random_batch --out "$out"
+    step 140 exact_qwen python benchmarks/bench_workload.py --model checkpoints/tiny-qwen35-code --parts exact \
+        --methods ngram,ngram:8,ngram-table,mtp,mtp-shortlist,layer-skip,residual-reuse,partial-mlp --budget-s 120 \
+        --name exact_tiny_qwen_buckets --out "$out"
+    step 100 exact_huginn python benchmarks/bench_workload.py --model checkpoints/tiny-huginn-code --parts exact \
+        --methods self-spec,mature-spec,das-wave --budget-s 80 --name exact_tiny_huginn_buckets --out "$out"
+    ;;
+c)  # what part b's time limits cut: a second process, short-prompt chunks, the rest of the tiny Qwen's methods
+    step 150 second python benchmarks/bench_workload.py --random-9b --parts second --name workload_qwen35_9b_random_second \
+        --out "$out"
+    step 120 chunks python benchmarks/bench_workload.py --random-9b --parts chunks --chunks 256,1024 \
+        --chunk-lengths 128,512 --budget-s 110 --name workload_qwen35_9b_random_chunks --out "$out"
+    [ -n "${SKIP_EXACT:-}" ] || step 280 exact_qwen python benchmarks/bench_workload.py --model checkpoints/tiny-qwen35-code \
+        --parts exact --methods mtp,mtp-shortlist,layer-skip,residual-reuse,partial-mlp --budget-s 270 \
+        --name exact_tiny_qwen_buckets2 --out "$out"
+    ;;
+d)  # streaming's cost, a second process, short-prompt chunks (9B shape)
+    step 100 stream python benchmarks/bench_workload.py --random-9b --parts stream --name workload_qwen35_9b_random_stream \
+        --out "$out"
+    step 100 second python benchmarks/bench_workload.py --random-9b --parts second --name workload_qwen35_9b_random_second \
+        --out "$out"
+    step 75 chunks python benchmarks/bench_workload.py --random-9b --parts chunks --chunks 256,1024 \
+        --chunk-lengths 128,512 --budget-s 65 --name workload_qwen35_9b_random_chunks --out "$out"
+    ;;
+esac
