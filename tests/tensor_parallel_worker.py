@@ -20,10 +20,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import specdec_jax as sj  # noqa: E402
-from specdec_jax.decoding.autoregressive import ar_ops, generate_autoregressive  # noqa: E402
-from specdec_jax.models.family import QWEN35  # noqa: E402
-from specdec_jax.decoding.decode_shape import DEFAULT_DECODE_ROWS  # noqa: E402
-from specdec_jax.decoding.sampling import SamplingConfig  # noqa: E402
 
 CHECKPOINT = os.path.join(ROOT, "checkpoints", "tiny-qwen35-code")
 LOOPED_CHECKPOINT = os.path.join(ROOT, "checkpoints", "tiny-huginn-code")
@@ -39,9 +35,9 @@ def mesh_of(n: int, names=("tp",)):
     return jax.make_mesh((n,), names, devices=jax.devices()[:n])
 
 
-def generate(model, method: str) -> list:
+def generate(model, method: str):
     return sj.generate(model, PROMPT, NEW_TOKENS, method=method, eos_token_id=False,
-                       **({"gamma": 4} if method != "ar" else {})).tokens.tolist()
+                       **({"gamma": 4} if method != "ar" else {}))
 
 
 def placement(x) -> dict:
@@ -55,15 +51,6 @@ def shards_equal(x, a: int, b: int) -> bool:
     """Whether devices a and b hold the same values (copies of one head)."""
     shards = sorted(x.addressable_shards, key=lambda s: s.device.id)
     return bool(np.array_equal(np.asarray(shards[a].data), np.asarray(shards[b].data)))
-
-
-def ar_state(model):
-    """The decode state after an AR generation run as `generate` runs it (same compiled programs)."""
-    rows = DEFAULT_DECODE_ROWS["qwen3_5"]
-    result = generate_autoregressive(ar_ops(QWEN35, rows), model.params, model.config, PROMPT, NEW_TOKENS,
-                                     max_len=PROMPT.shape[1] + NEW_TOKENS + rows, sampling=SamplingConfig(),
-                                     seed=0, eos_ids=(), state_dtype=model.dtype, return_state=True)
-    return result.stats["state"]
 
 
 def refusal(fn) -> dict:
@@ -126,14 +113,15 @@ def main() -> None:
     # One device: AR only. Greedy n-gram and MTP equal AR's tokens there (the exact path: test_exact.py,
     # test_drafters.py), so AR's are the reference for every method on the meshes; running them on one device too
     # would compile 4 more programs (~10 s on 2 CPU cores).
-    out["single"] = {"ar": generate(sj.load(CHECKPOINT, dtype="float32"), "ar")}
+    out["single"] = {"ar": generate(sj.load(CHECKPOINT, dtype="float32"), "ar").tokens.tolist()}
     for n in MESH_SIZES:
         model = sj.load(CHECKPOINT, dtype="float32", mesh=mesh_of(n))
         layers = model.params["layers"]
         attn, gdn = layers[model.config.attention_layers[0]], layers[model.config.linear_layers[0]]
-        state = ar_state(model)
+        runs = {m: generate(model, m) for m in METHODS[n]}
+        state = runs["ar"].state.model  # the decode state the AR generation left (the same compiled programs)
         out[str(n)] = {
-            "tokens": {m: generate(model, m) for m in METHODS[n]},
+            "tokens": {m: r.tokens.tolist() for m, r in runs.items()},
             "params": {"embed": placement(model.params["embed"]), "qkv_proj": placement(attn["mixer"]["qkv_proj"]),
                        "o_proj": placement(attn["mixer"]["o_proj"]), "in_proj": placement(gdn["mixer"]["in_proj"]),
                        "gate_up_proj": placement(gdn["mlp"]["gate_up_proj"]),

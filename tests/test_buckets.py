@@ -51,7 +51,7 @@ def _chunked_state(model, rows, chunk, width, max_len=96):
     return chunked_prefill(run, state, jnp.asarray(ids), jnp.asarray(lens), chunk, logits_shape=shape)[:2]
 
 
-@pytest.mark.parametrize("length", [1, 7, 16, 17, 40])
+@pytest.mark.parametrize("length", [1, 17, 40])  # one token; one past a chunk; several chunks
 def test_padded_chunked_prefill_is_the_unpadded_state(model, length):
     """One prompt, prefilled in chunks of 16 from buffers of 48 and 80 tokens: the same bits (the padding changes
     nothing), and the state and last logits of one unpadded forward (fp32 tolerance: other matrix shapes)."""

@@ -51,10 +51,11 @@ def _ar(folder: str, i: int, rows: int) -> np.ndarray:
 # cores, issue 47): their verification is the chain loop's program, which the methods here run in bf16, and their
 # equality to AR with their drafter states rolled back is test_self_draft.py's; partial-mlp stays as the self-draft
 # in bf16. On the GPU every chain method runs in bf16 (benchmarks/bench_workload.py --parts exact: 20 of 20 each).
+# Gamma 8 (9 decode rows, an AR reference of its own) is left out too: in bf16 it runs on the GPU (the long-context
+# benchmark's gamma-8 drafts, equal to AR at every length), in float32 in test_speculative.py.
 @pytest.mark.parametrize("method,options", [("ngram", {}), ("ngram-table", {}), ("mtp", {}),
-                                            ("mtp", {"rollback": "snapshot"}), ("ngram", {"gamma": 8}),
-                                            ("partial-mlp", {})],
-                         ids=["ngram", "ngram-table", "mtp", "mtp-snapshot", "ngram-gamma8", "partial-mlp"])
+                                            ("mtp", {"rollback": "snapshot"}), ("partial-mlp", {})],
+                         ids=["ngram", "ngram-table", "mtp", "mtp-snapshot", "partial-mlp"])
 def test_qwen_chain_methods_equal_ar_in_bfloat16(method, options):
     model = _model(QWEN)
     for i, ids in enumerate(_prompts(QWEN)):
