@@ -115,7 +115,8 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
              state=None, _stream=None, **method_options) -> GenerateResult:
     """Generate `max_new_tokens` tokens after each prompt; the whole loop runs on device.
 
-    input_ids: [B, T] token ids, or a list of B 1-D sequences of any lengths (a ragged batch: Qwen3.5 models).
+    input_ids: [B, T] token ids, or a list of B 1-D sequences of any lengths (a ragged batch; looped models run it as
+    one batch per prompt length).
     result.tokens [B, max_new_tokens] (new tokens only; after its EOS a row is padded with the first EOS id);
     result.stats: new_tokens, seconds, tokens_per_second, compile_seconds, compiled_programs (0 when every
     program was reused), peak_memory_bytes (the device's peak in this process so far; None where the device does not
@@ -156,7 +157,11 @@ def _generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", 
         max_len = int_option({"max_len": max_len}, "max_len", None, 1)
     eos_ids = _eos_ids(eos_token_id, model)
     if model.family == "looped":
-        ids = _equal_lengths(prompts, "looped models")
+        if len({len(p) for p in prompts}) > 1:  # no padded prefill: one generation per prompt length
+            return _emit_whole(_by_length(prompts, lambda ids: _generate(
+                model, ids, max_new_tokens, method, sampling.temperature, seed, top_k=sampling.top_k,
+                top_p=sampling.top_p, eos_token_id=eos_token_id, max_len=max_len, **method_options)), _stream)
+        ids = np.stack(prompts)
     if spec.kind == methods.LOOPED_SPEC:
         # Looped self-speculation sizes its own cache (its default gamma depends on the method).
         from .decoding.looped_spec import generate_looped_spec
@@ -187,9 +192,8 @@ def _generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", 
     from .models.family import family_for
     family = family_for(model.config, **{k: v for k, v in method_options.items() if k not in ("exact", "decode_rows")})
     if family.prefill_forward is None:  # exact shapes: the prompt as given, the cache as needed
-        return _emit_whole(generate_ar(family, model, ids, int(max_new_tokens), decode_rows=rows,
-                                       max_len=max_len or needed, sampling=sampling, seed=seed, eos_ids=eos_ids),
-                           _stream)
+        return generate_ar(family, model, ids, int(max_new_tokens), decode_rows=rows, max_len=max_len or needed,
+                           sampling=sampling, seed=seed, eos_ids=eos_ids, stream=_stream)
     buckets = _buckets(model, prompts, needed, max_len, eos_ids, session)
     return _with_session(generate_ar(family, model, buckets.pop("ids"), int(max_new_tokens), decode_rows=rows,
                                      sampling=sampling, seed=seed, eos_ids=eos_ids, stream=_stream, **buckets),
@@ -229,7 +233,7 @@ def stream(model: Model, input_ids, max_new_tokens: int, chunk_steps: int = 16, 
     runs `chunk_steps` steps a call (AR: a token a step; speculation: up to gamma + 1), its state carried from call
     to call, and every chunk yields the positions all rows have reached. The pieces concatenated are
     `generate(model, input_ids, max_new_tokens, **options).tokens`. Bad input raises here, before any compute;
-    looped models and draft trees yield their tokens in one piece at the end. The generator's return value
+    looped speculation, a looped model's ragged batch and draft trees yield their tokens in one piece at the end. The generator's return value
     (StopIteration.value) is the GenerateResult."""
     import queue
     import threading
@@ -262,13 +266,49 @@ def stream(model: Model, input_ids, max_new_tokens: int, chunk_steps: int = 16, 
     return pieces_of()
 
 
-def _equal_lengths(prompts: list, who: str) -> np.ndarray:
-    """The prompts as one [B, T] array; InputError when their lengths differ (a family without padded prefill)."""
-    lengths = sorted({len(p) for p in prompts})
-    if len(lengths) > 1:
-        raise InputError(f"prompts of unequal lengths ({lengths[0]}..{lengths[-1]} tokens) are not supported for "
-                         f"{who} yet; pass a batch of equal lengths, or one prompt per call")
-    return np.stack(prompts)
+_ADDITIVE_STATS = ("new_tokens", "seconds", "prefill_seconds", "decode_seconds", "compile_seconds",
+                   "compiled_programs", "verify_steps")
+
+
+def _summed_stats(per_call: list[dict], rows: list[list[int]]) -> dict:
+    """Stats of several calls that together ran one batch (call c ran the batch rows rows[c]): counts, seconds and
+    programs summed, rates over the sums, mean_accepted / tokens_per_step weighted by verify steps, per-row lists put
+    back in row order; the other keys are the first call's."""
+    stats = dict(per_call[0])
+    for key in _ADDITIVE_STATS:
+        if all(s.get(key) is not None for s in per_call):
+            stats[key] = sum(s[key] for s in per_call)
+    steps = [s.get("verify_steps") for s in per_call]
+    for key in ("mean_accepted", "tokens_per_step"):
+        if key in stats and all(steps):
+            stats[key] = sum(s[key] * n for s, n in zip(per_call, steps)) / sum(steps)
+    batch = sum(len(r) for r in rows)
+    for key, value in per_call[0].items():
+        if isinstance(value, list) and len(value) == len(rows[0]):  # one entry per row
+            stats[key] = [None] * batch
+            for ids, s in zip(rows, per_call):
+                for i, v in zip(ids, s[key]):
+                    stats[key][i] = v
+    stats["tokens_per_second"] = stats["new_tokens"] / max(stats["seconds"], 1e-9)
+    stats["decode_tokens_per_second"] = max(stats["new_tokens"] - batch, 0) / max(stats["decode_seconds"], 1e-9)
+    return stats
+
+
+def _by_length(prompts: list, run) -> GenerateResult:
+    """A ragged batch of a family without padded prefill (looped models): run(ids [b, T]) once per prompt length, in
+    order of length, each row's tokens put back at its place; stats summed (`_summed_stats`), with `length_groups`
+    (the rows of each run)."""
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(len(p), []).append(i)
+    rows = [r for _, r in sorted(groups.items())]
+    runs = [run(np.stack([prompts[i] for i in r])) for r in rows]
+    tokens = np.zeros((len(prompts),) + runs[0].tokens.shape[1:], runs[0].tokens.dtype)
+    for r, out in zip(rows, runs):
+        tokens[r] = out.tokens
+    stats = _summed_stats([out.stats for out in runs], rows)
+    stats["length_groups"] = rows
+    return GenerateResult(tokens=tokens, stats=stats, state=None)
 
 
 def _buckets(model: Model, prompts: list, needed: int, max_len: int | None, eos_ids: tuple, session=None) -> dict:
@@ -425,13 +465,7 @@ def generate_text(model: Model, prompt, max_new_tokens: int, **options) -> TextR
         end = next((i + 1 for i, t in enumerate(ids) if t in eos_ids), len(ids))
         tokens.append(ids[:end])
     text = [tokenizer.decode(ids, skip_special_tokens=True) for ids in tokens]
-    stats = outs[0].stats if len(outs) == 1 else _summed_stats([out.stats for out in outs])
+    stats = (outs[0].stats if len(outs) == 1 else
+             {**_summed_stats([o.stats for o in outs], [[i] for i in range(len(outs))]),
+              "per_prompt": [o.stats for o in outs]})
     return TextResult(text[0] if single else text, tokens[0] if single else tokens, stats)
-
-
-def _summed_stats(per_prompt: list[dict]) -> dict:
-    """Stats of one call per prompt: counts and seconds summed, the rate over the sums, each call's in per_prompt."""
-    total = {k: sum(s.get(k) or 0 for s in per_prompt)
-             for k in ("new_tokens", "seconds", "prefill_seconds", "decode_seconds", "compile_seconds")}
-    total["tokens_per_second"] = total["new_tokens"] / total["seconds"] if total["seconds"] else 0.0
-    return {**per_prompt[0], **total, "per_prompt": per_prompt}
