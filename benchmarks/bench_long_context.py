@@ -72,6 +72,7 @@ def make_model(tiny: bool):
     from specdec_jax.loading import build_tree
     from specdec_jax.results import Model
     from specdec_jax.models.qwen35 import model as qwen35
+    from specdec_jax.models.qwen35.mtp_head import leaf_shape
     raw = Qwen3_5TextConfig().to_dict()
     if tiny:
         raw.update(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
@@ -85,11 +86,7 @@ def make_model(tiny: bool):
     scaled = {}  # one bfloat16 pool per scale: a leaf is then a bfloat16 copy, no float32 temporary
 
     def make(leaf):
-        shape = (sum(s[0] for _, s in leaf.groups[0]),) + leaf.groups[0][0][1][1:]
-        if len(leaf.groups) > 1 or leaf.stack:
-            shape = (len(leaf.groups),) + shape
-        if leaf.groups[0][0][0].endswith("conv1d.weight"):
-            shape = (shape[0], shape[2])
+        shape = leaf_shape(leaf)
         scale = shape[-1] ** -0.5 if len(shape) > 1 else 0.1
         if scale not in scaled:
             scaled[scale] = (pool * np.float32(scale)).astype(jnp.bfloat16)
