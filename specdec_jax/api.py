@@ -289,8 +289,10 @@ def _summed_stats(per_call: list[dict], rows: list[list[int]]) -> dict:
             for ids, s in zip(rows, per_call):
                 for i, v in zip(ids, s[key]):
                     stats[key][i] = v
-    stats["tokens_per_second"] = stats["new_tokens"] / max(stats["seconds"], 1e-9)
-    stats["decode_tokens_per_second"] = max(stats["new_tokens"] - batch, 0) / max(stats["decode_seconds"], 1e-9)
+    if "new_tokens" in stats and "seconds" in stats:
+        stats["tokens_per_second"] = stats["new_tokens"] / max(stats["seconds"], 1e-9)
+    if "new_tokens" in stats and "decode_seconds" in stats:
+        stats["decode_tokens_per_second"] = max(stats["new_tokens"] - batch, 0) / max(stats["decode_seconds"], 1e-9)
     return stats
 
 
