@@ -9,13 +9,7 @@ part=${1:?part kernel or table}
 out=${2:?output folder}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-step() {  # step SECONDS NAME command...
-    local limit=$1 name=$2; shift 2
-    local t0=$SECONDS
-    timeout "$limit" "$@" >"$out/$name.log" 2>&1
-    echo "$name: rc=$? after $((SECONDS - t0)) s (limit $limit)" | tee -a "$out/suite.log"
-    tail -n 12 "$out/$name.log" | cut -c1-600
-}
+. "$(dirname "$0")/gpu_step.sh"
 case $part in
 kernel)
     step 170 kernel python benchmarks/bench_long_context.py --kernel --lengths 4096,32768,131072 \

@@ -24,13 +24,8 @@ out=${2:?output folder}
 dir="$out/$part"
 mkdir -p "$dir"
 export PYTHONUNBUFFERED=1
-step() {  # step SECONDS NAME command...: run with a time limit, log to NAME.log
-    local limit=$1 name=$2
-    shift 2
-    local t0=$SECONDS
-    timeout "$limit" "$@" >"$dir/$name.log" 2>&1
-    echo "$name: rc=$? after $((SECONDS - t0)) s (limit $limit)" | tee -a "$dir/suite.log"
-}
+out=$dir
+. "$(dirname "$0")/gpu_step.sh"
 case "$part" in
 qwen-curve)
     step 290 curve_9b python benchmarks/bench_spec.py --random-9b --forced-acceptance 0.8,1.0 --exact on \

@@ -8,13 +8,7 @@ part=${1:?part a or b}
 out=${2:?output folder}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-step() {  # step SECONDS NAME command...
-    local limit=$1 name=$2; shift 2
-    local t0=$SECONDS
-    timeout "$limit" "$@" >"$out/$name.log" 2>&1
-    echo "$name: rc=$? after $((SECONDS - t0)) s (limit $limit)" | tee -a "$out/suite.log"
-    tail -n 12 "$out/$name.log"
-}
+. "$(dirname "$0")/gpu_step.sh"
 case $part in
 a)
     step 290 curve python benchmarks/bench_spec.py --random-9b --forced-acceptance 0.8,1.0 --exact on --rollbacks replay \

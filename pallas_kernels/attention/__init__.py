@@ -26,14 +26,12 @@ from .reference import causal_mask, masked_attention
 
 IMPLEMENTATIONS = ("reference", "pallas", "pallas-split")
 FLASH_MIN_ROWS = 65  # query rows per forward from which prefill takes the flash kernel (decode shapes: at most 64)
-# Tile sizes of the flash kernel (rows per program, keys per tile, warps, pipeline stages). H100, the 9B shape's
-# heads (16 of 256, 4 KV), a 1024-row chunk at the end of a 4K / 32K / 128K prompt: 208 / 356 / 435 TFLOP/s,
-# against 170 / 248 / 278 for (64, 64, 4, 2) and 54 / 71 / - for XLA's path (docs/LOG.md 2026-12-06).
+# The kernels' settings, each the fastest measured on an H100 at the 9B shape's heads (docs/LOG.md, 2026-12-06, long
+# context): the flash kernel's tiles (rows per program, keys per tile, warps, pipeline stages); the cache length from
+# which few rows take the split kernel (XLA's path was faster at 8K slots, the kernel at 64K); its span of slots.
 BLOCKS = {"block_m": 128, "block_k": 64, "num_warps": 8, "num_stages": 2}
-# Few rows over caches of this many slots and more take the split kernel on the GPU: 8 rows x 16 heads over a 8K /
-# 64K / 144K-slot cache (a 4K / 32K / 128K prompt) took 0.125 / 0.163 / 0.333 ms against XLA's 0.100 / 0.262 / 0.514.
 SPLIT_MIN_CACHE = 16384
-SPLIT_SPAN = 1024  # cache slots per program of the split kernel (4096: 0.369 ms at 128K, 1024: 0.333)
+SPLIT_SPAN = 1024
 
 
 @functools.cache
