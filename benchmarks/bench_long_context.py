@@ -19,7 +19,6 @@ Per prompt length (1K to 128K tokens), each in its own process (so its peak devi
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess
@@ -34,30 +33,6 @@ TINY_LENGTHS = (100, 300, 700)
 CONTEXT = 262144  # Qwen3.5's trained context (transformers' config default says 32768)
 BF16_PEAK = {"H100": 989.4e12, "H200": 989.4e12}  # dense bf16 tensor-core FLOP/s (SXM data sheets)
 GIB = 1024 ** 3
-
-
-@dataclasses.dataclass(frozen=True)
-class ContinuationDrafter:
-    """Drafts a known continuation of the prompt (AR's own output): every draft is accepted, tokens per step gamma + 1.
-    The verification still decides: a draft the target does not choose is rejected (and the output then differs
-    from AR only if speculation is inexact)."""
-
-    continuation: tuple
-    prompt_len: int
-    name = "continuation"
-
-    def init(self, params, cfg, prompt, max_len, **_):
-        return ()
-
-    def update(self, drafter_state, **_):
-        return drafter_state
-
-    def propose(self, params, cfg, drafter_state, history, hist_len, gamma, key, **_):
-        import jax.numpy as jnp
-        ref = jnp.asarray(self.continuation, jnp.int32)
-        # history holds prompt + accepted tokens; the next token to draft is continuation[hist_len - prompt_len]
-        at = hist_len[:, None] - self.prompt_len + jnp.arange(gamma)[None, :]
-        return ref[jnp.clip(at, 0, ref.shape[0] - 1)], None, drafter_state
 
 
 def make_model(tiny: bool):
@@ -139,11 +114,8 @@ def peak_flops() -> float | None:
 
 
 def _register_continuation(tokens, length: int) -> None:
-    from specdec_jax import methods
-    drafter = ContinuationDrafter(tuple(int(t) for t in tokens), length)
-    spec = methods.MethodSpec("continuation", "qwen3_5", methods.CHAIN, methods.CHAIN_OPTIONS,
-                              drafter=lambda m, o: drafter)
-    methods.REGISTRY = tuple(s for s in methods.REGISTRY if s.name != "continuation") + (spec,)
+    from specdec_jax.bench.harness import register_reference_drafts
+    register_reference_drafts("continuation", [tokens], [length])  # every draft AR's own next token: acceptance 1
 
 
 def run_length(length: int, args) -> dict:
@@ -230,6 +202,26 @@ def peak_run(length: int, args) -> dict:
             "peak_weights_gib": weights / GIB}
 
 
+def cudnn_chunk_attention(q, k, v, start, scale, implementation="cudnn"):
+    """A prefill chunk's attention through cuDNN (jax.nn.dot_product_attention): cuDNN's causal mask is aligned to
+    the first key, so the chunk q [B, C, H, D] at positions start.. of the cache k, v [B, S, KV, D] runs as the
+    prefix (keys before start, a padding mask) and the chunk's own C x C causal square, merged by their
+    log-sum-exps. An experiment of the kernel benchmark (--cudnn), not a library path."""
+    import jax
+    import jax.numpy as jnp
+    C = q.shape[1]
+    kd, vd = (jax.lax.dynamic_slice_in_dim(x, start[0], C, axis=1) for x in (k, v))
+    o1, r1 = jax.nn.dot_product_attention(q, k, v, scale=scale, key_value_seq_lengths=start, implementation=implementation,
+                                          return_residual=True)
+    o2, r2 = jax.nn.dot_product_attention(q, kd, vd, scale=scale, is_causal=True, implementation=implementation,
+                                          return_residual=True)
+    if r1.shape[1] != C:  # [B, H, T] -> [B, T, H]
+        r1, r2 = jnp.swapaxes(r1, 1, 2), jnp.swapaxes(r2, 1, 2)
+    m = jnp.maximum(r1, r2)
+    w1, w2 = jnp.exp(r1 - m)[..., None], jnp.exp(r2 - m)[..., None]
+    return ((o1.astype(jnp.float32) * w1 + o2.astype(jnp.float32) * w2) / (w1 + w2)).astype(q.dtype)
+
+
 def kernel_rows(args) -> list[dict]:
     """The attention kernels alone at each length: the flash prefill kernel (per tile setting) against XLA's on the
     length's last 1024-token chunk, and XLA's 8-row decode attention over the whole cache."""
@@ -273,6 +265,17 @@ def kernel_rows(args) -> list[dict]:
             if want is not None:
                 entry["max_abs_err_vs_xla"] = float(jnp.max(jnp.abs(got.astype(jnp.float32) - want.astype(jnp.float32))))
             row["flash"].append(entry)
+        if args.cudnn:  # cuDNN's fused attention in two parts (prefix, unmasked; the chunk's own square, causal)
+            fn = jax.jit(lambda q, k, v, s: cudnn_chunk_attention(q, k, v, s, hd ** -0.5))
+            try:
+                got = fn(q, k, v, start)
+                sec = median_time(lambda: fn(q, k, v, start), 10)
+                row["cudnn_seconds"], row["cudnn_tflops"] = sec, flops / sec / 1e12
+                if want is not None:
+                    row["cudnn_max_abs_err_vs_xla"] = float(jnp.max(jnp.abs(got.astype(jnp.float32)
+                                                                           - want.astype(jnp.float32))))
+            except Exception as e:  # noqa: BLE001: not available on this device or version: a row, not a crash
+                row["cudnn_error"] = f"{type(e).__name__}: {str(e)[:300]}"
         # decode: 8 rows at the end of the prompt over the whole cache (XLA), as AR's exact path runs each step
         mask = A.causal_mask(jnp.asarray([length], jnp.int32), 8, cache)
         dec = jax.jit(lambda q, k, v, m: A.masked_attention(q, k, v, m, hd ** -0.5))
@@ -371,6 +374,7 @@ def main():
                     help="instead: the shipped tiny Qwen (bf16) on this many held-out tokens, speculation vs AR")
     ap.add_argument("--flash-blocks", default="64,64,4,2",
                     help="with --kernel: ';'-separated block_m,block_k,num_warps,num_stages settings")
+    ap.add_argument("--cudnn", action="store_true", help="with --kernel: cuDNN's fused attention too (two parts)")
     ap.add_argument("--xla-limit", type=int, default=32768, help="with --kernel: XLA's prefill attention up to here")
     ap.add_argument("--out", default=os.path.join(ROOT, "specdec_bench_out"), help="result folder")
     ap.add_argument("--tag", default="")

@@ -9,14 +9,17 @@ Parts (each writes its rows into one result JSON as it goes; --parts picks them)
   lengths    new prompt lengths in a warm bucket (--lengths, e.g. 1000,1001,1002): a call's wall time beyond its
              prefill and decode (what a new shape costs), AR.
   batch      ragged batches of B prompts (--batches): AR and n-gram aggregate tok/s, speedup, bf16 rows equal
-             within the call and to their batch-1 runs.
+             within the call and to their batch-1 runs. --forced-p P: the speculation drafts AR's own continuation
+             with a fraction 1 - P of the drafts altered (forced acceptance P, `harness.register_reference_drafts`)
+             instead of n-gram drafts.
   second     a second process on a warm persistent compilation cache: its first generate's wall seconds after load.
   stream     sj.stream in chunks of --chunk-steps against generate (wall seconds, AR and n-gram).
   chunks     prefill tokens/s by chunk size (--chunks) at --chunk-lengths, and the one-shot prefill of the exact prompt.
   exact      --exact-prompts held-out prompts of natural lengths: every method's output equal to AR's, batch 1 (each
              prompt in its bucket) and as one ragged batch (within the call); rows of the ragged batch equal to their
-             batch-1 runs (reported, not required in bf16); the same prompt in two cache buckets (reported). Looped
-             models take equal lengths (--exact-len).
+             batch-1 runs (reported, not required in bf16); the same prompt in two cache buckets (reported); the
+             batch continued (generate(state=...)) with a next turn of 1-32 tokens per row: the method and AR from
+             the method's batch state, equal. Looped models' prompts have one length (--exact-len).
 
     python benchmarks/bench_workload.py --model checkpoints/tiny-qwen35-code --parts sequence,workload,second
     python benchmarks/bench_workload.py --random-9b --damp 0.02 --parts lengths,batch --out $OUT
@@ -58,6 +61,8 @@ def parse_args(argv=None):
     ap.add_argument("--lengths", default="1000,1001,1002")
     ap.add_argument("--batches", default="1,4,8,16")
     ap.add_argument("--batch-new", type=int, default=128)
+    ap.add_argument("--forced-p", type=float, default=None, help="batch: forced acceptance p instead of n-gram")
+    ap.add_argument("--batch-gamma", type=int, default=4, help="batch: the speculation's gamma")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--chunk-steps", type=int, default=16, help="stream: decode steps a chunk")
     ap.add_argument("--chunks", default="256,512,1024", help="chunks: prefill chunk sizes to time")
@@ -65,6 +70,8 @@ def parse_args(argv=None):
     ap.add_argument("--exact-prompts", type=int, default=20)
     ap.add_argument("--exact-len", type=int, default=64, help="exact: prompt length for looped models")
     ap.add_argument("--exact-new", type=int, default=64)
+    ap.add_argument("--skip-batch1", action="store_true",
+                    help="exact: only the ragged batch and its continuation (no batch-1 runs, no second bucket)")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "specdec_bench_out"))
     ap.add_argument("--name", default=None, help="result file stem (default workload_<model>)")
     ap.add_argument("--budget-s", type=float, default=480.0, help="stop starting new work after this many seconds")
@@ -194,30 +201,42 @@ def part_batch(model, args, rng, out, t_start):
         if time.perf_counter() - t_start > args.budget_s:
             break
         prompts = natural_prompts(files, B, 64, 512, rng)
+        spec_name, spec_options = "ngram", {"gamma": args.batch_gamma}
+        if args.forced_p is not None:  # drafts: the exact reference (AR at the speculation's rows), some altered
+            from specdec_jax.bench.harness import register_reference_drafts
+            from specdec_jax.decoding.decode_shape import choose_decode_rows
+            rows_ = choose_decode_rows(args.batch_gamma, None, "qwen3_5")
+            reference = sj.generate(model, prompts, args.batch_new, eos_token_id=False, decode_rows=rows_)
+            register_reference_drafts("forced", reference.tokens, [len(p) for p in prompts], args.forced_p,
+                                      seed=B)
+            spec_name = "forced"
         runs = {}
-        for name in ("ar", "ngram"):
-            timed_generate(model, prompts, args.batch_new, name, eos_token_id=False)  # compile + warm
+        for name, options in (("ar", {}), (spec_name, spec_options)):
+            timed_generate(model, prompts, args.batch_new, name, eos_token_id=False, **options)  # compile + warm
             best = None
             for _ in range(3):
-                res, wall = timed_generate(model, prompts, args.batch_new, name, eos_token_id=False)
+                res, wall = timed_generate(model, prompts, args.batch_new, name, eos_token_id=False, **options)
                 if best is None or res.stats["seconds"] < best[0].stats["seconds"]:
                     best = (res, wall)
             runs[name] = best[0]
-        ar, ng = runs["ar"], runs["ngram"]
+        ar, ng = runs["ar"], runs[spec_name]
         alone = [sj.generate(model, [p], args.batch_new, eos_token_id=False).tokens[0] for p in prompts[:4]]
         row = {"batch": B, "prompt_lengths": [len(p) for p in prompts],
-               "ar_tok_s": ar.stats["tokens_per_second"], "ngram_tok_s": ng.stats["tokens_per_second"],
+               "ar_tok_s": ar.stats["tokens_per_second"], "spec_tok_s": ng.stats["tokens_per_second"],
                "speedup": ng.stats["tokens_per_second"] / ar.stats["tokens_per_second"],
-               "ngram_tokens_per_step": ng.stats.get("tokens_per_step"),
+               "spec_tokens_per_step": ng.stats.get("tokens_per_step"),
                "rows_equal_ar_within_call": int(sum(np.array_equal(a, b) for a, b in zip(ar.tokens, ng.tokens))),
                "rows_checked_against_batch1": len(alone),
                "rows_equal_batch1": int(sum(np.array_equal(a, ar.tokens[i]) for i, a in enumerate(alone)))}
         rows.append(row)
-        print(f"  batch {B}: AR {row['ar_tok_s']:.1f} tok/s, n-gram {row['ngram_tok_s']:.1f} tok/s "
-              f"({row['speedup']:.2f}x, {row['ngram_tokens_per_step']:.2f} tokens/step); rows equal to AR in the call "
+        print(f"  batch {B}: AR {row['ar_tok_s']:.1f} tok/s, {spec_name} {row['spec_tok_s']:.1f} tok/s "
+              f"({row['speedup']:.2f}x, {row['spec_tokens_per_step']:.2f} tokens/step); rows equal to AR in the call "
               f"{row['rows_equal_ar_within_call']}/{B}, to batch-1 AR {row['rows_equal_batch1']}/{len(alone)}",
               flush=True)
-    out["batch"] = {"max_new_tokens": args.batch_new, "rows": rows}
+    out["batch"] = {"max_new_tokens": args.batch_new, "gamma": args.batch_gamma, "rows": rows,
+                    "drafts": ("n-gram" if args.forced_p is None else
+                               f"forced acceptance p {args.forced_p}: AR's continuation (at the speculation's rows), "
+                               f"a fraction {1 - args.forced_p:g} of the drafts altered")}
 
 
 def part_exact(model, args, rng, out, t_start, save=lambda: None):
@@ -228,30 +247,43 @@ def part_exact(model, args, rng, out, t_start, save=lambda: None):
     else:
         prompts = natural_prompts(files, args.exact_prompts, 16, 512, rng)
     n = args.exact_new
-    ar1 = [sj.generate(model, [p], n).tokens[0] for p in prompts]
+    single = not args.skip_batch1
+    ar1 = [sj.generate(model, [p], n).tokens[0] for p in prompts] if single else []
     ar_batch = sj.generate(model, prompts, n)
-    rows = {"ar": {"batch_rows_equal_batch1": int(sum(np.array_equal(a, b) for a, b in zip(ar_batch.tokens, ar1)))}}
-    if not looped:  # the same prompts with a budget that puts them in another cache bucket
+    rows = {"ar": {"batch_rows_equal_batch1": int(sum(np.array_equal(a, b) for a, b in zip(ar_batch.tokens, ar1)))
+                   if single else None}}
+    if not looped and single:  # the same prompts with a budget that puts them in another cache bucket
         other = [sj.generate(model, [p], n, max_len=4096).tokens[0] for p in prompts]
         rows["ar"]["other_bucket_equal"] = int(sum(np.array_equal(a, b) for a, b in zip(other, ar1)))
+    # Continuation: each row's next turn (1-32 new tokens) after its batch generation, continued from the method's
+    # batch state by the method and by AR (the same state in; rows that met their EOS go on with the next turn)
+    turn = natural_prompts(files, len(prompts), 1, 32, rng)
     for text in args.methods.split(","):
         name, options = method_spec(text)
         if name == "ar" or time.perf_counter() - t_start > args.budget_s:
             continue
-        one = [sj.generate(model, [p], n, method=name, **options) for p in prompts]
+        one = [sj.generate(model, [p], n, method=name, **options) for p in prompts] if single else []
         batch = sj.generate(model, prompts, n, method=name, **options)
+        cont = sj.generate(model, turn, n, method=name, state=batch.state, **options)
+        ar_cont = sj.generate(model, turn, n, state=batch.state)
         rows[text] = {
-            "batch1_equal_ar": int(sum(np.array_equal(r.tokens[0], a) for r, a in zip(one, ar1))),
+            "continued_equal_ar": int(sum(np.array_equal(a, b) for a, b in zip(cont.tokens, ar_cont.tokens))),
+            "batch1_equal_ar": int(sum(np.array_equal(r.tokens[0], a) for r, a in zip(one, ar1))) if single else None,
             "batch_equal_ar_within_call": int(sum(np.array_equal(a, b) for a, b in zip(batch.tokens, ar_batch.tokens))),
-            "batch_rows_equal_batch1": int(sum(np.array_equal(b, r.tokens[0]) for b, r in zip(batch.tokens, one))),
-            "tokens_per_step_batch1": float(np.mean([r.stats.get("tokens_per_step", 1.0) for r in one])),
+            "batch_rows_equal_batch1": (int(sum(np.array_equal(b, r.tokens[0]) for b, r in zip(batch.tokens, one)))
+                                        if single else None),
+            "tokens_per_step_batch1": float(np.mean([r.stats.get("tokens_per_step", 1.0) for r in one])) if one else None,
+            "tokens_per_step_batch": batch.stats.get("tokens_per_step"),
         }
         out["exact"] = {"prompts": len(prompts), "prompt_lengths": [len(p) for p in prompts], "max_new_tokens": n,
                         "methods": rows}
         save()
-        print(f"  exact {text}: batch 1 equal to AR {rows[text]['batch1_equal_ar']}/{len(prompts)}, ragged batch equal "
-              f"to AR in the call {rows[text]['batch_equal_ar_within_call']}/{len(prompts)}, batch rows equal to "
-              f"batch 1 {rows[text]['batch_rows_equal_batch1']}/{len(prompts)}", flush=True)
+        r = rows[text]
+        ones = (f"batch 1 equal to AR {r['batch1_equal_ar']}/{len(prompts)}, batch rows equal to batch 1 "
+                f"{r['batch_rows_equal_batch1']}/{len(prompts)}, " if single else "")
+        print(f"  exact {text}: {ones}ragged batch equal to AR in the call {r['batch_equal_ar_within_call']}/"
+              f"{len(prompts)}, continued equal to AR's continuation {r['continued_equal_ar']}/{len(prompts)}",
+              flush=True)
     out["exact"] = {"prompts": len(prompts), "prompt_lengths": [len(p) for p in prompts], "max_new_tokens": n,
                     "methods": rows}
 

@@ -3,6 +3,7 @@
 # device command; each step under its own timeout, results under OUT as they are written.
 #   bash benchmarks/gpu_workload.sh a OUT   the 9B cost curve at the current code; new prompt lengths; prefill chunks
 #   bash benchmarks/gpu_workload.sh b OUT   the 9B ragged batch curve; a second process; bf16 exactness (tiny Qwen, Huginn)
+#   parts c, d: what b's limits cut, streaming; e, f: the forced-acceptance batch curve, exactness with continuation
 set -u
 part=${1:?part a or b}
 out=${2:?output folder}
@@ -42,5 +43,20 @@ d)  # streaming's cost, a second process, short-prompt chunks (9B shape)
         --out "$out"
     step 75 chunks python benchmarks/bench_workload.py --random-9b --parts chunks --chunks 256,1024 \
         --chunk-lengths 128,512 --budget-s 65 --name workload_qwen35_9b_random_chunks --out "$out"
+    ;;
+e)  # the 9B ragged batch curve at forced acceptance p 0.8; bf16 exactness with continuation, tiny Huginn
+    step 330 batch python benchmarks/bench_workload.py --random-9b --damp 1 --parts batch --forced-p 0.8 \
+        --batches 1,4,8,16 --budget-s 300 --name workload_qwen35_9b_random_batch --out "$out"
+    step 200 exact_huginn python benchmarks/bench_workload.py --model checkpoints/tiny-huginn-code --parts exact \
+        --skip-batch1 --methods self-spec,mature-spec,das-wave --budget-s 180 --name exact_tiny_huginn_continue \
+        --out "$out"
+    ;;
+f)  # bf16 exactness with continuation, tiny Qwen, every chain method; cuDNN attention against the flash kernel
+    step 450 exact_qwen python benchmarks/bench_workload.py --model checkpoints/tiny-qwen35-code --parts exact \
+        --skip-batch1 --methods ngram,ngram-table,mtp,mtp-shortlist,layer-skip,residual-reuse,partial-mlp \
+        --budget-s 400 --name exact_tiny_qwen_continue --out "$out"
+    # issue 50's experiment: cuDNN's fused attention against the flash kernel on a prefill chunk
+    step 120 cudnn python benchmarks/bench_long_context.py --kernel --cudnn --lengths 4096,32768,131072 \
+        --flash-blocks "128,64,8,2"
     ;;
 esac

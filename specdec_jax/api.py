@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .models.qwen35.config import read_config
+from .decoding import session as sessions
 from .decoding.autoregressive import generate_ar
 from .decoding.decode_shape import exact_rows
 from .decoding.sampling import SamplingConfig
@@ -124,9 +125,10 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
     eos_token_id: None = the config's EOS ids, False/() = never stop early, int or list of ints.
     max_len: KV-cache length (default: the bucket of prompt + max_new_tokens + the last verification's rows;
     Qwen3.5 programs are compiled per bucket, not per prompt length: decoding/buckets.py).
-    state: None, or an earlier result's `.state` (Qwen3.5): continue that generation, input_ids then holding each
-    row's new tokens (may be empty) after its history; nothing already run is prefilled again, and the method may
-    differ. result.state (Qwen3.5) is the decode state after the call (`decoding.session.Session`).
+    state: None, or an earlier result's `.state`: continue that generation, input_ids then holding each row's new
+    tokens (may be empty) after its history; nothing already run is prefilled again, and the method may differ (a
+    looped model's at the same num_steps and cache_mode). result.state is the decode state after the call
+    (`decoding.session.Session`; None after the parallel sampler, which is not exact).
     """
     result = _generate(model, input_ids, max_new_tokens, method, temperature, seed, top_k=top_k, top_p=top_p,
                        eos_token_id=eos_token_id, max_len=max_len, state=state, _stream=_stream, **method_options)
@@ -139,11 +141,10 @@ def _generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", 
               state=None, _stream=None, **method_options) -> GenerateResult:
     compile_cache.enable()
     prompts = split_prompts(input_ids, model.vocab_size, allow_empty=state is not None)
-    session = None
+    session, new_rows = None, prompts
     if state is not None:
-        from .decoding.session import check_session, continued_rows
-        session = check_session(state, model, len(prompts))
-        prompts = continued_rows(session, prompts)
+        session = sessions.check_session(state, model, len(prompts))
+        prompts = sessions.continued_rows(session, prompts)
     longest = max(len(p) for p in prompts)
     spec = methods.lookup(model, method)
     args = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_k": top_k, "top_p": top_p,
@@ -156,23 +157,31 @@ def _generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", 
     if max_len is not None:
         max_len = int_option({"max_len": max_len}, "max_len", None, 1)
     eos_ids = _eos_ids(eos_token_id, model)
+    initial = None
     if model.family == "looped":
-        if len({len(p) for p in prompts}) > 1:  # no padded prefill: one generation per prompt length
-            return _emit_whole(_by_length(prompts, lambda ids: _generate(
-                model, ids, max_new_tokens, method, sampling.temperature, seed, top_k=sampling.top_k,
-                top_p=sampling.top_p, eos_token_id=eos_token_id, max_len=max_len, **method_options)), _stream)
-        ids = np.stack(prompts)
+        if len({len(p) for p in new_rows}) > 1:  # no padded prefill: one generation per length of new tokens
+            return _emit_whole(_by_length([len(p) for p in new_rows], lambda rows: _generate(
+                model, [new_rows[i] for i in rows], max_new_tokens, method, sampling.temperature, seed,
+                top_k=sampling.top_k, top_p=sampling.top_p, eos_token_id=eos_token_id, max_len=max_len,
+                state=None if session is None else sessions.session_rows(session, rows), **method_options)), _stream)
+        if session is None:
+            ids = np.stack(prompts)
+        else:  # each row's pending token, then its new ones, after what the cache holds
+            ids = np.stack([np.concatenate([[p], r]) for p, r in zip(np.asarray(session.pending), new_rows)])
+            initial = session.model
     if spec.kind == methods.LOOPED_SPEC:
         # Looped self-speculation sizes its own cache (its default gamma depends on the method).
         from .decoding.looped_spec import generate_looped_spec
-        return _emit_whole(generate_looped_spec(model, ids, int(max_new_tokens), method, sampling=sampling, seed=seed,
-                                                eos_ids=eos_ids, max_len=max_len, **method_options), _stream)
+        result = generate_looped_spec(model, ids, int(max_new_tokens), method, sampling=sampling, seed=seed,
+                                      eos_ids=eos_ids, max_len=max_len, initial=initial, **method_options)
+        settings = (("num_steps", result.stats["num_steps"]), ("cache_mode", "full"))
+        return _emit_whole(sessions.with_looped_session(result, model, prompts, eos_ids, settings), _stream)
     methods.check_options(spec, method_options)
     if spec.kind == methods.TREE:
         # The tree's node count is known only once its options are read: _generate_tree_qwen buckets the cache.
-        return _emit_whole(_with_session(_generate_tree_qwen(model, prompts, int(max_new_tokens), spec, max_len,
-                                                             sampling, seed, eos_ids, method_options, session),
-                                         model, prompts, eos_ids), _stream)
+        tree = _generate_tree_qwen(model, prompts, int(max_new_tokens), spec, max_len, sampling, seed, eos_ids,
+                                   method_options, session)
+        return _emit_whole(sessions.with_session(tree, model, prompts, eos_ids), _stream)
     gamma = (int_option(method_options, "gamma", spec.default_gamma, 1, None, " (the draft length)")
              if spec.kind == methods.CHAIN else 0)
     rows = exact_rows(method_options, gamma, model.family, _not_exact_because(model.family, method_options, gamma))
@@ -185,40 +194,27 @@ def _generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", 
         raise InputError(f"{what} = {needed} exceeds the cache length max_len={max_len}")
     if spec.kind == methods.CHAIN:
         buckets = _buckets(model, prompts, needed, max_len, eos_ids, session)
-        return _with_session(_generate_speculative_qwen(model, int(max_new_tokens), spec, gamma, sampling, seed,
-                                                        eos_ids, method_options, rows, buckets, _stream),
-                             model, prompts, eos_ids)
+        result = _generate_speculative_qwen(model, int(max_new_tokens), spec, gamma, sampling, seed, eos_ids,
+                                            method_options, rows, buckets, _stream)
+        return sessions.with_session(result, model, prompts, eos_ids)
     # AR: the family's remaining options choose the model (looped: num_steps, cache_mode); checked there.
     from .models.family import family_for
     family = family_for(model.config, **{k: v for k, v in method_options.items() if k not in ("exact", "decode_rows")})
-    if family.prefill_forward is None:  # exact shapes: the prompt as given, the cache as needed
-        return generate_ar(family, model, ids, int(max_new_tokens), decode_rows=rows, max_len=max_len or needed,
-                           sampling=sampling, seed=seed, eos_ids=eos_ids, stream=_stream)
+    if family.prefill_forward is None:  # exact shapes: the prompt as given, the cache as needed (looped models)
+        settings = tuple(family.describe().items())
+        if initial is not None:
+            from .models.looped.cache import grown_cache
+            if settings != session.settings:
+                raise InputError(f"state was made at {dict(session.settings)}; this call runs {dict(settings)} "
+                                 f"(continue with the state's settings)")
+            initial = grown_cache(initial, max_len or needed)
+        result = generate_ar(family, model, ids, int(max_new_tokens), decode_rows=rows, max_len=max_len or needed,
+                             sampling=sampling, seed=seed, eos_ids=eos_ids, stream=_stream, initial=initial)
+        return sessions.with_looped_session(result, model, prompts, eos_ids, settings)
     buckets = _buckets(model, prompts, needed, max_len, eos_ids, session)
-    return _with_session(generate_ar(family, model, buckets.pop("ids"), int(max_new_tokens), decode_rows=rows,
-                                     sampling=sampling, seed=seed, eos_ids=eos_ids, stream=_stream, **buckets),
-                         model, prompts, eos_ids)
-
-
-def _with_session(result: GenerateResult, model: Model, prompts: list, eos_ids: tuple) -> GenerateResult:
-    """The result with its decode state as a `Session` (what `generate(state=...)` continues): from an AR loop's
-    state (each row's pending token is its last generated one; rows that met their EOS before the loop ended ran on
-    and are not resumable) or a speculative loop's (the anchor is pending; finished rows' states stood still)."""
-    from .decoding.autoregressive import ARState, generated_counts
-    from .decoding.session import make_session
-    raw = result.state
-    if isinstance(raw, ARState):
-        counts = generated_counts(result.tokens, raw.tokens_run, eos_ids)
-        pending = [int(result.tokens[b, counts[b] - 1]) for b in range(len(prompts))]
-        history = [np.concatenate([p, result.tokens[b, : counts[b]]]) for b, p in enumerate(prompts)]
-        resumable = counts == raw.tokens_run
-        model_state = raw.model
-    else:  # SpecState
-        hist, hist_len = np.asarray(raw.history), np.asarray(raw.hist_len)
-        history = [hist[b, : hist_len[b]] for b in range(len(prompts))]
-        pending, resumable, model_state = raw.anchor, np.ones(len(prompts), bool), raw.model
-    result.state = make_session(model_state, pending, history, resumable, model.config, model.dtype)
-    return result
+    result = generate_ar(family, model, buckets.pop("ids"), int(max_new_tokens), decode_rows=rows, sampling=sampling,
+                         seed=seed, eos_ids=eos_ids, stream=_stream, **buckets)
+    return sessions.with_session(result, model, prompts, eos_ids)
 
 
 def _emit_whole(result: GenerateResult, stream) -> GenerateResult:
@@ -296,21 +292,24 @@ def _summed_stats(per_call: list[dict], rows: list[list[int]]) -> dict:
     return stats
 
 
-def _by_length(prompts: list, run) -> GenerateResult:
-    """A ragged batch of a family without padded prefill (looped models): run(ids [b, T]) once per prompt length, in
-    order of length, each row's tokens put back at its place; stats summed (`_summed_stats`), with `length_groups`
-    (the rows of each run)."""
+def _by_length(lengths: list[int], run) -> GenerateResult:
+    """A ragged batch of a family without padded prefill (looped models): run(rows) once per length of prompt (or of
+    new tokens, continuing), in order of length, each row's tokens put back at its place; stats summed
+    (`_summed_stats`), with `length_groups` (the rows of each run); the runs' sessions joined into one."""
     groups: dict[int, list[int]] = {}
-    for i, p in enumerate(prompts):
-        groups.setdefault(len(p), []).append(i)
+    for i, n in enumerate(lengths):
+        groups.setdefault(n, []).append(i)
     rows = [r for _, r in sorted(groups.items())]
-    runs = [run(np.stack([prompts[i] for i in r])) for r in rows]
-    tokens = np.zeros((len(prompts),) + runs[0].tokens.shape[1:], runs[0].tokens.dtype)
+    runs = [run(r) for r in rows]
+    tokens = np.zeros((len(lengths),) + runs[0].tokens.shape[1:], runs[0].tokens.dtype)
     for r, out in zip(rows, runs):
         tokens[r] = out.tokens
     stats = _summed_stats([out.stats for out in runs], rows)
     stats["length_groups"] = rows
-    return GenerateResult(tokens=tokens, stats=stats, state=None)
+    states = [out.state for out in runs]
+    joinable = all(isinstance(s, sessions.Session) for s in states)
+    state = sessions.joined_sessions(states, rows) if joinable else None
+    return GenerateResult(tokens=tokens, stats=stats, state=state)
 
 
 def _buckets(model: Model, prompts: list, needed: int, max_len: int | None, eos_ids: tuple, session=None) -> dict:

@@ -303,3 +303,42 @@ def test_looped_ar_streams_in_chunks():
     pieces = list(sj.stream(model, ids, 9, chunk_steps=3, eos_token_id=False, num_steps=4))
     assert len(pieces) > 1 and all(p.shape[0] == 2 for p in pieces)
     np.testing.assert_array_equal(np.concatenate(pieces, axis=1), whole.tokens)
+
+
+
+def test_looped_continuation_equals_a_fresh_run_on_the_whole_text():
+    """generate(state=...) on a looped model (issue 48). The ragged self-spec batch of the test above, continued with
+    ragged new tokens (one run per length of new tokens: the session split by rows and joined again): by AR, each
+    row's greedy tokens are a fresh AR run's on its whole text (fp32) and its cache agrees with that run's over the
+    history; by self-spec, AR's tokens again; the same calls give the same bits. A state continues only at the depth
+    and cache mode it was made at, and only for its own rows."""
+    import specdec_jax as sj
+    model = sj.load(FIXTURES / "huginn_tiny", dtype="float32")
+    rng = np.random.default_rng(11)
+    rows = [rng.integers(0, model.vocab_size, n).astype(np.int32) for n in (5, 9, 5)]
+    spec, ar = {"num_steps": 4, "gamma": 2}, {"num_steps": 4}
+    first = sj.generate(model, rows, 6, method="self-spec", eos_token_id=False, **spec)  # the programs of the test above
+    new = [rng.integers(0, model.vocab_size, n).astype(np.int32) for n in (7, 3, 7)]  # whole texts of 18 tokens each
+    cont = sj.generate(model, new, 5, eos_token_id=False, state=first.state, **ar)
+    again = sj.generate(model, new, 5, eos_token_id=False, state=first.state, **ar)
+    np.testing.assert_array_equal(cont.tokens, again.tokens)
+    np.testing.assert_array_equal(np.asarray(cont.state.model.core_k), np.asarray(again.state.model.core_k))
+    by_spec = sj.generate(model, new, 5, method="self-spec", eos_token_id=False, state=first.state, **spec)
+    np.testing.assert_array_equal(by_spec.tokens, cont.tokens)
+    whole = np.stack([np.concatenate([p, t, n]) for p, t, n in zip(rows, first.tokens, new)])
+    fresh = sj.generate(model, whole, 5, eos_token_id=False, **ar)
+    np.testing.assert_array_equal(cont.tokens, fresh.tokens)
+    held = whole.shape[1] + 4  # every token but the pending one
+    np.testing.assert_array_equal(np.asarray(cont.state.model.length), [held] * 3)
+    np.testing.assert_array_equal(np.asarray(fresh.state.model.length), [held] * 3)
+    for i in range(3):
+        np.testing.assert_array_equal(cont.state.tokens(i), fresh.state.tokens(i))
+    for name in ("prelude_k", "core_v", "coda_k"):
+        a, b = (np.asarray(getattr(s.model, name))[..., :held, :, :] for s in (cont.state, fresh.state))
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=name)
+    with pytest.raises(InputError, match="state was made at"):
+        sj.generate(model, new, 3, eos_token_id=False, num_steps=2, state=first.state)
+    with pytest.raises(InputError, match="step slots"):
+        sj.generate(model, new, 3, method="self-spec", eos_token_id=False, num_steps=2, state=first.state)
+    with pytest.raises(InputError, match="rows"):
+        sj.generate(model, new[:2], 3, eos_token_id=False, state=first.state, **ar)

@@ -12,12 +12,17 @@ Pairing: a method and its baseline run in turn on the same input (`alternation`,
 (clocks, temperature, other load) hits both alike; `own_reference_rows` says when an exact run needs an AR
 reference of its own. Statistics: `decode_tokens_per_second`, `bootstrap_ci`.
 
+Forced acceptance through the public API: `register_reference_drafts` registers a chain method whose drafts are a
+known continuation (AR's own output) with a fraction 1 - p of the positions altered, so each draft is accepted with
+probability p, as the forced-acceptance cost curves assume, while the target still decides every token.
+
 Reports: `write_results` writes <stem>.json and <stem>.md side by side; `finish_plot` saves a figure.
 Device traces (kernel by kernel, waits, a call's edges) are read by `specdec_jax.profiling`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -299,3 +304,49 @@ def finish_plot(fig, ax, path: str | os.PathLike, xlabel: str, ylabel: str, titl
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.fspath(path), dpi=110)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# forced acceptance through the public API
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceDrafter:
+    """Drafts row b's known continuation (`continuations[b]`, generated after its prompt of `prompt_lens[b]`
+    tokens), each position altered (to another token) where `altered[b][i]`: a draft is accepted when it and every
+    draft before it in its step are unaltered. Hashable (a static argument of the generation's programs)."""
+
+    continuations: tuple  # B tuples of int
+    prompt_lens: tuple  # B ints
+    altered: tuple  # B tuples of bool
+    name = "reference"
+
+    def init(self, params, cfg, prompt, max_len, **_):
+        return ()
+
+    def update(self, drafter_state, **_):
+        return drafter_state
+
+    def propose(self, params, cfg, drafter_state, history, hist_len, gamma, key, **_):
+        import jax.numpy as jnp
+        ref = jnp.asarray(self.continuations, jnp.int32)  # [B, N]
+        flip = jnp.asarray(self.altered, bool)
+        at = jnp.clip(hist_len[:, None] - jnp.asarray(self.prompt_lens, jnp.int32)[:, None]
+                      + jnp.arange(gamma)[None, :], 0, ref.shape[1] - 1)  # [B, gamma]: the next positions to draft
+        drafts = jnp.take_along_axis(ref, at, axis=1)
+        other = jnp.where(drafts > 0, drafts - 1, drafts + 1)
+        return jnp.where(jnp.take_along_axis(flip, at, axis=1), other, drafts), None, drafter_state
+
+
+def register_reference_drafts(name: str, continuations, prompt_lens, p: float = 1.0, seed: int = 0) -> None:
+    """Register (or replace) the Qwen3.5 chain method `name` drafting each row's continuation, each position kept
+    with probability p (`ReferenceDrafter`). continuations [B, N] (an exact run's reference: AR at the speculation's
+    decode rows), prompt_lens [B]."""
+    from specdec_jax import methods
+    tokens = np.asarray(continuations, np.int64)
+    altered = np.random.default_rng(seed).random(tokens.shape) >= p
+    drafter = ReferenceDrafter(tuple(tuple(int(t) for t in row) for row in tokens),
+                               tuple(int(n) for n in prompt_lens),
+                               tuple(tuple(bool(a) for a in row) for row in altered))
+    spec = methods.MethodSpec(name, "qwen3_5", methods.CHAIN, methods.CHAIN_OPTIONS, drafter=lambda m, o: drafter)
+    methods.REGISTRY = tuple(s for s in methods.REGISTRY if s.name != name) + (spec,)

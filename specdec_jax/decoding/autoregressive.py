@@ -69,6 +69,13 @@ def _prefill(params, prompt, *, ops: FamilyOps, cfg, max_len: int, state_dtype):
     return ops.step(params, cfg, state, prompt)
 
 
+@functools.partial(jax.jit, static_argnames=("ops", "cfg"))
+def _prefill_from(params, prompt, initial, *, ops: FamilyOps, cfg):
+    """The prompt [B, T] after the tokens `initial` holds (a continued generation of a family without padded
+    prefill: every row T new tokens, each at its own offset)."""
+    return ops.step(params, cfg, initial, prompt)
+
+
 @functools.partial(jax.jit, static_argnames=("ops", "cfg", "max_len", "state_dtype", "chunk"))
 def _prefill_chunked(params, prompt, lens, initial=None, starts=None, *, ops: FamilyOps, cfg, max_len: int,
                      state_dtype, chunk: int):
@@ -176,11 +183,15 @@ def generate_autoregressive(ops: FamilyOps, params, cfg, prompt: np.ndarray, max
     prompt buffer [B, P], prefilled `chunk` tokens at a time (`buckets`); token_buffer > 0: the decode loop's
     output buffer, max_new_tokens then traced (0: max_new_tokens is part of the program). stream: None, or
     (chunk_steps, emit): the loop runs chunk_steps steps a call and emit(tokens [B, k]) gets them (`stream_chunks`).
-    initial, starts: continue from a state holding each row's first starts[b] tokens of the prompt buffer.
+    initial, starts: continue from a state holding each row's first starts[b] tokens of the prompt buffer (lens None:
+    from a state `initial` of max_len slots, the whole prompt after what it holds).
     result.state: ARState (the model state after the loop, and the tokens each row ran)."""
     prompt = jnp.asarray(prompt, jnp.int32)
     key = jax.random.PRNGKey(seed)
-    if lens is None:
+    if lens is None and initial is not None:
+        static_p = dict(ops=ops, cfg=cfg)
+        prefill_fn, prefill_args = _prefill_from, (params, prompt, initial)
+    elif lens is None:
         static_p = dict(ops=ops, cfg=cfg, max_len=max_len, state_dtype=state_dtype)
         prefill_fn, prefill_args = _prefill, (params, prompt)
     else:

@@ -207,12 +207,13 @@ def sampler_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPl
 
 @functools.partial(jax.jit, static_argnames=("cfg", "plan", "max_len", "sampling", "eos_ids", "max_new_tokens",
                                              "state_dtype"))
-def _prefill(params, prompt, key, *, cfg, plan: LoopedSpecPlan, max_len: int, sampling: SamplingConfig,
-             eos_ids: tuple[int, ...], max_new_tokens: int, state_dtype):
-    """Prompt at full depth R -> LoopedSpecState whose anchor is the first new token (chosen as AR does)."""
+def _prefill(params, prompt, key, initial=None, *, cfg, plan: LoopedSpecPlan, max_len: int,
+             sampling: SamplingConfig, eos_ids: tuple[int, ...], max_new_tokens: int, state_dtype):
+    """Prompt at full depth R -> LoopedSpecState whose anchor is the first new token (chosen as AR does).
+    initial: None, or a cache of max_len slots the prompt continues (each row at its own length)."""
     B = prompt.shape[0]
     family = looped_family(plan.num_steps)
-    cache = family.init_state(cfg, B, max_len, state_dtype)
+    cache = family.init_state(cfg, B, max_len, state_dtype) if initial is None else initial
     logits, cache = family.forward(params, cfg, cache, prompt, logits_for="last")
     first = select_token(logits[:, 0], key, sampling)
     W, D = plan.window, cfg.n_embd
@@ -253,12 +254,14 @@ def _loop(params, state, key, accept_p=None, *, cfg, plan: LoopedSpecPlan, sampl
 
 def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, num_steps: int | None = None,
                          sampling: SamplingConfig | None = None, seed: int = 0, eos_ids: tuple[int, ...] | None = None,
-                         max_len: int | None = None, **method_options) -> GenerateResult:
+                         max_len: int | None = None, initial=None, **method_options) -> GenerateResult:
     """Self-speculative generation for a looped model; the whole loop runs on device.
 
     input_ids [B, T]; method in LOOPED_SPEC_METHODS; num_steps: target depth R (default the config's
     mean_recurrence); sampling: SamplingConfig (default greedy); eos_ids: None = the config's, () =
     never stop; max_len: cache length (default and minimum prompt + max_new_tokens + gamma).
+    initial: None, or a full cache at depth R (an earlier generation's `state.model`) that input_ids continue: each
+    row's tokens go after that row's cached ones (the cache grown to fit).
     method_options: see `make_plan`. Options are validated (InputError) before any compute.
 
     Returns GenerateResult(tokens [B, max_new_tokens], stats): new_tokens, seconds, tokens_per_second,
@@ -280,8 +283,14 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
     N = int(max_new_tokens)
     extra, extra_what = ((plan.decode_rows, f"decode_rows ({plan.decode_rows})") if plan.decode_rows
                          else (plan.gamma, f"gamma ({plan.gamma})"))
-    needed = ids.shape[1] + N + extra
-    what = f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({N}) + {extra_what}"
+    held = 0 if initial is None else int(np.max(np.asarray(initial.length)))
+    if initial is not None and (initial.mode != "full" or initial.step_slots != plan.num_steps):
+        raise InputError(f"state holds a {initial.mode} cache of {initial.step_slots} step slots; {method} at "
+                         f"num_steps={plan.num_steps} continues a full cache of {plan.num_steps} (run it at the "
+                         f"state's settings)")
+    needed = held + ids.shape[1] + N + extra
+    what = (f"{'history (' + str(held) + ' tokens) + ' if held else ''}prompt ({ids.shape[1]} tokens) + "
+            f"max_new_tokens ({N}) + {extra_what}")
     check_context_length(needed, cfg.max_position_embeddings, what)
     max_len = needed if max_len is None else int(max_len)
     if needed > max_len:
@@ -297,13 +306,15 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
                     state_dtype=dtype)
     static_l = dict(cfg=cfg, plan=plan, sampling=sampling, eos_ids=eos_ids, max_new_tokens=N)
     options = compiler_options("looped")  # the options AR's loop compiles with (exactness: compiled.EXACT_GPU_OPTIONS)
-    prefill_c, compile_p = compiled(_prefill, static_p, model.params, prompt, key_first, options=options)
-    state_struct = jax.eval_shape(functools.partial(_prefill, **static_p), model.params, prompt, key_first)
+    if initial is not None:
+        initial = looped.grown_cache(initial, max_len)
+    prefill_c, compile_p = compiled(_prefill, static_p, model.params, prompt, key_first, initial, options=options)
+    state_struct = jax.eval_shape(functools.partial(_prefill, **static_p), model.params, prompt, key_first, initial)
     loop_c, compile_l = compiled(_loop, static_l, model.params, state_struct, key_loop, options=options)
     compile_s = compile_p + compile_l
 
     t0 = time.perf_counter()
-    state = jax.block_until_ready(prefill_c(model.params, prompt, key_first))
+    state = jax.block_until_ready(prefill_c(model.params, prompt, key_first, initial))
     t1 = time.perf_counter()
     tokens, state = jax.block_until_ready(loop_c(model.params, state, key_loop))
     t2 = time.perf_counter()
@@ -330,4 +341,6 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
     }
     if plan.method in ("das-wave", "parallel-sampler"):
         stats["rounds"] = passes  # summed over rows
-    return GenerateResult(tokens=tokens, stats=stats)
+    # The cache is the decode state a continuation needs, except the parallel sampler's: it commits a position's
+    # deepest slot only, so its cache is not the target's at every depth.
+    return GenerateResult(tokens=tokens, stats=stats, state=None if sampler else state.cache)

@@ -7,7 +7,10 @@ generates on; the history makes a continued call see what a fresh call on the wh
 every state here: continuing twice from one session gives the same bits twice.
 
 A row whose model state ran past its last token (an AR batch row that met its EOS while other rows went on: the loop
-steps every row) is marked not `resumable`; continuing re-prefills that row's history from an empty state.
+steps every row) is marked not `resumable`; continuing re-prefills that row's history from an empty state. A looped
+model's state is its KV cache alone, so its rows are always resumable: the cache's length is set back to the row's
+history (`looped_session`), and what lies past it is masked and later overwritten. `settings` names what a looped
+cache was made at (depth, cache mode); a continuation runs at the same.
 Drafters' own states (an MTP head's cache, a self-draft's model state) are not kept: a continued call starts them on
 the tokens it prefills, which changes how many drafts are accepted, never the output.
 """
@@ -22,6 +25,8 @@ import numpy as np
 from flax import struct
 
 from ..errors import InputError
+from ..results import GenerateResult
+from .autoregressive import ARState, generated_counts
 
 
 @struct.dataclass
@@ -33,6 +38,7 @@ class Session:
     resumable: np.ndarray = struct.field(pytree_node=False)  # [B] bool: the model state ends right before pending
     config: Any = struct.field(pytree_node=False)  # the model's config (a state belongs to one model)
     dtype: str = struct.field(pytree_node=False)
+    settings: tuple = struct.field(pytree_node=False, default=())  # looped: (("num_steps", R), ("cache_mode", m))
 
     @property
     def batch(self) -> int:
@@ -43,13 +49,48 @@ class Session:
         return self.history[row, : int(self.hist_len[row])]
 
 
-def make_session(model_state, pending, history: list[np.ndarray], resumable, config, dtype) -> Session:
+def make_session(model_state, pending, history: list[np.ndarray], resumable, config, dtype,
+                 settings: tuple = ()) -> Session:
     hist_len = np.asarray([len(h) for h in history], np.int32)
     buf = np.zeros((len(history), int(hist_len.max())), np.int32)
     for b, h in enumerate(history):
         buf[b, : len(h)] = h
     return Session(model=model_state, pending=jnp.asarray(pending, jnp.int32), history=buf, hist_len=hist_len,
-                   resumable=np.asarray(resumable, bool), config=config, dtype=str(jnp.dtype(dtype)))
+                   resumable=np.asarray(resumable, bool), config=config, dtype=str(jnp.dtype(dtype)),
+                   settings=tuple(settings))
+
+
+def looped_session(cache, prompts: list[np.ndarray], tokens: np.ndarray, counts: np.ndarray, config, dtype,
+                   settings: tuple) -> Session:
+    """A looped generation's Session: row b ran prompts[b] and generated tokens[b, :counts[b]] (its last pending);
+    the cache (every token but the pending one at full depth, and maybe more) is cut back to that history."""
+    from ..models.looped.cache import LoopedCache
+    assert isinstance(cache, LoopedCache)
+    history = [np.concatenate([p, tokens[b, : counts[b]]]).astype(np.int32) for b, p in enumerate(prompts)]
+    pending = [int(tokens[b, counts[b] - 1]) for b in range(len(prompts))]
+    cache = cache.replace(length=jnp.asarray([len(h) - 1 for h in history], jnp.int32))
+    return make_session(cache, pending, history, np.ones(len(prompts), bool), config, dtype, settings)
+
+
+def session_rows(session: Session, rows: list[int]) -> Session:
+    """The session of the batch rows `rows` (a looped model's ragged continuation runs them in groups)."""
+    from ..models.looped.cache import cache_rows
+    return make_session(cache_rows(session.model, rows), np.asarray(session.pending)[rows],
+                        [session.tokens(b) for b in rows], session.resumable[rows], session.config, session.dtype,
+                        session.settings)
+
+
+def joined_sessions(sessions: list[Session], rows: list[list[int]]) -> Session:
+    """One session of a batch whose rows rows[c] ran in a call of their own (sessions[c]); looped models."""
+    from ..models.looped.cache import joined_rows
+    batch = sum(len(r) for r in rows)
+    pending, history, resumable = [0] * batch, [None] * batch, np.ones(batch, bool)
+    for ids, part in zip(rows, sessions):
+        for i, b in enumerate(ids):
+            pending[b], history[b], resumable[b] = int(part.pending[i]), part.tokens(i), part.resumable[i]
+    first = sessions[0]
+    return make_session(joined_rows([s.model for s in sessions], rows), pending, history, resumable, first.config,
+                        first.dtype, first.settings)
 
 
 def check_session(session, model, batch: int) -> Session:
@@ -57,8 +98,6 @@ def check_session(session, model, batch: int) -> Session:
     if not isinstance(session, Session):
         raise InputError(f"state must be the .state of an earlier generate() result (a Session); got "
                          f"{type(session).__name__}")
-    if model.family != "qwen3_5":
-        raise InputError("continuing from a state is supported for Qwen3.5 models only")
     if session.config != model.config:
         raise InputError("state comes from another model (its config differs from this model's)")
     if session.dtype != str(jnp.dtype(model.dtype)):
@@ -88,3 +127,37 @@ def grown(model_state, max_len: int, resumable: np.ndarray):
                                      jnp.zeros_like(x))
     return state.replace(keys=tuple(rows(k, 0) for k in state.keys), values=tuple(rows(v, 0) for v in state.values),
                          conv=rows(state.conv, 1), recurrent=rows(state.recurrent, 1), length=rows(state.length, 0))
+
+
+# ------------------------------------------------------------------------- a generation's result -> Session
+
+def with_session(result: GenerateResult, model, prompts: list, eos_ids: tuple) -> GenerateResult:
+    """The result with its decode state as a `Session` (what `generate(state=...)` continues): from an AR loop's
+    state (each row's pending token is its last generated one; rows that met their EOS before the loop ended ran on
+    and are not resumable) or a speculative loop's (the anchor is pending; finished rows' states stood still)."""
+    raw = result.state
+    if isinstance(raw, ARState):
+        counts = generated_counts(result.tokens, raw.tokens_run, eos_ids)
+        pending = [int(result.tokens[b, counts[b] - 1]) for b in range(len(prompts))]
+        history = [np.concatenate([p, result.tokens[b, : counts[b]]]) for b, p in enumerate(prompts)]
+        resumable = counts == raw.tokens_run
+        model_state = raw.model
+    else:  # SpecState
+        hist, hist_len = np.asarray(raw.history), np.asarray(raw.hist_len)
+        history = [hist[b, : hist_len[b]] for b in range(len(prompts))]
+        pending, resumable, model_state = raw.anchor, np.ones(len(prompts), bool), raw.model
+    result.state = make_session(model_state, pending, history, resumable, model.config, model.dtype)
+    return result
+
+
+def with_looped_session(result: GenerateResult, model, prompts: list, eos_ids: tuple,
+                         settings: tuple) -> GenerateResult:
+    """A looped generation's result with its cache as a `Session` (none from the parallel sampler, whose cache is
+    not the target's at every depth)."""
+    raw = result.state
+    if raw is None:
+        return result
+    cache, steps = (raw.model, raw.tokens_run) if isinstance(raw, ARState) else (raw, result.tokens.shape[1])
+    counts = generated_counts(result.tokens, steps, eos_ids)
+    result.state = looped_session(cache, prompts, result.tokens, counts, model.config, model.dtype, settings)
+    return result

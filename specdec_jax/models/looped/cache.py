@@ -2,7 +2,8 @@
 
 One slot per prelude layer, per (recurrence step, core layer) and per coda layer ("full"), or one
 slot per core layer ("compressed": latest recurrence wins). Built by `init_cache`, sized by
-`cache_bytes`; `write_tokens` / `write_layer` write new tokens' K/V at per-sequence offsets.
+`cache_bytes`; `write_tokens` / `write_layer` write new tokens' K/V at per-sequence offsets; `grown_cache` and
+`joined_rows` shape a finished generation's cache for the next (continuation).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from jax import lax
 
@@ -127,3 +129,50 @@ def cache_positions(cache: LoopedCache | None, B: int, T: int) -> jax.Array:
     """Positions [B, T] of T new tokens after each sequence's committed prefix."""
     return cache_lengths(cache, B)[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]  # [B, T]
 
+
+
+def _token_axis(buf: jax.Array) -> int:
+    return buf.ndim - 3  # [..., B, S, N, hd]
+
+
+def grown_cache(cache: LoopedCache, max_len: int) -> LoopedCache:
+    """The cache with max_len token slots (never fewer than it has); the new slots lie past every length."""
+    extra = max(0, int(max_len) - cache.max_len)
+    if not extra:
+        return cache
+
+    def pad(buf):
+        widths = [(0, 0)] * buf.ndim
+        widths[_token_axis(buf)] = (0, extra)
+        return jnp.pad(buf, widths)
+
+    return cache.replace(prelude_k=pad(cache.prelude_k), prelude_v=pad(cache.prelude_v), core_k=pad(cache.core_k),
+                         core_v=pad(cache.core_v), coda_k=pad(cache.coda_k), coda_v=pad(cache.coda_v))
+
+
+_FIELDS = ("prelude_k", "prelude_v", "core_k", "core_v", "coda_k", "coda_v", "length")
+
+
+def _batch_axis(buf: jax.Array) -> int:
+    return buf.ndim - 4 if buf.ndim >= 4 else 0  # K/V [..., B, S, N, hd]; length [B]
+
+
+def cache_rows(cache: LoopedCache, rows) -> LoopedCache:
+    """The cache of the batch rows `rows` (in that order)."""
+    idx = jnp.asarray(np.asarray(rows, np.int64))
+    return cache.replace(**{f: jnp.take(getattr(cache, f), idx, axis=_batch_axis(getattr(cache, f)))
+                            for f in _FIELDS})
+
+
+def joined_rows(caches: list[LoopedCache], rows: list[list[int]]) -> LoopedCache:
+    """One cache of every row of `caches` (cache c holds the batch rows rows[c]), grown to the longest, in row
+    order: what the runs of a ragged batch leave, as the state of one batch."""
+    size = max(c.max_len for c in caches)
+    caches = [grown_cache(c, size) for c in caches]
+    order = np.argsort(np.concatenate([np.asarray(r, np.int64) for r in rows]))
+
+    def join(*bufs):
+        axis = _batch_axis(bufs[0])
+        return jnp.take(jnp.concatenate(bufs, axis=axis), jnp.asarray(order), axis=axis)
+
+    return caches[0].replace(**{f: join(*(getattr(c, f) for c in caches)) for f in _FIELDS})

@@ -47,7 +47,7 @@ from .config import (INITIAL_STATE_MODES, VARIANTS, LoopedConfig, looped_config_
 from ...options import validate_input_ids
 from .. import layers as L
 from .cache import (CACHE_MODES, LoopedCache, cache_bytes, cache_lengths, cache_positions,  # noqa: F401
-                           check_cache_mode, init_cache, write_layer, write_tokens)
+                    cache_rows, check_cache_mode, grown_cache, init_cache, joined_rows, write_layer, write_tokens)
 from .blocks import (apply_block, apply_rope, attend_prefix, block_attention, block_mlp,  # noqa: F401
                             block_norm, embed, initial_state, inject, rope_tables, run_blocks)
 from .params import (detect_variant, expected_shapes, init_random_params, load_looped,  # noqa: F401
