@@ -194,7 +194,7 @@ def part_lengths(model, args, rng, out):
     out["lengths"] = {"method": "ar", "max_new_tokens": 32, "rows": rows}
 
 
-def part_batch(model, args, rng, out, t_start):
+def part_batch(model, args, rng, out, t_start, save=lambda: None):
     files = heldout_token_files(model)
     rows = []
     for B in [int(x) for x in args.batches.split(",")]:
@@ -229,6 +229,8 @@ def part_batch(model, args, rng, out, t_start):
                "rows_checked_against_batch1": len(alone),
                "rows_equal_batch1": int(sum(np.array_equal(a, ar.tokens[i]) for i, a in enumerate(alone)))}
         rows.append(row)
+        out["batch"] = {"max_new_tokens": args.batch_new, "gamma": args.batch_gamma, "rows": rows}
+        save()
         print(f"  batch {B}: AR {row['ar_tok_s']:.1f} tok/s, {spec_name} {row['spec_tok_s']:.1f} tok/s "
               f"({row['speedup']:.2f}x, {row['spec_tokens_per_step']:.2f} tokens/step); rows equal to AR in the call "
               f"{row['rows_equal_ar_within_call']}/{B}, to batch-1 AR {row['rows_equal_batch1']}/{len(alone)}",
@@ -257,7 +259,8 @@ def part_exact(model, args, rng, out, t_start, save=lambda: None):
         rows["ar"]["other_bucket_equal"] = int(sum(np.array_equal(a, b) for a, b in zip(other, ar1)))
     # Continuation: each row's next turn (1-32 new tokens) after its batch generation, continued from the method's
     # batch state by the method and by AR (the same state in; rows that met their EOS go on with the next turn)
-    turn = natural_prompts(files, len(prompts), 1, 32, rng)
+    # (looped models: one length, as a looped ragged batch runs one generation per length of new tokens)
+    turn = natural_prompts(files, len(prompts), 16 if looped else 1, 16 if looped else 32, rng)
     for text in args.methods.split(","):
         name, options = method_spec(text)
         if name == "ar" or time.perf_counter() - t_start > args.budget_s:
@@ -415,7 +418,7 @@ def main(argv=None):
         elif part == "lengths":
             part_lengths(model, args, rng, out)
         elif part == "batch":
-            part_batch(model, args, rng, out, t_start)
+            part_batch(model, args, rng, out, t_start, save)
         elif part == "second":
             part_second(model, args, out)
         elif part == "stream":

@@ -51,6 +51,13 @@ e)  # the 9B ragged batch curve at forced acceptance p 0.8; bf16 exactness with 
         --skip-batch1 --methods self-spec,mature-spec,das-wave --budget-s 180 --name exact_tiny_huginn_continue \
         --out "$out"
     ;;
+g)  # what part e's limits cut: the batch curve at B = 16; exactness with continuation, tiny Huginn
+    step 200 batch16 python benchmarks/bench_workload.py --random-9b --damp 1 --parts batch --forced-p 0.8 \
+        --batches 16 --budget-s 10 --name workload_qwen35_9b_random_batch16 --out "$out"
+    step 150 exact_huginn python benchmarks/bench_workload.py --model checkpoints/tiny-huginn-code --parts exact \
+        --skip-batch1 --methods self-spec,mature-spec,das-wave --budget-s 130 --name exact_tiny_huginn_continue \
+        --out "$out"
+    ;;
 f)  # bf16 exactness with continuation, tiny Qwen, every chain method; cuDNN attention against the flash kernel
     step 450 exact_qwen python benchmarks/bench_workload.py --model checkpoints/tiny-qwen35-code --parts exact \
         --skip-batch1 --methods ngram,ngram-table,mtp,mtp-shortlist,layer-skip,residual-reuse,partial-mlp \
