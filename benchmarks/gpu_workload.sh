@@ -53,7 +53,7 @@ e)  # the 9B ragged batch curve at forced acceptance p 0.8; bf16 exactness with 
     ;;
 g)  # what part e's limits cut: the batch curve at B = 16; exactness with continuation, tiny Huginn
     step 200 batch16 python benchmarks/bench_workload.py --random-9b --damp 1 --parts batch --forced-p 0.8 \
-        --batches 16 --budget-s 10 --name workload_qwen35_9b_random_batch16 --out "$out"
+        --batches 16 --budget-s 150 --name workload_qwen35_9b_random_batch16 --out "$out"
     step 150 exact_huginn python benchmarks/bench_workload.py --model checkpoints/tiny-huginn-code --parts exact \
         --skip-batch1 --methods self-spec,mature-spec,das-wave --budget-s 130 --name exact_tiny_huginn_continue \
         --out "$out"
