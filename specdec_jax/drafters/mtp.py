@@ -125,7 +125,9 @@ class MtpDrafter:
         # Slots past max_len: the decode blocks store a block of new rows from each start (`cached_attention`), and
         # read whole blocks of slots: the cache is rounded up to their multiple only where a draft's forward will run
         # as blocks (at a batch of 20,000 rows on the CPU the rounding made the cache 20x the slots it needed).
-        slots = max_len + decode_block.MAX_ROWS
+        # The prompt buffer may be longer than the cache (a batch past buckets.SMALL_BATCH rows has a cache of the
+        # length it needs and a buffer of whole chunks): the head runs over the whole buffer, so it gets its slots.
+        slots = max(max_len, T) + decode_block.MAX_ROWS
         rounded = -(-slots // decode_block.CACHE_MULTIPLE) * decode_block.CACHE_MULTIPLE
         blocks = self._blocks_run(params, cfg, 1, B, rounded)
         k, v = mtp_head.init_mtp_cache(cfg, B, rounded if blocks else slots, params["embed"].dtype)
