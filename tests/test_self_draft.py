@@ -20,6 +20,7 @@ from specdec_jax.errors import InputError
 from specdec_jax.models.qwen35 import model as qwen35
 from specdec_jax.bench.profiling import while_loops
 from tests import qwen_helpers as H
+from tests import stats_helpers
 from tests.stats_helpers import assert_first_tokens_match
 
 QWEN = "checkpoints/tiny-qwen35-code"
@@ -91,7 +92,7 @@ def ar_samples(small_vocab_model):
     """AR's first 3 tokens of the 12,000 rows below (seed 1): one draw, which each sampling test compares with (it
     is deterministic, so each test drawing it again would get the same tokens)."""
     ids = np.tile(np.asarray([[1, 2, 3, 1, 2]]), (12_000, 1))
-    return ids, sj.generate(small_vocab_model, ids, 3, temperature=1.0, seed=1, eos_token_id=False).tokens
+    return ids, stats_helpers.ar_samples(small_vocab_model, ids, 3, temperature=1.0)
 
 
 @pytest.mark.parametrize("drafter", [SelfDrafter("layer-skip", skip_layers=(1,), shortlist_size=4),

@@ -17,6 +17,7 @@ from specdec_jax.decoding.speculative import generate_speculative
 from specdec_jax.drafters.ngram import NgramDrafter, ngram_lookup
 from specdec_jax.models.qwen35 import model as qwen35
 from tests import qwen_helpers as H
+from tests import stats_helpers
 from tests.stats_helpers import assert_first_tokens_match
 
 
@@ -190,7 +191,7 @@ def ar_samples(small_vocab_model):
     """AR's first 3 tokens of the 20,000 rows below (seed 1): one draw, which each sampling test compares with (it
     is deterministic, so each test drawing it again would get the same tokens)."""
     ids = np.tile(np.asarray([[1, 2, 3, 1, 2]]), (20_000, 1))
-    return ids, sj.generate(small_vocab_model, ids, 3, temperature=1.0, seed=1, eos_token_id=False).tokens
+    return ids, stats_helpers.ar_samples(small_vocab_model, ids, 3, temperature=1.0)
 
 
 @pytest.mark.parametrize("drafter_kind", ["ngram", "random_q"])

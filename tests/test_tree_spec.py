@@ -19,6 +19,7 @@ from specdec_jax.drafters.tree import TreeMtpDrafter, TreeNgramDrafter, candidat
     sibling_rank
 from specdec_jax.models.qwen35 import model as qwen35
 from tests import qwen_helpers as H
+from tests import stats_helpers
 from tests.stats_helpers import assert_first_tokens_match
 
 
@@ -427,7 +428,7 @@ def ar_samples(small_vocab_mtp_model):
     """AR's first 3 tokens of the 20,000 rows below (seed 1): one draw, which each tree sampling test compares with
     (it is deterministic, so each test drawing it again would get the same tokens)."""
     ids = np.tile(np.asarray([[1, 2, 3, 1, 2]]), (20_000, 1))
-    return ids, sj.generate(small_vocab_mtp_model, ids, 3, temperature=0.9, top_k=5, seed=1, eos_token_id=False).tokens
+    return ids, stats_helpers.ar_samples(small_vocab_mtp_model, ids, 3, temperature=0.9, top_k=5)
 
 
 @pytest.mark.parametrize("drafter", [TreeNgramDrafter(), TreeMtpDrafter()], ids=["ngram", "mtp"])
