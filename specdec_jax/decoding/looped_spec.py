@@ -74,7 +74,7 @@ from ..results import GenerateResult
 from ..models.looped import model as looped
 from ..models.family import looped_family
 from .acceptance import leading_true, accept
-from .compiled import compiled, compiler_options
+from .compiled import compiled, compiler_options, output_structs
 from .decode_shape import pad_rows
 from .looped_draft import (LoopedSpecState, das_wave_propose, draft_forward, sequential_propose,  # noqa: F401
                            shift_left, window_rope, window_update, write_slot)
@@ -309,7 +309,7 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
     if initial is not None:
         initial = looped.grown_cache(initial, max_len)
     prefill_c, compile_p = compiled(_prefill, static_p, model.params, prompt, key_first, initial, options=options)
-    state_struct = jax.eval_shape(functools.partial(_prefill, **static_p), model.params, prompt, key_first, initial)
+    state_struct = output_structs(prefill_c)  # the loop's input: what the compiled prefill returns (no second trace)
     loop_c, compile_l = compiled(_loop, static_l, model.params, state_struct, key_loop, options=options)
     compile_s = compile_p + compile_l
 
