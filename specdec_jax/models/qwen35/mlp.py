@@ -7,47 +7,57 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pallas_kernels import attention, experts
+
 from .config import Qwen35Config
 from .. import layers as L
 
 
-def moe_mlp(p: dict, cfg: Qwen35Config, x: jax.Array) -> jax.Array:
-    """Softmax router (float32), top-k renormalised, experts, plus the sigmoid-gated shared expert."""
-    B, T, D = x.shape
-    xt = x.reshape(B * T, D)
-    N, E, k = B * T, cfg.num_experts, cfg.num_experts_per_tok
+def route(p: dict, cfg: Qwen35Config, xt: jax.Array, valid: jax.Array | None = None):
+    """Softmax router (float32), top-k renormalised: (weights [N, k] in x's dtype, experts [N, k] int32). Tokens
+    where `valid` [N] is False (padding rows) select no expert: id -1, weight 0."""
     router_logits = L.linear(xt, p["router"])
     probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
-    top_w, top_i = lax.top_k(probs, k)  # [N, k]
+    top_w, top_i = lax.top_k(probs, cfg.num_experts_per_tok)  # [N, k]
     top_w = (top_w / jnp.sum(top_w, axis=-1, keepdims=True)).astype(router_logits.dtype)
-    I = cfg.moe_intermediate_size
-    if N * k <= E:
-        # Few tokens (decode / verification): read only the selected experts' weights.
-        gate_up = p["experts_gate_up"][top_i]  # [N, k, 2I, D]
-        h = jnp.einsum("nd,nkfd->nkf", xt, gate_up.astype(x.dtype), preferred_element_type=jnp.float32)
-        h = (jax.nn.silu(h[..., :I]) * h[..., I:]).astype(x.dtype)
-        y = jnp.einsum("nki,nkdi->nkd", h, p["experts_down"][top_i].astype(x.dtype),
-                       preferred_element_type=jnp.float32).astype(x.dtype)
-    else:
-        # Many tokens: sort token copies by expert and run grouped matmuls.
-        flat_e = top_i.reshape(-1)
-        order = jnp.argsort(flat_e)
-        rows = xt[order // k]  # [N*k, D]
-        sizes = jnp.bincount(flat_e, length=E).astype(jnp.int32)
-        h = lax.ragged_dot(rows, jnp.swapaxes(p["experts_gate_up"], 1, 2).astype(x.dtype), sizes,
-                           preferred_element_type=jnp.float32)
-        h = (jax.nn.silu(h[..., :I]) * h[..., I:]).astype(x.dtype)
-        y_sorted = lax.ragged_dot(h, jnp.swapaxes(p["experts_down"], 1, 2).astype(x.dtype), sizes,
-                                  preferred_element_type=jnp.float32).astype(x.dtype)
-        y = jnp.zeros_like(y_sorted).at[order].set(y_sorted).reshape(N, k, D)
-    out = jnp.sum((y * top_w[..., None]).astype(jnp.float32), axis=1).astype(x.dtype)
+    if valid is not None:
+        top_i = jnp.where(valid[:, None], top_i, -1)
+        top_w = jnp.where(valid[:, None], top_w, jnp.zeros((), top_w.dtype))
+    return top_w, top_i.astype(jnp.int32)
+
+
+def expert_implementation(cfg: Qwen35Config, impl: str) -> str:
+    """The expert products' implementation for the model's `impl`: the grouped kernel where the model asks for Pallas
+    kernels ("auto" on the GPU, "pallas"), XLA's elsewhere; XLA's under a mesh (the kernel does not split)."""
+    if cfg.mesh is not None or impl == "reference" or impl == "naive":
+        return "xla"
+    return "pallas" if impl == "pallas" else "auto"
+
+
+def moe_mlp(p: dict, cfg: Qwen35Config, x: jax.Array, valid: jax.Array | None = None, impl: str = "auto") -> jax.Array:
+    """Router, top-k experts and the sigmoid-gated shared expert. valid [B, T] bool: rows that are padding select no
+    expert (they read no expert weight; their output is the shared expert's alone). Each token's output sums its k
+    experts in rank order in float32, whatever other rows share its forward (`pallas_kernels.experts`)."""
+    B, T, D = x.shape
+    xt = x.reshape(B * T, D)
+    top_w, top_i = route(p, cfg, xt, None if valid is None else valid.reshape(B * T))
+    chosen = expert_implementation(cfg, impl)
+    if chosen == "xla":
+        chosen = "gather" if B * T * cfg.num_experts_per_tok <= cfg.num_experts else "ragged"
+    y = experts.expert_swiglu(xt, top_i, p["experts_gate_up"], p["experts_down"], implementation=chosen,
+                              decode_shape=T < attention.FLASH_MIN_ROWS)  # [N, k, D]; decode shapes as attention's
+    out = (y[:, 0] * top_w[:, :1]).astype(jnp.float32)
+    for s in range(1, top_i.shape[1]):  # rank order: a row's sum never depends on the batch's shape
+        out = out + (y[:, s] * top_w[:, s:s + 1]).astype(jnp.float32)
+    out = out.astype(x.dtype)
     if "shared_gate_up_proj" in p:
         shared = L.swiglu_fused(xt, p["shared_gate_up_proj"], p["shared_down_proj"], groups=cfg.tp_size)
         out = out + jax.nn.sigmoid(L.linear(xt, p["shared_expert_gate"])) * shared
     return out.reshape(B, T, D)
 
 
-def mlp(p: dict, cfg: Qwen35Config, x: jax.Array) -> jax.Array:
+def mlp(p: dict, cfg: Qwen35Config, x: jax.Array, valid: jax.Array | None = None, impl: str = "auto") -> jax.Array:
+    """The layer's MLP on x [B, T, D]; valid [B, T] (MoE only): False for padding rows, which select no expert."""
     if cfg.is_moe:
-        return moe_mlp(p, cfg, x)
+        return moe_mlp(p, cfg, x, valid, impl)
     return L.swiglu_fused(x, p["gate_up_proj"], p["down_proj"], groups=cfg.tp_size)

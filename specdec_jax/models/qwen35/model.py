@@ -206,6 +206,7 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
     conv, rec = state.conv, state.recurrent
     gdn_extras, deltas, replay_inputs = [], [], None
     valid = None if prefill_lens is None else jnp.arange(T, dtype=jnp.int32)[None, :] < prefill_lens[:, None]
+    live = valid if n_valid is None else jnp.arange(T, dtype=jnp.int32)[None, :] < n_valid[:, None]  # [B, T] | None
     for i, layer_type in enumerate(cfg.layer_types):
         if i in skip:
             if skip_deltas is not None:
@@ -226,7 +227,7 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
             replay_inputs = ex.pop("replay_inputs", replay_inputs)
             gdn_extras.append(ex)
         x = x + h
-        x = x + mlp(p["mlp"], cfg, L.rms_norm(x, p["post_norm"], cfg.rms_norm_eps, zero_centered=True))
+        x = x + mlp(p["mlp"], cfg, L.rms_norm(x, p["post_norm"], cfg.rms_norm_eps, zero_centered=True), live, impl)
         if i in record:
             deltas.append(x - x_in)
     hidden = L.rms_norm(x, params["final_norm"], cfg.rms_norm_eps, zero_centered=True)

@@ -1,0 +1,123 @@
+"""A mixture-of-experts layer's expert products: each token copy's SwiGLU expert. One signature, three implementations.
+
+    implementation = "gather"  plain jnp: each copy's expert weights gathered ([copies, 2I, D] in memory: few copies)
+                     "ragged"  plain jnp: copies sorted by expert, XLA's grouped product over transposed weights
+                     "pallas"  grouped kernel (kernel.py, Pallas Triton): copies sorted by expert and padded to
+                               whole tiles, each expert's stored weights read once per tile of its copies, no
+                               transposed or gathered copy of any weight (interpret mode off the GPU: tests)
+
+`resolve` is what the models take: on the GPU ("auto") the kernel; off it, "gather" for few copies and "ragged" for
+many. Copies whose expert id lies outside [0, E) select no expert: they read no weight and come out zero (a model's
+padding rows). Blocks: DECODE_BLOCKS for decode-shape forwards, PREFILL_BLOCKS for prefill chunks; both walk K in
+the same steps, so a row's result is the same in either (README.md).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from . import reference
+
+IMPLEMENTATIONS = ("gather", "ragged", "pallas")
+# The kernel's tiles (rows per tile, output columns per program, K step, warps, pipeline stages). block_k is shared:
+# a row's products accumulate over K in the same steps in both.
+DECODE_BLOCKS = {"block_m": 16, "block_n": 32, "block_k": 64, "num_warps": 4, "num_stages": 4}
+PREFILL_BLOCKS = {"block_m": 64, "block_n": 64, "block_k": 64, "num_warps": 4, "num_stages": 3}
+
+
+class GroupLayout(NamedTuple):
+    """Copies sorted by expert, each expert's group padded to whole tiles of block_m rows."""
+    dest: jax.Array  # [N k] int32: each copy's row in the padded layout (rows, out of range, when it selects none)
+    tile_expert: jax.Array  # [tiles] int32: each tile's expert, -1 for tiles past the last group
+    rows: int  # static: tiles * block_m, a bound for any routing of N k copies over E experts
+
+
+def padded_rows(copies: int, num_experts: int, block_m: int) -> int:
+    """Rows of the padded layout: each non-empty group wastes fewer than block_m rows, and at most
+    min(E, copies) groups are non-empty."""
+    bound = copies + min(num_experts, copies) * (block_m - 1)
+    return -(-bound // block_m) * block_m
+
+
+def group_layout(expert_ids: jax.Array, selected: jax.Array, num_experts: int, block_m: int) -> GroupLayout:
+    """expert_ids [N, k] int32 and selected [N, k] bool -> the padded sorted layout (static shapes, traced counts)."""
+    E = num_experts
+    flat = jnp.where(selected, expert_ids, E).reshape(-1).astype(jnp.int32)  # [M]; E: no expert
+    M = flat.shape[0]
+    rows = padded_rows(M, E, block_m)
+    sizes = jnp.bincount(flat, length=E + 1)[:E].astype(jnp.int32)  # [E]
+    padded = -(-sizes // block_m) * block_m
+    ends = jnp.cumsum(padded)
+    starts = ends - padded
+    first = jnp.cumsum(sizes) - sizes  # each group's first index among the sorted copies
+    order = jnp.argsort(flat, stable=True)
+    e_sorted = flat[order]
+    clamped = jnp.minimum(e_sorted, E - 1)
+    dest_sorted = jnp.where(e_sorted < E, starts[clamped] + jnp.arange(M, dtype=jnp.int32) - first[clamped], rows)
+    dest = jnp.zeros((M,), jnp.int32).at[order].set(dest_sorted.astype(jnp.int32))
+    tile_rows = jnp.arange(rows // block_m, dtype=jnp.int32) * block_m
+    tile_expert = jnp.searchsorted(ends, tile_rows, side="right").astype(jnp.int32)
+    return GroupLayout(dest, jnp.where(tile_expert < E, tile_expert, -1), rows)
+
+
+def resolve(implementation: str | None, copies: int, num_experts: int) -> str:
+    """The implementation `implementation` ("auto" / None / a name) means for `copies` token copies."""
+    if implementation in (None, "auto"):
+        if jax.default_backend() == "gpu":
+            return "pallas"
+        return "gather" if copies <= num_experts else "ragged"
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"experts: implementation must be one of {IMPLEMENTATIONS} or 'auto'; got {implementation!r}")
+    return implementation
+
+
+def kernel_fits(gate_up_shape: tuple, down_shape: tuple, blocks: dict) -> bool:
+    """Whether the kernel's tiles divide the weights (I and D by block_n and block_k, both >= 16)."""
+    _, two_i, d = gate_up_shape
+    inter = down_shape[2]
+    bn, bk = blocks["block_n"], blocks["block_k"]
+    return two_i == 2 * inter and all(n % bn == 0 for n in (inter, d)) and all(n % bk == 0 for n in (inter, d))
+
+
+@functools.cache
+def _kernel():
+    from . import kernel
+    return kernel
+
+
+def expert_swiglu(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down: jax.Array, *,
+                  implementation: str | None = "auto", decode_shape: bool = False,
+                  blocks: dict | None = None) -> jax.Array:
+    """x [N, D], expert_ids [N, k] int, gate_up [E, 2I, D], down [E, D, I] -> y [N, k, D] in x.dtype.
+
+    y[n, s] = down[e] @ (silu(g) * u), (g ; u) = gate_up[e] @ x[n], e = expert_ids[n, s]; zero where e lies outside
+    [0, E). decode_shape: the forward is a decode step or a verification (DECODE_BLOCKS) rather than a prefill chunk.
+    blocks: the kernel's tiles (overrides)."""
+    N, k = expert_ids.shape
+    E = gate_up.shape[0]
+    selected = (expert_ids >= 0) & (expert_ids < E)
+    chosen = resolve(implementation, N * k, E)
+    tiles = dict(DECODE_BLOCKS if decode_shape else PREFILL_BLOCKS, **(blocks or {}))
+    if chosen == "pallas" and not kernel_fits(gate_up.shape, down.shape, tiles):
+        chosen = "gather" if N * k <= E else "ragged"
+    ids = jnp.clip(expert_ids, 0, E - 1)
+    if chosen == "gather":
+        return reference.gathered(x, ids, gate_up, down, selected)
+    if chosen == "ragged":
+        return reference.sorted_ragged(x, ids, gate_up, down, selected)
+    layout = group_layout(ids, selected, E, tiles["block_m"])
+    copy_token = jnp.arange(N * k, dtype=jnp.int32) // k
+    rows = jnp.zeros((layout.rows, x.shape[1]), x.dtype).at[layout.dest].set(x[copy_token], mode="drop")
+    kw = dict(tiles, interpret=jax.default_backend() != "gpu")
+    h = _kernel().grouped_matmul(rows, layout.tile_expert, gate_up, swiglu=True, **kw)  # [rows, I]
+    y = _kernel().grouped_matmul(h, layout.tile_expert, down, swiglu=False, **kw)  # [rows, D]
+    y = y[jnp.minimum(layout.dest, layout.rows - 1)].reshape(N, k, -1)
+    return jnp.where(selected[..., None], y, jnp.zeros((), x.dtype))
+
+
+__all__ = ["IMPLEMENTATIONS", "DECODE_BLOCKS", "PREFILL_BLOCKS", "GroupLayout", "group_layout", "padded_rows",
+           "resolve", "kernel_fits", "expert_swiglu", "reference"]

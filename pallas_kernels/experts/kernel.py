@@ -1,0 +1,83 @@
+"""Grouped expert products (Pallas, Triton backend): every weight tile of an expert read once per tile of its copies.
+
+The copies are laid out sorted by expert, each expert's group padded to whole tiles of `block_m` rows
+(`__init__.group_layout`); tile t belongs to expert tile_expert[t] (-1: unused, written as zeros). Grid (tiles,
+column blocks): a program multiplies its tile's rows [BM, K] by one block of its expert's stored rows [BN, K]
+(the checkpoint's [E, F, K] layout, no transposed copy), walking K in fixed steps of `block_k`. A row's result is a
+function of that row and its expert alone, accumulated over K in the same order whatever the tile's other rows,
+so a token's expert output does not depend on which tokens share its experts (README.md).
+
+With `swiglu`, the weights are (gate ; up) stacked [E, 2I, K]: a program reads gate rows j and up rows I + j of one
+column block and writes silu(gate) * up, so the [copies, 2I] intermediate never reaches memory.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+F32 = jnp.float32
+
+
+def _dot_t(a, b, exact):
+    """a [M, K] @ b [N, K]^T, fp32 accumulation."""
+    prec = lax.Precision.HIGHEST if exact and a.dtype == F32 else None
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=prec, preferred_element_type=F32)
+
+
+def _grouped_kernel(tile_expert_ref, x_ref, w_ref, o_ref, *, block_n, block_k, k_dim, half, swiglu, exact):
+    e = tile_expert_ref[pl.program_id(0)]
+    cols = pl.program_id(1) * block_n
+    n_steps = jnp.where(e >= 0, k_dim // block_k, 0)  # an unused tile reads nothing and writes zeros
+    e = jnp.maximum(e, 0)
+    rows = x_ref.shape[0]
+
+    def step(i, acc):
+        at = pl.ds(pl.multiple_of(i * block_k, block_k), block_k)
+        x = x_ref[:, at]  # [BM, BK]
+        if swiglu:
+            g, u = acc
+            g = g + _dot_t(x, w_ref[e, pl.ds(cols, block_n), at].astype(x.dtype), exact)
+            u = u + _dot_t(x, w_ref[e, pl.ds(half + cols, block_n), at].astype(x.dtype), exact)
+            return g, u
+        return acc + _dot_t(x, w_ref[e, pl.ds(cols, block_n), at].astype(x.dtype), exact)
+
+    zero = jnp.zeros((rows, block_n), F32)
+    if swiglu:
+        g, u = lax.fori_loop(0, n_steps, step, (zero, zero))
+        o_ref[...] = (jax.nn.silu(g) * u).astype(o_ref.dtype)
+    else:
+        o_ref[...] = lax.fori_loop(0, n_steps, step, zero).astype(o_ref.dtype)
+
+
+def grouped_matmul(x, tile_expert, w, *, swiglu: bool, block_m: int, block_n: int, block_k: int, num_warps: int,
+                   num_stages: int, interpret: bool = False):
+    """x [R, K] (R = tiles * block_m rows, sorted and padded by expert), tile_expert [tiles] int32, w [E, F, K].
+
+    Returns [R, F] (or [R, F / 2] with swiglu: silu(gate) * up) in x.dtype. F (F / 2) and K must be multiples of
+    block_n and block_k (`__init__` checks)."""
+    R, K = x.shape
+    E, F, _ = w.shape
+    out_cols = F // 2 if swiglu else F
+    tiles = R // block_m
+    kernel = functools.partial(_grouped_kernel, block_n=block_n, block_k=block_k, k_dim=K, half=out_cols,
+                               swiglu=swiglu, exact=interpret or x.dtype == F32)
+    return pl.pallas_call(
+        kernel,
+        grid=(tiles, out_cols // block_n),
+        in_specs=[
+            pl.BlockSpec((tiles,), lambda t, j: (0,)),
+            pl.BlockSpec((block_m, K), lambda t, j: (t, 0)),
+            pl.BlockSpec((E, F, K), lambda t, j: (0, 0, 0)),  # indexed by the tile's expert inside the kernel
+        ],
+        out_specs=pl.BlockSpec((block_m, block_n), lambda t, j: (t, j)),
+        out_shape=jax.ShapeDtypeStruct((R, out_cols), x.dtype),
+        compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="grouped_expert_swiglu" if swiglu else "grouped_expert_down",
+    )(tile_expert.astype(jnp.int32), x, w)

@@ -1,0 +1,171 @@
+"""A mixture-of-experts layer's expert products (pallas_kernels/experts) and the MoE models built on them.
+
+Every implementation (per-copy gather, XLA's sorted grouped product, the Pallas grouped kernel in interpret mode)
+against a float64 numpy loop, on routings with ids outside [0, E) (copies that select no expert), groups longer than
+a tile, and decode and prefill tiles; a row's output bit for bit alone and among rows that share its experts; the
+padded sorted layout. Then the model: padding rows of a decode-shape forward select no expert, a row's logits are
+the same alone and in a verification batch, and greedy speculation (n-gram, MTP) equals AR on a random MoE in
+bfloat16. The GPU run is benchmarks/bench_moe.py's."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specdec_jax as sj
+from pallas_kernels import experts as X
+from specdec_jax.models.qwen35 import mlp as qwen_mlp
+from specdec_jax.models.qwen35 import model as qwen35
+
+# the kernel's tiles at the test's small sizes: several column blocks and K steps per product
+SMALL_BLOCKS = {"block_n": 16, "block_k": 16}
+
+
+def _naive(x, ids, gate_up, down):
+    """float64, one copy at a time; zero for ids outside [0, E)."""
+    x, gate_up, down = (np.asarray(a, np.float64) for a in (x, gate_up, down))
+    N, k = ids.shape
+    inter = down.shape[2]
+    out = np.zeros((N, k, x.shape[1]))
+    for n in range(N):
+        for s in range(k):
+            e = int(ids[n, s])
+            if 0 <= e < gate_up.shape[0]:
+                h = gate_up[e] @ x[n]
+                out[n, s] = down[e] @ (h[:inter] / (1 + np.exp(-h[:inter])) * h[inter:])
+    return out
+
+
+def _weights(rng, E, D, inter, dtype):
+    gate_up = jnp.asarray(rng.standard_normal((E, 2 * inter, D)) * D ** -0.5, dtype)
+    down = jnp.asarray(rng.standard_normal((E, D, inter)) * inter ** -0.5, dtype)
+    return gate_up, down
+
+
+CASES = {  # N tokens, k, E, D, I, decode_shape
+    "decode, 9 rows": (9, 4, 16, 64, 32, True),
+    "prefill, groups past a tile": (70, 2, 4, 32, 16, False),
+}
+
+
+@pytest.mark.parametrize("implementation", X.IMPLEMENTATIONS)
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_expert_swiglu_matches_float64(implementation, case, dtype):
+    N, k, E, D, inter, decode_shape = CASES[case]
+    rng = np.random.default_rng(N)
+    x = jnp.asarray(rng.standard_normal((N, D)), dtype)
+    gate_up, down = _weights(rng, E, D, inter, dtype)
+    ids = rng.integers(0, E, (N, k)).astype(np.int32)
+    ids[1] = -1  # a padding row: no expert
+    ids[2, 0] = E  # out of range on the other side
+    got = X.expert_swiglu(x, jnp.asarray(ids), gate_up, down, implementation=implementation,
+                          decode_shape=decode_shape, blocks=SMALL_BLOCKS)
+    assert got.shape == (N, k, D) and got.dtype == jnp.dtype(dtype)
+    want = _naive(*(np.asarray(a, np.float32) for a in (x,)), ids, *(np.asarray(a, np.float32) for a in (gate_up, down)))
+    assert np.all(np.asarray(got)[1] == 0) and np.all(np.asarray(got)[2, 0] == 0)
+    tol = 1e-5 if dtype == "float32" else 5e-2
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("implementation", X.IMPLEMENTATIONS)
+@pytest.mark.parametrize("decode_shape", [True, False])
+def test_a_rows_output_does_not_depend_on_the_rows_sharing_its_experts(implementation, decode_shape):
+    """Row 0 alone, then among 8 rows of which several pick its experts (and a padding row): the same bits."""
+    rng = np.random.default_rng(3)
+    E, D, inter = 8, 32, 16
+    gate_up, down = _weights(rng, E, D, inter, jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((9, D)), jnp.bfloat16)
+    ids = np.asarray([[2, 5]] * 5 + [[5, 1], [0, 2], [-1, -1], [7, 3]], np.int32)
+    run = lambda xs, ii: np.asarray(X.expert_swiglu(xs, jnp.asarray(ii), gate_up, down, implementation=implementation,
+                                                    decode_shape=decode_shape, blocks=SMALL_BLOCKS))
+    alone = run(x[:1], ids[:1])
+    shared = run(x, ids)
+    assert np.array_equal(alone[0], shared[0])
+    assert np.array_equal(run(x[::-1], ids[::-1])[-1], shared[0])  # and wherever it sits among them
+
+
+def test_group_layout_reads_each_expert_once_per_tile():
+    ids = np.asarray([[3, 1], [3, 0], [3, 1], [-1, -1], [3, 2]], np.int32)  # expert 3: 4 copies; 1: 2; 0, 2: 1
+    selected = ids >= 0
+    block_m = 2
+    lay = X.group_layout(jnp.asarray(np.maximum(ids, 0)), jnp.asarray(selected), 4, block_m)
+    assert lay.rows == X.padded_rows(ids.size, 4, block_m) and lay.rows % block_m == 0
+    dest = np.asarray(lay.dest).reshape(ids.shape)
+    tile_expert = np.asarray(lay.tile_expert)
+    assert np.all(dest[~selected] == lay.rows)  # padding copies land nowhere
+    live = dest[selected]
+    assert len(set(live.tolist())) == live.size  # one row per copy
+    assert np.array_equal(tile_expert[live // block_m], ids[selected])  # each copy in a tile of its expert
+    used = tile_expert[tile_expert >= 0]
+    assert sorted(used.tolist()) == [0, 1, 2, 3, 3]  # ceil(copies / block_m) tiles per expert, no more
+    assert np.all(tile_expert[len(used):] == -1)
+
+
+def test_auto_off_the_gpu_and_bad_names():
+    assert X.resolve("auto", 8, 16) == "gather" and X.resolve("auto", 32, 16) == "ragged"
+    with pytest.raises(ValueError, match="implementation must be one of"):
+        X.resolve("triton", 8, 16)
+
+
+# ------------------------------------------------------------------------------------------------- the models
+
+
+def random_moe_model(dtype="bfloat16", *, mtp: bool = False, seed: int = 0):
+    """A random Qwen3.5 MoE: 8 experts (top 2), a shared expert, 4 layers; with `mtp`, an MTP layer (MoE too)."""
+    from specdec_jax.loading import build_tree
+    from specdec_jax.models.qwen35.config import qwen35_config_from_dict
+    from specdec_jax.models.qwen35.mtp_head import leaf_shape
+    from specdec_jax.results import Model
+    cfg = qwen35_config_from_dict(dict(
+        model_type="qwen3_5_moe_text", vocab_size=96, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+        linear_num_value_heads=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+        shared_expert_intermediate_size=24, mtp_num_hidden_layers=int(mtp), eos_token_id=None))
+    keys = {"model.embed_tokens.weight"} | ({"mtp.layers.0.input_layernorm.weight"} if mtp else set())
+    specs = qwen35.param_specs(cfg, keys, "random")
+    rng = np.random.default_rng(seed)
+    params = build_tree(specs, lambda leaf: jnp.asarray(rng.standard_normal(leaf_shape(leaf)) * 0.3, dtype))
+    return Model(config=cfg, params=params, dtype=jnp.dtype(dtype))
+
+
+def test_padding_rows_select_no_expert_and_a_row_is_the_same_alone(monkeypatch):
+    """Decode-shape forwards of 5 rows: with 1 valid row the experts see id -1 for the 4 padding rows, and the valid
+    row's logits are the same bits whatever tokens the padding rows hold and when the 4 rows are real (a
+    verification, whose rows share its experts)."""
+    model = random_moe_model("float32")
+    seen = []
+    original = X.expert_swiglu
+
+    def recording(x, ids, *args, **kwargs):
+        jax.debug.callback(lambda a: seen.append(np.asarray(a)), ids)
+        return original(x, ids, *args, **kwargs)
+
+    monkeypatch.setattr(qwen_mlp.experts, "expert_swiglu", recording)
+    cfg, params = model.config, model.params
+    state = qwen35.init_state(cfg, 1, 32, jnp.float32)
+    _, state, _ = qwen35.forward_jit(params, cfg, state, jnp.asarray([[5, 9, 11, 3]], jnp.int32))
+    step = jax.jit(lambda params, state, ids, n: qwen35.forward(params, cfg, state, ids, n_valid=n)[0])
+    logits = []
+    for rows, n_valid in (([0, 0, 0, 0], 1), ([95, 40, 7, 60], 1), ([95, 40, 7, 60], 5)):
+        seen.clear()
+        out = step(params, state, jnp.asarray([[7] + rows], jnp.int32), jnp.asarray([n_valid], jnp.int32))
+        jax.effects_barrier()
+        logits.append(np.asarray(out[0, 0]))
+        assert len(seen) == len(cfg.layer_types)
+        for ids in seen:
+            assert ids.shape == (5, 2) and np.all((ids[n_valid:] == -1)) and np.all(ids[:n_valid] >= 0)
+    assert np.array_equal(logits[0], logits[1]) and np.array_equal(logits[0], logits[2])
+
+
+def test_greedy_speculation_on_a_moe_model_equals_ar_in_bfloat16():
+    """n-gram and MTP (the MTP layer is MoE too) speculation against AR, bf16, a repetitive prompt (drafts hit)."""
+    model = random_moe_model("bfloat16", mtp=True, seed=1)
+    prompts = [np.asarray([5, 9, 11, 3, 5, 9, 11, 3, 5, 9], np.int32), np.asarray([7, 8, 7, 8, 7, 8, 7], np.int32)]
+    for method in ("ngram", "mtp"):
+        spec = sj.generate(model, prompts, 24, method=method, gamma=4, eos_token_id=False)
+        ar = sj.generate(model, prompts, 24, eos_token_id=False, decode_rows=spec.stats["decode_rows"])
+        assert np.array_equal(spec.tokens, ar.tokens), method
+        assert spec.stats["verify_steps"] < 24 * len(prompts) or method == "mtp"
