@@ -1,0 +1,325 @@
+"""Qwen3.5-35B-A3B (MoE) on one GPU: random bf16 weights at the full 40-layer shape, through the public API.
+
+`--part model` (one process, so its peak device memory is its own):
+  - roofline: the bytes a decode token reads (every non-expert weight, the output head, 8 experts per layer, one
+    embedding row, the KV cache) against a copy bandwidth measured in the same run;
+  - AR, the default (exact) path and one row (`exact=False`), a 256-token prompt: tok/s; an 8K-token prompt: prefill
+    seconds and the peak device memory against weights + KV cache;
+  - a forced-acceptance cost curve: a registered drafter proposes AR's own continuation (each position kept with
+    probability p), so tokens per step is set by p and gamma; per row seconds per step, speedup over the default AR,
+    and the step's floor: the non-expert bytes plus the union of the experts the step's rows select (from the router
+    on AR's continuation, per layer), against the bandwidth;
+  - bf16 exactness: every speculation (forced drafts, n-gram, MTP) equals AR at its decode rows token for token.
+`--part kernel`: one layer's experts alone, each implementation of `pallas_kernels.experts` (and kernel tiles) at a
+decode step (1 valid row of 8, 5 and 9 rows) and a 1024-token prefill chunk: seconds and GB/s of the union's bytes.
+
+    BENCH_GIT_COMMIT=$(git rev-parse HEAD) python benchmarks/bench_moe.py --part model --out benchmarks/results
+    python benchmarks/bench_moe.py --tiny --part model --out /tmp/moe          # CPU smoke run (a tiny shape)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+GIB = 1024 ** 3
+TINY = dict(vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+            linear_num_value_heads=4, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32,
+            shared_expert_intermediate_size=32, layer_types=None)
+
+
+def moe_config(tiny: bool):
+    """transformers' Qwen3_5MoeTextConfig defaults (the 35B-A3B shape: 40 layers, 256 experts, top 8), one MTP layer."""
+    from transformers import Qwen3_5MoeTextConfig
+    from specdec_jax.models.qwen35.config import qwen35_config_from_dict
+    raw = Qwen3_5MoeTextConfig().to_dict()
+    raw.update(TINY if tiny else {})
+    raw.update(model_type="qwen3_5_moe_text", mtp_num_hidden_layers=1, max_position_embeddings=32768)
+    return qwen35_config_from_dict(raw)
+
+
+def make_model(cfg):
+    """Random bf16 weights drawn on the device leaf by leaf (scale 1 / sqrt(fan-in)), the MTP layer included."""
+    import jax
+    import jax.numpy as jnp
+    from specdec_jax.loading import build_tree
+    from specdec_jax.models.qwen35 import model as qwen35
+    from specdec_jax.models.qwen35.mtp_head import leaf_shape
+    from specdec_jax.results import Model
+    specs = qwen35.param_specs(cfg, {"model.embed_tokens.weight", "mtp.layers.0.input_layernorm.weight"}, "random")
+    keys = iter(jax.random.split(jax.random.PRNGKey(0), len(specs)))
+    draw = jax.jit(lambda key, scale, shape: jax.random.normal(key, shape, jnp.bfloat16) * scale.astype(jnp.bfloat16),
+                   static_argnums=2)
+
+    def make(leaf):
+        shape = leaf_shape(leaf)
+        return draw(next(keys), jnp.float32(shape[-1] ** -0.5 if len(shape) > 1 else 0.1), shape)
+
+    return Model(config=cfg, params=build_tree(specs, make), dtype=jnp.dtype(jnp.bfloat16))
+
+
+def copy_bandwidth(gib: float) -> float:
+    import jax
+    import jax.numpy as jnp
+    from specdec_jax.bench.harness import median_time
+    x = jax.random.normal(jax.random.PRNGKey(1), (int(gib * GIB) // 2,), jnp.bfloat16)
+    add = jax.jit(lambda a: a + jnp.bfloat16(1))
+    return 2 * x.size * 2 / median_time(lambda: add(x), 10)
+
+
+def byte_counts(model, context: int) -> dict:
+    """Non-expert bytes a decode token reads (every target weight but the experts and the MTP head, one embedding
+    row), one expert's bytes, the KV cache up to `context`."""
+    import jax
+    cfg = model.config
+    expert_names = ("experts_gate_up", "experts_down")
+    nonexpert = 0
+    for name, leaf in jax.tree_util.tree_leaves_with_path({k: v for k, v in model.params.items()
+                                                           if k not in ("embed", "mtp", "draft")}):
+        if not any(getattr(p, "key", None) in expert_names for p in name):
+            nonexpert += leaf.nbytes
+    nonexpert += model.params["embed"][0].nbytes
+    layer = model.params["layers"][0]["mlp"]
+    expert = (layer["experts_gate_up"][0].nbytes + layer["experts_down"][0].nbytes)
+    kv = len(cfg.attention_layers) * 2 * context * cfg.num_key_value_heads * cfg.head_dim * 2
+    return {"nonexpert": nonexpert, "expert": expert, "kv": kv}
+
+
+def routes(model, ids):
+    """Each MoE layer's expert ids for every position of `ids` [T] (one forward, the router's choice): [L, T, k]."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from pallas_kernels import experts
+    from specdec_jax.models.qwen35 import model as qwen35
+    cfg = model.config
+    seen, original = [], experts.expert_swiglu
+
+    def recording(x, expert_ids, *args, **kwargs):
+        jax.debug.callback(lambda a: seen.append(np.asarray(a)), expert_ids)
+        return original(x, expert_ids, *args, **kwargs)
+
+    experts.expert_swiglu = recording
+    try:
+        state = qwen35.init_state(cfg, 1, len(ids) + 16, model.dtype)
+        run = jax.jit(lambda p, s, x: qwen35.forward(p, cfg, s, x, logits_for="last")[0])
+        run(model.params, state, jnp.asarray(ids, jnp.int32)[None]).block_until_ready()
+        jax.effects_barrier()
+    finally:
+        experts.expert_swiglu = original
+    return np.stack(seen[-len(cfg.layer_types):])
+
+
+def step_floor(route, start: int, rows: int, counts: dict, bandwidth: float) -> float:
+    """Seconds to read a verification step's bytes: non-expert weights + every layer's union of the experts its
+    `rows` positions from `start` select."""
+    import numpy as np
+    union = sum(len(np.unique(layer[start:start + rows])) for layer in route)
+    return (counts["nonexpert"] + counts["kv"] + union * counts["expert"]) / bandwidth
+
+
+def model_part(args) -> dict:
+    import jax
+    import numpy as np
+    import specdec_jax as sj
+    from specdec_jax.bench.harness import register_reference_drafts
+    from specdec_jax.decoding import buckets
+    from specdec_jax.decoding.decode_shape import choose_decode_rows
+    t0 = time.perf_counter()
+    cfg = moe_config(args.tiny)
+    model = make_model(cfg)
+    weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
+    out = {"num_hidden_layers": cfg.num_hidden_layers, "num_experts": cfg.num_experts,
+           "num_experts_per_tok": cfg.num_experts_per_tok, "weights_gib": weights / GIB}
+    n = args.new_tokens
+    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, args.prompt_len).astype(np.int32)
+    left = lambda: args.time_budget_s - (time.perf_counter() - t0)
+
+    def timed(label, **options):  # first call compiles, the next `repeats` are timed (median decode seconds)
+        first = sj.generate(model, [prompt], n, eos_token_id=False, **options)
+        first.state = None
+        runs = []
+        for _ in range(args.repeats):
+            runs.append(sj.generate(model, [prompt], n, eos_token_id=False, **options))
+            runs[-1].state = None
+        dec = float(np.median([r.stats["decode_seconds"] for r in runs]))
+        print(f"{label}: decode {dec:.4f} s, compile {first.stats['compile_seconds']:.1f} s", flush=True)
+        return first, runs, dec
+
+    bandwidth = copy_bandwidth(0.25 if args.tiny else 2.0)
+    counts = byte_counts(model, args.prompt_len + n // 2)
+    per_token = counts["nonexpert"] + counts["kv"] + cfg.num_hidden_layers * cfg.num_experts_per_tok * counts["expert"]
+    out.update(copy_gb_s=bandwidth / 1e9, nonexpert_gib=counts["nonexpert"] / GIB, expert_mib=counts["expert"] / 2 ** 20,
+               bytes_per_token=per_token, roofline_tok_s=bandwidth / per_token, prompt_len=args.prompt_len,
+               new_tokens=n)
+    ar_first, ar_runs, ar_dec = timed("ar default")
+    out.update(ar_tok_s=(n - 1) / ar_dec, ar_compile_seconds=ar_first.stats["compile_seconds"],
+               ar_decode_rows=ar_first.stats.get("decode_rows"), ar_prefill_seconds=ar_runs[-1].stats["prefill_seconds"])
+    one_first, _, one_dec = timed("ar 1 row", exact=False)
+    out.update(ar_1row_tok_s=(n - 1) / one_dec, ar_1row_compile_seconds=one_first.stats["compile_seconds"])
+    out["ar_roofline_frac"] = out["ar_tok_s"] / out["roofline_tok_s"]
+    out["ar_default_over_fastest"] = out["ar_tok_s"] / max(out["ar_tok_s"], out["ar_1row_tok_s"])
+    out["peak_256_gib"] = (ar_runs[-1].stats.get("peak_memory_bytes") or 0) / GIB
+    print(json.dumps({k: v for k, v in out.items() if not isinstance(v, list)}), flush=True)
+
+    rows, exact = [], {}
+    route = None
+    for gamma, p in args.curve:
+        if left() < 60:
+            rows.append({"gamma": gamma, "p": p, "error": "time budget"})
+            continue
+        dec_rows = choose_decode_rows(gamma, None, "qwen3_5")
+        reference = sj.generate(model, [prompt], n, eos_token_id=False, decode_rows=dec_rows)
+        reference.state = None
+        if route is None:
+            route = routes(model, np.concatenate([prompt, reference.tokens[0]]))
+        register_reference_drafts("forced", [reference.tokens[0]], [len(prompt)], p=p, seed=gamma)
+        first, runs, dec = timed(f"forced gamma {gamma} p {p}", method="forced", gamma=gamma)
+        steps = float(np.median([r.stats["verify_steps"] for r in runs]))
+        tps = float(np.mean([r.stats["tokens_per_step"] for r in runs]))
+        floors = [step_floor(route, len(prompt) + s * (gamma + 1), gamma + 1, counts, bandwidth)
+                  for s in range(int(steps))]
+        row = {"gamma": gamma, "p": p, "decode_rows": dec_rows, "tokens_per_step": tps, "verify_steps": steps,
+               "seconds_per_step": dec / steps, "speedup": ar_dec / dec,
+               "floor_seconds_per_step": float(np.mean(floors)),
+               "exact": all(np.array_equal(r.tokens, reference.tokens) for r in runs + [first]),
+               "compile_seconds": first.stats["compile_seconds"]}
+        row["step_over_floor"] = row["seconds_per_step"] / row["floor_seconds_per_step"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    out["rows"] = rows
+    for method in ("ngram", "mtp"):
+        if left() < 60:
+            exact[method] = "time budget"
+            continue
+        first = sj.generate(model, [prompt], n, method=method, gamma=4, eos_token_id=False)
+        first.state = None
+        spec = sj.generate(model, [prompt], n, method=method, gamma=4, eos_token_id=False)
+        ref = sj.generate(model, [prompt], n, eos_token_id=False, decode_rows=spec.stats["decode_rows"])
+        exact[method] = {"equal_to_ar": bool(np.array_equal(spec.tokens, ref.tokens)),
+                         "tokens_per_step": spec.stats["tokens_per_step"],
+                         "seconds_per_step": spec.stats["decode_seconds"] / spec.stats["verify_steps"],
+                         "compile_seconds": first.stats["compile_seconds"]}
+        print(method, json.dumps(exact[method]), flush=True)
+    out["exact_methods"] = exact
+    if left() > 90 and args.long_prompt:
+        long = np.random.default_rng(1).integers(0, cfg.vocab_size, args.long_prompt).astype(np.int32)
+        first = sj.generate(model, [long], 32, eos_token_id=False)
+        first.state = None
+        again = sj.generate(model, [long], 32, eos_token_id=False)
+        again.state = None
+        cache = buckets.cache_length(args.long_prompt + 32 + 8, 1, cfg.max_position_embeddings)
+        kv = len(cfg.attention_layers) * 2 * cache * cfg.num_key_value_heads * cfg.head_dim * 2
+        peak = (again.stats.get("peak_memory_bytes") or 0) / GIB
+        out["long_prompt"] = {"prompt_len": args.long_prompt, "prefill_seconds": again.stats["prefill_seconds"],
+                              "prefill_tok_s": args.long_prompt / again.stats["prefill_seconds"],
+                              "decode_tok_s": 31 / again.stats["decode_seconds"], "cache_length": cache,
+                              "kv_cache_gib": kv / GIB, "peak_gib": peak,
+                              "peak_over_weights_kv_gib": peak - weights / GIB - kv / GIB,
+                              "compile_seconds": first.stats["compile_seconds"]}
+        print(json.dumps(out["long_prompt"]), flush=True)
+    out["wall_seconds"] = time.perf_counter() - t0
+    return out
+
+
+def kernel_part(args) -> list[dict]:
+    """One layer's experts alone: each implementation at decode and prefill sizes; random routing (uniform)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from pallas_kernels import experts as X
+    from specdec_jax.bench.harness import median_time
+    cfg = moe_config(args.tiny)
+    E, D, inter, k = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts_per_tok
+    key = jax.random.split(jax.random.PRNGKey(0), 3)
+    gate_up = jax.random.normal(key[0], (E, 2 * inter, D), jnp.bfloat16) * D ** -0.5
+    down = jax.random.normal(key[1], (E, D, inter), jnp.bfloat16) * inter ** -0.5
+    expert_bytes = (2 * inter * D + D * inter) * 2
+    bandwidth = copy_bandwidth(0.25 if args.tiny else 2.0)
+    settings = [dict(zip(("block_m", "block_n", "block_k", "num_warps", "num_stages"), map(int, s.split(","))))
+                for s in args.blocks.split(";")]
+    rng = np.random.default_rng(0)
+    out = []
+    for label, tokens, valid, decode_shape in (("decode 1 of 8", 8, 1, True), ("decode 5", 5, 5, True),
+                                               ("decode 9", 9, 9, True), ("prefill 1024", 1024, 1024, False)):
+        ids = np.stack([rng.choice(E, k, replace=False) for _ in range(tokens)]).astype(np.int32)
+        ids[valid:] = -1
+        union = len(np.unique(ids[ids >= 0]))
+        x = jax.random.normal(key[2], (tokens, D), jnp.bfloat16)
+        floor = union * expert_bytes / bandwidth
+        row = {"case": label, "tokens": tokens, "valid": valid, "union_experts": union, "floor_seconds": floor}
+        want = None
+        for impl, blocks in ([("gather", None), ("ragged", None)] + [("pallas", b) for b in settings]):
+            if impl == "gather" and tokens * k > 4 * E:
+                continue
+            fn = jax.jit(lambda x, i, g, d, impl=impl, b=tuple((blocks or {}).items()): X.expert_swiglu(
+                x, i, g, d, implementation=impl, decode_shape=decode_shape, blocks=dict(b)))
+            name = impl if blocks is None else impl + ":" + ",".join(str(v) for v in blocks.values())
+            try:
+                got = fn(x, jnp.asarray(ids), gate_up, down)
+                sec = median_time(lambda: fn(x, jnp.asarray(ids), gate_up, down), 20)
+            except Exception as e:  # noqa: BLE001: a setting the compiler refuses is a row, not a crash
+                row[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                continue
+            got = np.asarray(got, np.float32)
+            want = got if want is None else want
+            row[name] = {"seconds": sec, "over_floor": sec / floor, "max_abs_diff": float(np.max(np.abs(got - want)))}
+        out.append(row)
+        print(json.dumps(row), flush=True)
+    return out
+
+
+def markdown(result: dict) -> str:
+    g = lambda k, f="{:.1f}": f.format(result[k]) if isinstance(result.get(k), (int, float)) else "–"
+    md = [f"# Qwen3.5-35B-A3B shape (MoE), random bf16 weights ({result.get('device')}, jax {result.get('jax')})", "",
+          f"commit `{result.get('git_commit')}`; `{result.get('command')}`", "",
+          f"{result.get('num_hidden_layers')} layers, {g('weights_gib')} GiB of weights; copy bandwidth "
+          f"{g('copy_gb_s', '{:.0f}')} GB/s; roofline {g('roofline_tok_s')} tok/s; AR (default) {g('ar_tok_s')} tok/s "
+          f"({g('ar_roofline_frac', '{:.3f}')} of roofline), one row {g('ar_1row_tok_s')} tok/s", "",
+          "| gamma | p | tokens/step | s/step | floor s/step | step / floor | speedup | bf16 exact |",
+          "|---|---|---|---|---|---|---|---|"]
+    for r in result.get("rows", []):
+        if "error" in r:
+            md.append(f"| {r['gamma']} | {r['p']} | {r['error']} ||||||")
+            continue
+        md.append(f"| {r['gamma']} | {r['p']} | {r['tokens_per_step']:.2f} | {r['seconds_per_step'] * 1e3:.2f} ms | "
+                  f"{r['floor_seconds_per_step'] * 1e3:.2f} ms | {r['step_over_floor']:.3f} | {r['speedup']:.2f}x | "
+                  f"{r['exact']} |")
+    return "\n".join(md) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", choices=("model", "kernel"), default="model")
+    ap.add_argument("--tiny", action="store_true", help="a tiny random shape (CPU smoke run)")
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--long-prompt", type=int, default=8192, help="AR prefill + decode at this prompt length (0: off)")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--curve", default="4:1.0,8:1.0,4:0.8", help="gamma:p pairs of the forced-acceptance curve")
+    ap.add_argument("--blocks", default="16,32,64,4,4;16,64,64,4,4;16,32,128,4,3;64,64,64,4,3",
+                    help="with --part kernel: ';'-separated block_m,block_n,block_k,num_warps,num_stages")
+    ap.add_argument("--out", default=os.path.join(ROOT, "specdec_bench_out"))
+    ap.add_argument("--time-budget-s", type=float, default=540)
+    args = ap.parse_args()
+    args.curve = [(int(g), float(p)) for g, p in (c.split(":") for c in args.curve.split(","))]
+    from specdec_jax.bench.harness import jsonable, result_header, write_results
+    stem = "moe_qwen35_" + ("tiny" if args.tiny else "35b_a3b")
+    if args.part == "kernel":
+        res = {**result_header(stem + "_kernels", command="python " + " ".join(sys.argv)), "rows": kernel_part(args)}
+        print(json.dumps(jsonable(res), indent=1))
+        return
+    res = {**result_header(stem, command="python " + " ".join(sys.argv)), **model_part(args)}
+    write_results(args.out, stem, jsonable(res), markdown(res))
+    print(markdown(res))
+
+
+if __name__ == "__main__":
+    main()
