@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# GPU measurements of issue 49 (Qwen3.5-35B-A3B, MoE), each step under its own timeout, results under OUT as written.
+#   bash benchmarks/gpu_moe.sh kernel OUT   one layer's experts: each implementation and kernel tiles, decode and prefill
+#   bash benchmarks/gpu_moe.sh model OUT    benchmarks/results/moe_qwen35_35b_a3b.json (the 40-layer shape end to end)
+set -u
+part=${1:?part kernel or model}
+out=${2:?output folder}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}
+. "$(dirname "$0")/gpu_step.sh"
+case $part in
+kernel)
+    step 150 kernel python benchmarks/bench_moe.py --part kernel ;;
+model)
+    step 560 model python benchmarks/bench_moe.py --part model --time-budget-s 540 --out "$out" ;;
+esac
