@@ -169,3 +169,14 @@ def test_greedy_speculation_on_a_moe_model_equals_ar_in_bfloat16():
         ar = sj.generate(model, prompts, 24, eos_token_id=False, decode_rows=spec.stats["decode_rows"])
         assert np.array_equal(spec.tokens, ar.tokens), method
         assert spec.stats["verify_steps"] < 24 * len(prompts) or method == "mtp"
+
+
+def test_a_mesh_with_more_devices_than_experts_is_refused():
+    """Experts are split whole over the mesh: 8 experts over 16 devices is one error naming the count (checked from
+    the config, before any tensor is read: tests/test_tensor_parallel.py runs the refusals on a real mesh)."""
+    from specdec_jax import sharding
+    from specdec_jax.models.qwen35 import params as qwen_params
+    cfg = random_moe_model("float32").config
+    assert sharding.split_problems(qwen_params.split_counts(cfg), 8) == []
+    problems = sharding.split_problems(qwen_params.split_counts(cfg), 16)
+    assert any(p.startswith("num_experts=8 is not a multiple of 16") for p in problems), problems

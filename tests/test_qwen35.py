@@ -165,8 +165,9 @@ def test_sampling_is_reproducible_and_varies_with_seed(small_model):
     assert not np.array_equal(a, c)
 
 
-def test_per_expert_checkpoint_layout(tmp_path):
-    """MoE experts stored one tensor per expert load into the same fused parameters."""
+def test_per_expert_checkpoint_layout(tmp_path, monkeypatch):
+    """MoE experts stored one tensor per expert load into the same fused parameters; an expert tensor of another
+    shape is one error before any tensor is read."""
     cfg = H.tiny_text_config(moe=True, ratio=1)
     ref = H.build_reference(cfg, seed=3)
     fused_dir, split_dir = tmp_path / "fused", tmp_path / "split"
@@ -185,6 +186,14 @@ def test_per_expert_checkpoint_layout(tmp_path):
     a, b = sj.load(fused_dir, dtype="float32"), sj.load(split_dir, dtype="float32")
     ids = np.arange(12)[None] % cfg.vocab_size
     np.testing.assert_array_equal(np.asarray(sj.forward_logits(a, ids)), np.asarray(sj.forward_logits(b, ids)))
+    # one expert's tensor of another shape: one error naming it, before any tensor is read
+    bad = "model.layers.1.mlp.experts.1.up_proj.weight"
+    tensors[bad] = tensors[bad][:-1].contiguous()
+    save_file(tensors, str(split_dir / "model.safetensors"), metadata={"format": "pt"})
+    from specdec_jax import loading
+    monkeypatch.setattr(loading.TensorSource, "read", lambda *a, **k: pytest.fail("a tensor was read"))
+    with pytest.raises(sj.CheckpointError, match=r"experts\.1\.up_proj\.weight.*expected"):
+        sj.load(split_dir, dtype="float32")
 
 
 def test_sharded_checkpoint(tmp_path, small_model):
