@@ -164,11 +164,11 @@ def test_greedy_speculation_on_a_moe_model_equals_ar_in_bfloat16():
     """n-gram and MTP (the MTP layer is MoE too) speculation against AR, bf16, a repetitive prompt (drafts hit)."""
     model = random_moe_model("bfloat16", mtp=True, seed=1)
     prompts = [np.asarray([5, 9, 11, 3, 5, 9, 11, 3, 5, 9], np.int32), np.asarray([7, 8, 7, 8, 7, 8, 7], np.int32)]
+    ar = sj.generate(model, prompts, 24, eos_token_id=False)  # its default decode rows are gamma 4's
     for method in ("ngram", "mtp"):
         spec = sj.generate(model, prompts, 24, method=method, gamma=4, eos_token_id=False)
-        ar = sj.generate(model, prompts, 24, eos_token_id=False, decode_rows=spec.stats["decode_rows"])
+        assert spec.stats["decode_rows"] == ar.stats["decode_rows"]
         assert np.array_equal(spec.tokens, ar.tokens), method
-        assert spec.stats["verify_steps"] < 24 * len(prompts) or method == "mtp"
 
 
 def test_a_mesh_with_more_devices_than_experts_is_refused():
