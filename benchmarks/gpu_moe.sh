@@ -2,6 +2,7 @@
 # GPU measurements of issue 49 (Qwen3.5-35B-A3B, MoE), each step under its own timeout, results under OUT as written.
 #   bash benchmarks/gpu_moe.sh kernel OUT   one layer's experts: each implementation and kernel tiles, decode and prefill
 #   bash benchmarks/gpu_moe.sh model OUT    benchmarks/results/moe_qwen35_35b_a3b.json (the 40-layer shape end to end)
+#   bash benchmarks/gpu_moe.sh both OUT     the two in one command
 set -u
 part=${1:?part kernel or model}
 out=${2:?output folder}
@@ -13,4 +14,7 @@ kernel)
     step 150 kernel python benchmarks/bench_moe.py --part kernel ;;
 model)
     step 560 model python benchmarks/bench_moe.py --part model --time-budget-s 540 --out "$out" ;;
+both)  # one device command: the kernels (110 s), then the model with what is left
+    step 110 kernel python benchmarks/bench_moe.py --part kernel
+    step 470 model python benchmarks/bench_moe.py --part model --time-budget-s 450 --out "$out" ;;
 esac
