@@ -125,7 +125,8 @@ def step_floor(route, start: int, rows: int, counts: dict, bandwidth: float) -> 
     return (counts["nonexpert"] + counts["kv"] + union * counts["expert"]) / bandwidth
 
 
-def model_part(args) -> dict:
+def model_part(args, save) -> dict:
+    """The model measurements; `save(partial)` after each stage (a time limit keeps what was measured)."""
     import jax
     import numpy as np
     import specdec_jax as sj
@@ -168,6 +169,7 @@ def model_part(args) -> dict:
     out["ar_default_over_fastest"] = out["ar_tok_s"] / max(out["ar_tok_s"], out["ar_1row_tok_s"])
     out["peak_256_gib"] = (ar_runs[-1].stats.get("peak_memory_bytes") or 0) / GIB
     print(json.dumps({k: v for k, v in out.items() if not isinstance(v, list)}), flush=True)
+    save(out)
 
     rows, exact = [], {}
     route = None
@@ -194,6 +196,7 @@ def model_part(args) -> dict:
         row["step_over_floor"] = row["seconds_per_step"] / row["floor_seconds_per_step"]
         rows.append(row)
         print(json.dumps(row), flush=True)
+        save({**out, "rows": rows})
     out["rows"] = rows
     for method in ("ngram", "mtp"):
         if left() < 60:
@@ -208,6 +211,7 @@ def model_part(args) -> dict:
                          "seconds_per_step": spec.stats["decode_seconds"] / spec.stats["verify_steps"],
                          "compile_seconds": first.stats["compile_seconds"]}
         print(method, json.dumps(exact[method]), flush=True)
+        save({**out, "exact_methods": exact})
     out["exact_methods"] = exact
     if left() > 90 and args.long_prompt:
         long = np.random.default_rng(1).integers(0, cfg.vocab_size, args.long_prompt).astype(np.int32)
@@ -316,8 +320,11 @@ def main():
         res = {**result_header(stem + "_kernels", command="python " + " ".join(sys.argv)), "rows": kernel_part(args)}
         print(json.dumps(jsonable(res), indent=1))
         return
-    res = {**result_header(stem, command="python " + " ".join(sys.argv)), **model_part(args)}
-    write_results(args.out, stem, jsonable(res), markdown(res))
+    header = result_header(stem, command="python " + " ".join(sys.argv))
+    save = lambda partial: write_results(args.out, stem, jsonable({**header, **partial}),
+                                         markdown({**header, **partial}), echo=False)
+    res = {**header, **model_part(args, save)}
+    save(res)
     print(markdown(res))
 
 
