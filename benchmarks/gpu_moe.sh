@@ -14,7 +14,7 @@ kernel)
     step 150 kernel python benchmarks/bench_moe.py --part kernel ;;
 model)
     step 560 model python benchmarks/bench_moe.py --part model --time-budget-s 540 --out "$out" ;;
-both)  # one device command: the kernels (110 s), then the model with what is left
-    step 110 kernel python benchmarks/bench_moe.py --part kernel
-    step 470 model python benchmarks/bench_moe.py --part model --time-budget-s 450 --out "$out" ;;
+both)  # one device command: the model (the result), then the kernels alone with what is left
+    step 450 model python benchmarks/bench_moe.py --part model --time-budget-s 430 --out "$out"
+    step 120 kernel python benchmarks/bench_moe.py --part kernel ;;
 esac
