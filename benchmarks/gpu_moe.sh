@@ -2,7 +2,7 @@
 # GPU measurements of issue 49 (Qwen3.5-35B-A3B, MoE), each step under its own timeout, results under OUT as written.
 #   bash benchmarks/gpu_moe.sh kernel OUT   one layer's experts: each implementation and kernel tiles, decode and prefill
 #   bash benchmarks/gpu_moe.sh model OUT    benchmarks/results/moe_qwen35_35b_a3b.json (the 40-layer shape end to end)
-#   bash benchmarks/gpu_moe.sh both OUT     the two in one command
+#   bash benchmarks/gpu_moe.sh both OUT     the two in one command (short: a shorter version)
 set -u
 part=${1:?part kernel or model}
 out=${2:?output folder}
@@ -17,4 +17,7 @@ model)
 both)  # one device command: the model (the issue's result), then the kernels alone with what is left
     step 450 model python benchmarks/bench_moe.py --part model --time-budget-s 430 --out "$out"
     step 120 kernel python benchmarks/bench_moe.py --part kernel ;;
+short)  # a short lease: the kernels (90 s), then the model for 240 s (AR, the gamma 4 and 8 rows as time allows)
+    step 90 kernel python benchmarks/bench_moe.py --part kernel --blocks "16,32,64,4,4;16,64,64,4,4;64,64,64,4,3"
+    step 250 model python benchmarks/bench_moe.py --part model --time-budget-s 240 --repeats 1 --out "$out" ;;
 esac
