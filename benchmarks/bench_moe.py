@@ -137,7 +137,9 @@ def model_part(args, save) -> dict:
     cfg = moe_config(args.tiny)
     model = make_model(cfg)
     weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
-    out = {"num_hidden_layers": cfg.num_hidden_layers, "num_experts": cfg.num_experts,
+    from pallas_kernels import experts
+    out = {"experts_gpu_implementation": experts.GPU_DEFAULT or "xla (gather / ragged)",
+           "num_hidden_layers": cfg.num_hidden_layers, "num_experts": cfg.num_experts,
            "num_experts_per_tok": cfg.num_experts_per_tok, "weights_gib": weights / GIB}
     n = args.new_tokens
     prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, args.prompt_len).astype(np.int32)
@@ -304,6 +306,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=("model", "kernel"), default="model")
     ap.add_argument("--tiny", action="store_true", help="a tiny random shape (CPU smoke run)")
+    ap.add_argument("--experts", default=None, choices=("gather", "ragged", "pallas"),
+                    help="with --part model: the expert products' implementation on the GPU (default: the library's)")
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--long-prompt", type=int, default=8192, help="AR prefill + decode at this prompt length (0: off)")
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -316,7 +320,10 @@ def main():
     args = ap.parse_args()
     args.curve = [(int(g), float(p)) for g, p in (c.split(":") for c in args.curve.split(","))]
     from specdec_jax.bench.harness import jsonable, result_header, write_results
-    stem = "moe_qwen35_" + ("tiny" if args.tiny else "35b_a3b")
+    from pallas_kernels import experts
+    if args.experts:
+        experts.GPU_DEFAULT = args.experts
+    stem = "moe_qwen35_" + ("tiny" if args.tiny else "35b_a3b") + (f"_{args.experts}" if args.experts else "")
     if args.part == "kernel":
         res = {**result_header(stem + "_kernels", command="python " + " ".join(sys.argv)), "rows": kernel_part(args)}
         print(json.dumps(jsonable(res), indent=1))

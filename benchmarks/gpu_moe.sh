@@ -13,11 +13,11 @@ case $part in
 kernel)
     step 150 kernel python benchmarks/bench_moe.py --part kernel ;;
 model)
-    step 560 model python benchmarks/bench_moe.py --part model --time-budget-s 540 --out "$out" ;;
+    step 560 model python benchmarks/bench_moe.py --part model --experts pallas --time-budget-s 540 --out "$out" ;;
 both)  # one device command: the model (the result), then the kernels alone with what is left
-    step 450 model python benchmarks/bench_moe.py --part model --time-budget-s 430 --out "$out"
+    step 450 model python benchmarks/bench_moe.py --part model --experts pallas --time-budget-s 430 --out "$out"
     step 120 kernel python benchmarks/bench_moe.py --part kernel ;;
 short)  # a short lease: the kernels (90 s), then the model for 240 s (AR, the gamma 4 and 8 rows as time allows)
     step 90 kernel python benchmarks/bench_moe.py --part kernel --blocks "16,32,64,4,4;16,64,64,4,4;64,64,64,4,3"
-    step 250 model python benchmarks/bench_moe.py --part model --time-budget-s 240 --repeats 1 --out "$out" ;;
+    step 250 model python benchmarks/bench_moe.py --part model --experts pallas --time-budget-s 240 --repeats 1 --out "$out" ;;
 esac

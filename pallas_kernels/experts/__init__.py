@@ -6,8 +6,9 @@
                                whole tiles, each expert's stored weights read once per tile of its copies, no
                                transposed or gathered copy of any weight (interpret mode off the GPU: tests)
 
-`resolve` is what the models take: on the GPU ("auto") the kernel; off it, "gather" for few copies and "ragged" for
-many. Copies whose expert id lies outside [0, E) select no expert: they read no weight and come out zero (a model's
+`resolve` is what the models take ("auto"): "gather" for few copies and "ragged" for many, and on the GPU
+`GPU_DEFAULT` when it names an implementation. It stays None (XLA's paths) until the kernel's GPU measurement
+(benchmarks/bench_moe.py) chooses it: no GPU has run the kernel yet (docs/LOG.md, 2026-12-06 night). Copies whose expert id lies outside [0, E) select no expert: they read no weight and come out zero (a model's
 padding rows). Blocks: DECODE_BLOCKS for decode-shape forwards, PREFILL_BLOCKS for prefill chunks; both walk K in
 the same steps, so a row's result is the same in either (README.md).
 """
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 from . import reference
 
 IMPLEMENTATIONS = ("gather", "ragged", "pallas")
+GPU_DEFAULT: str | None = None  # what "auto" takes on the GPU (None: XLA's paths, as off it); see above
 # The kernel's tiles (rows per tile, output columns per program, K step, warps, pipeline stages). block_k is shared:
 # a row's products accumulate over K in the same steps in both.
 DECODE_BLOCKS = {"block_m": 16, "block_n": 32, "block_k": 64, "num_warps": 4, "num_stages": 4}
@@ -67,8 +69,8 @@ def group_layout(expert_ids: jax.Array, selected: jax.Array, num_experts: int, b
 def resolve(implementation: str | None, copies: int, num_experts: int) -> str:
     """The implementation `implementation` ("auto" / None / a name) means for `copies` token copies."""
     if implementation in (None, "auto"):
-        if jax.default_backend() == "gpu":
-            return "pallas"
+        if GPU_DEFAULT is not None and jax.default_backend() == "gpu":
+            return GPU_DEFAULT
         return "gather" if copies <= num_experts else "ragged"
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"experts: implementation must be one of {IMPLEMENTATIONS} or 'auto'; got {implementation!r}")

@@ -28,7 +28,8 @@ def route(p: dict, cfg: Qwen35Config, xt: jax.Array, valid: jax.Array | None = N
 
 def expert_implementation(cfg: Qwen35Config, impl: str) -> str:
     """The expert products' implementation for the model's `impl`: the grouped kernel where the model asks for Pallas
-    kernels ("auto" on the GPU, "pallas"), XLA's elsewhere; XLA's under a mesh (the kernel does not split)."""
+    kernels ("pallas"), the experts' own default for "auto" (`experts.resolve`), XLA's under a mesh (the kernel does
+    not split) and for the reference implementations."""
     if cfg.mesh is not None or impl == "reference" or impl == "naive":
         return "xla"
     return "pallas" if impl == "pallas" else "auto"
