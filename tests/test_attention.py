@@ -127,16 +127,18 @@ def test_split_kernel_decode_steps_equal_xla(model):
     """Decode-shaped forwards (8 rows, 2 valid) over a cache of SPLIT_MIN_CACHE slots through the split kernel give
     XLA's logits (fp32 tolerance) and states, step after step."""
     cfg = model.config
+    # jitted, as generate runs it (op by op, each of the forward's ops compiled on its own per shape and impl)
+    forward = jax.jit(qwen35.forward, static_argnames=("cfg", "impl"))
     ids = jnp.asarray(np.random.default_rng(5).integers(0, cfg.vocab_size, (1, 30)), jnp.int32)
     state = qwen35.init_state(cfg, 1, A.SPLIT_MIN_CACHE, jnp.float32)
-    _, state, _ = qwen35.forward(model.params, cfg, state, ids, impl="reference")
+    _, state, _ = forward(model.params, cfg, state, ids, impl="reference")
     states = {"pallas": state, "reference": state}
     rows = jnp.asarray(np.random.default_rng(6).integers(0, cfg.vocab_size, (3, 1, 8)), jnp.int32)
     for step in range(3):
         logits = {}
         for impl in states:
-            logits[impl], states[impl], _ = qwen35.forward(model.params, cfg, states[impl], rows[step], impl=impl,
-                                                           n_valid=jnp.asarray([2], jnp.int32))
+            logits[impl], states[impl], _ = forward(model.params, cfg, states[impl], rows[step], impl=impl,
+                                                    n_valid=jnp.asarray([2], jnp.int32))
         np.testing.assert_allclose(np.asarray(logits["pallas"]), np.asarray(logits["reference"]), rtol=1e-4,
                                    atol=1e-4)
     for a, b in zip(jax.tree.leaves(states["pallas"]), jax.tree.leaves(states["reference"])):

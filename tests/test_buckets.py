@@ -4,6 +4,8 @@ ragged batch's rows equal their own batch-1 runs (float32), and speculation equa
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,17 +40,31 @@ def test_cache_bucket_ladder():
     assert buckets.cache_length(300, 1, 512) == 512 and buckets.prefill_chunk(5, 17) == 16
 
 
-def _chunked_state(model, rows, chunk, width, max_len=96):
-    cfg = model.config
-    ids, lens = buckets.pad_prompts(rows, width, pad_id=5)
-    state = qwen35.init_state(cfg, len(rows), max_len, jnp.float32)
+# Jitted, as generate runs them: one program per (rows, buffer width) serves every prompt length below (op by op, each
+# of the forward's ops compiled again for every length and the chunk loop for every call: ~10 s a length on 2 cores).
+@functools.partial(jax.jit, static_argnames=("cfg", "chunk", "max_len"))
+def _chunked_prefill_jit(params, ids, lens, *, cfg, chunk, max_len):
+    state = qwen35.init_state(cfg, ids.shape[0], max_len, jnp.float32)
 
     def run(st, piece, n_valid):
-        logits, st, _ = qwen35.forward(model.params, cfg, st, piece, logits_for="last", prefill_lens=n_valid)
+        logits, st, _ = qwen35.forward(params, cfg, st, piece, logits_for="last", prefill_lens=n_valid)
         return logits[:, 0], st, None
 
-    shape = jax.ShapeDtypeStruct((len(rows), cfg.vocab_size), jnp.float32)
-    return chunked_prefill(run, state, jnp.asarray(ids), jnp.asarray(lens), chunk, logits_shape=shape)[:2]
+    shape = jax.ShapeDtypeStruct((ids.shape[0], cfg.vocab_size), jnp.float32)
+    return chunked_prefill(run, state, ids, lens, chunk, logits_shape=shape)[:2]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_len"))
+def _unpadded_forward(params, ids, *, cfg, max_len):
+    logits, state, _ = qwen35.forward(params, cfg, qwen35.init_state(cfg, 1, max_len, jnp.float32), ids,
+                                      logits_for="last")
+    return logits, state
+
+
+def _chunked_state(model, rows, chunk, width, max_len=96):
+    ids, lens = buckets.pad_prompts(rows, width, pad_id=5)
+    return _chunked_prefill_jit(model.params, jnp.asarray(ids), jnp.asarray(lens), cfg=model.config, chunk=chunk,
+                                max_len=max_len)
 
 
 @pytest.mark.parametrize("length", [1, 17, 40])  # one token; one past a chunk; several chunks
@@ -61,8 +77,7 @@ def test_padded_chunked_prefill_is_the_unpadded_state(model, length):
     logits_b, state_b = _chunked_state(model, row, 16, 80)
     for a, b in zip(jax.tree.leaves((logits_a, state_a)), jax.tree.leaves((logits_b, state_b))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    fresh = qwen35.init_state(cfg, 1, 96, jnp.float32)
-    logits_u, state_u, _ = qwen35.forward(model.params, cfg, fresh, jnp.asarray(row[0])[None], logits_for="last")
+    logits_u, state_u = _unpadded_forward(model.params, jnp.asarray(row[0])[None], cfg=cfg, max_len=96)
     # fp32 tolerance for a whole model (DESIGN.md: 1e-4): chunks and one forward round differently (jax 0.11.2's CPU
     # build differed by 1.7e-5 in a logit at 40 tokens)
     np.testing.assert_allclose(np.asarray(logits_a), np.asarray(logits_u[:, 0]), rtol=1e-4, atol=1e-4)
@@ -85,12 +100,13 @@ def test_ragged_rows_prefill_as_alone(model):
 
 @pytest.mark.parametrize("method,options", [("ar", {}), ("ngram", {"gamma": 3})])
 def test_programs_are_reused_within_a_bucket(model, method, options):
-    """Other prompt lengths and new-token counts in the same bucket compile nothing (EOS on: the count is traced)."""
-    eos = [7]
-    first = sj.generate(model, _prompts([11], 61, seed=1), 9, method=method, eos_token_id=eos, **options)
-    again = sj.generate(model, _prompts([29], 61, seed=2), 14, method=method, eos_token_id=eos, **options)
+    """Other prompt lengths and new-token counts in the same bucket compile nothing (EOS on: the count is traced).
+    Two rows and EOS 3: AR's programs serve test_streamed_chunks_concatenate_to_generate[ar]'s generate too."""
+    eos = [3]
+    first = sj.generate(model, _prompts([11, 6], 61, seed=1), 9, method=method, eos_token_id=eos, **options)
+    again = sj.generate(model, _prompts([29, 3], 61, seed=2), 14, method=method, eos_token_id=eos, **options)
     assert again.stats["compiled_programs"] == 0 and again.stats["compile_seconds"] == 0.0, again.stats
-    assert first.tokens.shape == (1, 9) and again.tokens.shape == (1, 14)
+    assert first.tokens.shape == (2, 9) and again.tokens.shape == (2, 14)
 
 
 @pytest.mark.parametrize("method,options", [("ar", {}), ("ngram", {"gamma": 3})])  # trees: the stream test's batch
@@ -107,9 +123,10 @@ def test_ragged_batch_rows_equal_their_own_runs(model, method, options):
 
 
 def test_a_2d_array_and_its_rows_as_a_list_agree(model):
-    ids = np.stack(_prompts([9, 9], 61, seed=5))
-    a = sj.generate(model, ids, 6, method="ngram", eos_token_id=False)
-    b = sj.generate(model, list(ids), 6, method="ngram", eos_token_id=False)
+    # 3 rows at gamma 3: the programs test_ragged_batch_rows_equal_their_own_runs[ngram] compiles (the suite's time)
+    ids = np.stack(_prompts([9, 9, 9], 61, seed=5))
+    a = sj.generate(model, ids, 6, method="ngram", gamma=3, eos_token_id=False)
+    b = sj.generate(model, list(ids), 6, method="ngram", gamma=3, eos_token_id=False)
     np.testing.assert_array_equal(a.tokens, b.tokens)
 
 

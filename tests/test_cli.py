@@ -77,12 +77,16 @@ def test_unescape():
     assert cli.unescape(r"a\qb") == r"a\qb"
 
 
-def test_generate_end_to_end(checkpoint):
-    proc = run_module("generate", "--model", str(checkpoint), "--prompt", r"def add(a, b):\n",
-                      "--max-new-tokens", "8", "--compare-ar", "--dtype", "float32")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("def add(a, b):\n")
-    lines = proc.stdout.splitlines()
+def test_generate_end_to_end(checkpoint, capsys):
+    # In this process (cli.main, as `python -m specdec_jax` calls it: test_missing_folder_exits_2 runs that entry in
+    # a process of its own): a second process started JAX and compiled every program again (~10 s on 2 cores, its
+    # compilation cache cold on a fresh machine); here they serve test_generate_text_* too.
+    rc = cli.main(["generate", "--model", str(checkpoint), "--prompt", r"def add(a, b):\n",
+                   "--max-new-tokens", "8", "--compare-ar", "--dtype", "float32"])
+    proc = capsys.readouterr()
+    assert rc == 0, proc.err
+    assert proc.out.startswith("def add(a, b):\n")
+    lines = proc.out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("method"))
     assert "tokens/s" in lines[header] and "mean accepted" in lines[header]
     row = lines[header + 1].split()

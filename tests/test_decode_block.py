@@ -174,6 +174,7 @@ def test_split_block_and_gather_settings_are_read_and_checked(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------ the MTP head from blocks
+import functools  # noqa: E402
 import os  # noqa: E402
 
 import specdec_jax as sj  # noqa: E402
@@ -186,6 +187,9 @@ TINY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 @pytest.fixture(scope="module")
 def tiny():
     return sj.load(TINY, dtype="float32")
+
+
+_mtp_forward = jax.jit(mtp_head.mtp_forward, static_argnums=1)
 
 
 @pytest.mark.parametrize("impl,splits,gather,slots,fuse", [("reference", "1", "1", "64", "0")] + [
@@ -201,6 +205,9 @@ def test_mtp_head_from_blocks_matches_its_forward(tiny, impl, splits, gather, sl
     monkeypatch.setattr(db, "SLOTS", int(slots))
     monkeypatch.setattr(db, "FUSE_OUT_PROJ", fuse == "1")
     cfg, params = tiny.config, tiny.params
+    # Jitted, as a generation runs them (op by op, each op compiled on its own per shape): the head's own forward is
+    # one program for every case; the blocks' form is traced anew here (the settings above are read while tracing).
+    blocks = jax.jit(functools.partial(mtp_head.mtp_forward_blocks, implementation=impl), static_argnums=1)
     B, P = 2, 70
     rng = np.random.default_rng(0)
     ids = jnp.asarray(rng.integers(0, tiny.vocab_size, (B, P + 5)), jnp.int32)
@@ -208,12 +215,12 @@ def test_mtp_head_from_blocks_matches_its_forward(tiny, impl, splits, gather, sl
     k, v = mtp_head.init_mtp_cache(cfg, B, 130, jnp.float32, round_to=db.CACHE_MULTIPLE)
     assert k.shape[1] == 256
     pos = lambda a, n: jnp.broadcast_to(jnp.arange(a, a + n, dtype=jnp.int32)[None], (B, n))
-    _, _, k, v = mtp_head.mtp_forward(params, cfg, hidden[:, :P], ids[:, :P], k, v, pos(0, P))
+    _, _, k, v = _mtp_forward(params, cfg, hidden[:, :P], ids[:, :P], k, v, pos(0, P))
     assert mtp_head.blocks_supported(params, cfg, 4, k.shape[1])
     for start, n in ((P, 4), (P + 4, 1)):
         args = (hidden[:, start:start + n], ids[:, start:start + n])
-        want = mtp_head.mtp_forward(params, cfg, *args, k, v, pos(start, n))
-        got = mtp_head.mtp_forward_blocks(params, cfg, *args, k, v, pos(start, n), implementation=impl)
+        want = _mtp_forward(params, cfg, *args, k, v, pos(start, n))
+        got = blocks(params, cfg, *args, k, v, pos(start, n))
         assert got[1].shape == (B, 16, cfg.hidden_size)  # hidden_out keeps its padding rows
         for g, w in zip((got[0], got[1][:, :n], *got[2:]), want):
             np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)

@@ -44,6 +44,10 @@ def test_greedy_equals_ar(mtp_model, method, gamma, rollback):
     ar = sj.generate(mtp_model, ids, 24, eos_token_id=False).tokens
     res = sj.generate(mtp_model, ids, 24, method=method, gamma=gamma, rollback=rollback, eos_token_id=False)
     np.testing.assert_array_equal(res.tokens, ar)
+    # The path exact's default took (once test_exact.py's own test): the exact path where the rollback allows it, at
+    # max(8, gamma + 1) rows; not under pseudo-values (exact only in exact arithmetic), which verify at gamma + 1.
+    assert res.stats["exact"] == (rollback != "pseudo")
+    assert res.stats["decode_rows"] == (gamma + 1 if rollback == "pseudo" else max(8, gamma + 1))
 
 
 def test_mtp_chain_unrolled_or_scanned_drafts_alike(mtp_model):
@@ -55,7 +59,9 @@ def test_mtp_chain_unrolled_or_scanned_drafts_alike(mtp_model):
     cfg, params = mtp_model.config, mtp_model.params
     prompt = jnp.asarray(np.random.default_rng(5).integers(0, mtp_model.vocab_size, (2, 7)), jnp.int32)
     hidden = jnp.asarray(np.random.default_rng(6).standard_normal((2, 7, cfg.hidden_size)), jnp.float32)
-    state = MtpDrafter().init(params, cfg, prompt, 16, hidden=hidden, first_token=prompt[:, 0])
+    # jitted, as inside a generation (op by op, each of the head's ops would compile on its own)
+    init = jax.jit(functools.partial(MtpDrafter().init, cfg=cfg, max_len=16))
+    state = init(params, prompt=prompt, hidden=hidden, first_token=prompt[:, 0])
     history = jnp.concatenate([prompt, jnp.zeros((2, 9), jnp.int32)], axis=1)
     out = {}
     for unroll in (True, False):
@@ -108,10 +114,13 @@ def test_mtp_sampling_preserves_distribution(tmp_path):
 @pytest.mark.parametrize("search", ["compare_all", "scan_unrolled", "scan", "sort"])
 def test_table_search_methods_find_the_same_continuations(mtp_model, search):
     """Every search method finds the same entries: the same drafts (accepted counts) and AR's output."""
-    ids = np.random.default_rng(3).integers(0, mtp_model.vocab_size, size=(2, 9))
+    # 4 rows, gamma 4, pseudo-values: AR's programs and the default search's (compare_all) are
+    # test_greedy_equals_ar[ngram-table-4-pseudo]'s, so each search compiles its loop only (the suite's time)
+    ids = np.random.default_rng(3).integers(0, mtp_model.vocab_size, size=(4, 9))
     ar = sj.generate(mtp_model, ids, 24, eos_token_id=False).tokens
-    base = sj.generate(mtp_model, ids, 24, method="ngram-table", gamma=5, eos_token_id=False)
-    res = sj.generate(mtp_model, ids, 24, method="ngram-table", gamma=5, search=search, eos_token_id=False)
+    base = sj.generate(mtp_model, ids, 24, method="ngram-table", gamma=4, rollback="pseudo", eos_token_id=False)
+    res = sj.generate(mtp_model, ids, 24, method="ngram-table", gamma=4, rollback="pseudo", search=search,
+                      eos_token_id=False)
     np.testing.assert_array_equal(res.tokens, ar)
     assert res.stats["mean_accepted"] == base.stats["mean_accepted"]
     tables = {k: v for k, v in mtp_model.params["draft"].items()}

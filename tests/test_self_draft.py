@@ -143,7 +143,8 @@ def test_a_scanned_draft_chain_drafts_as_the_unrolled_one(small_vocab_model):
     cfg, params = small_vocab_model.config, small_vocab_model.params
     prompt = jnp.asarray([[1, 2, 3, 1, 2], [4, 0, 5, 2, 2]], jnp.int32)
     base = SelfDrafter("layer-skip", skip_layers=(0,))
-    state = base.init(params, cfg, prompt, 16, first_token=prompt[:, 0])
+    # jitted, as inside a generation (op by op, each of the draft model's ops would compile on its own)
+    state = jax.jit(functools.partial(base.init, cfg=cfg, max_len=16))(params, prompt=prompt, first_token=prompt[:, 0])
     history = jnp.concatenate([prompt, jnp.zeros((2, 11), jnp.int32)], axis=1)
     out = {}
     for unroll in (True, False):

@@ -43,8 +43,9 @@ def test_continuation_equals_a_fresh_run_on_the_whole_text(model, first, then):
 
 
 def test_the_same_calls_give_the_same_bits(model):
-    r1 = sj.generate(model, _rows([7], 3), 6, method="ngram", eos_token_id=False)
-    runs = [sj.generate(model, _rows([5], 4), 6, eos_token_id=False, state=r1.state) for _ in range(2)]
+    # 2 rows: the programs test_continuation_equals_a_fresh_run_on_the_whole_text[ngram-ar] compiles (the suite's time)
+    r1 = sj.generate(model, _rows([7, 3], 3), 6, method="ngram", eos_token_id=False)
+    runs = [sj.generate(model, _rows([5, 2], 4), 6, eos_token_id=False, state=r1.state) for _ in range(2)]
     np.testing.assert_array_equal(runs[0].tokens, runs[1].tokens)
     np.testing.assert_array_equal(np.asarray(runs[0].state.model.recurrent), np.asarray(runs[1].state.model.recurrent))
 
@@ -65,10 +66,11 @@ def test_a_row_past_its_eos_is_rebuilt_when_continued(model):
 
 
 def test_streaming_continues_too(model):
-    r1 = sj.generate(model, _rows([6], 7), 5, eos_token_id=False)
-    pieces = list(sj.stream(model, _rows([2], 8), 7, chunk_steps=2, method="ngram", eos_token_id=False,
+    # 2 rows: the generations are test_continuation_equals_a_fresh_run_on_the_whole_text[ar-ngram]'s programs
+    r1 = sj.generate(model, _rows([6, 4], 7), 5, eos_token_id=False)
+    pieces = list(sj.stream(model, _rows([2, 3], 8), 7, chunk_steps=2, method="ngram", eos_token_id=False,
                             state=r1.state))
-    whole = sj.generate(model, _rows([2], 8), 7, method="ngram", eos_token_id=False, state=r1.state)
+    whole = sj.generate(model, _rows([2, 3], 8), 7, method="ngram", eos_token_id=False, state=r1.state)
     np.testing.assert_array_equal(np.concatenate(pieces, axis=1), whole.tokens)
 
 

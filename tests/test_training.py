@@ -132,12 +132,14 @@ def test_huginn_training_lowers_loss_and_loads(tmp_path):
     data = bigram_tokens(12_000, seed=1)
     first = training.sample_windows(np.random.default_rng(o.seed), data[:10_000], o.batch, o.seq_len + 1)
     n, k = training.sample_recurrence(np.random.default_rng(o.seed + 1), o.mean_recurrence, o.backprop_depth)
-    start_loss = lambda p: float(training.huginn_loss(training.cast(training.cast(p, jnp.bfloat16), jnp.float32), cfg,
-                                                      jnp.asarray(first), jnp.int32(n), jnp.int32(k),
-                                                      backprop_depth=o.backprop_depth, compute_dtype=jnp.bfloat16)[0])
+    # Jitted: one program for the three losses below (op by op, each of the loss's ops compiled on its own).
+    loss_of = jax.jit(lambda p: training.huginn_loss(training.cast(training.cast(p, jnp.bfloat16), jnp.float32), cfg,
+                                                     jnp.asarray(first), jnp.int32(n), jnp.int32(k),
+                                                     backprop_depth=o.backprop_depth, compute_dtype=jnp.bfloat16)[0])
+    start_loss = lambda p: float(loss_of(p))
     summary = training.run_training(o, data[:10_000], data[10_000:], vocab_size=VOCAB)
     hist = _history(tmp_path / "huginn")
-    assert hist[0]["loss"] == pytest.approx(start_loss(start), abs=1e-3)  # bf16: jitted vs eager
+    assert hist[0]["loss"] == pytest.approx(start_loss(start), abs=1e-3)  # bf16: the step's program vs this one
     fresh = training.init_huginn_params(cfg, jax.random.PRNGKey(o.seed))
     assert abs(start_loss(fresh) - start_loss(start)) > 2e-2, (start_loss(fresh), start_loss(start))
     log = json.loads((tmp_path / "huginn" / "train_log.json").read_text())

@@ -161,10 +161,12 @@ def test_tree_forward_and_commit_equal_per_path_forward(model):
     assert int(kept.length[0]) == int(state.length[0])
 
 
+# Two rows each, as every greedy tree test here: one AR program for them all (a batch of one: the trained checkpoint's
+# tree below).
 @pytest.mark.parametrize("branching,batch,rollback", [
     ((1, 1, 1, 1), 2, "pseudo"),  # chain
-    ((4,), 1, "pseudo"),  # star
-    ((2, 2, 2), 1, "pseudo"),
+    ((4,), 2, "pseudo"),  # star
+    ((2, 2, 2), 2, "pseudo"),
     ((3, 2, 1), 2, "snapshot"),
 ])
 def test_greedy_tree_equals_ar(model, branching, batch, rollback):
@@ -204,11 +206,12 @@ def test_state_after_tree_generation_equals_ar_state(model):
 
 
 def test_eos_stops_tree_generation(model):
-    ids = np.random.default_rng(4).integers(0, model.vocab_size, size=(1, 6))
-    free = sj.generate(model, ids, 16, eos_token_id=False).tokens[0]
-    eos = int(free[5])
+    ids = np.random.default_rng(4).integers(0, model.vocab_size, size=(2, 6))
+    free = sj.generate(model, ids, 16, eos_token_id=False).tokens
+    eos = int(free[0, 5])  # row 0 stops at its sixth token, row 1 where it meets it (if it does)
     ar = sj.generate(model, ids, 16, eos_token_id=eos).tokens
-    drafter = OracleTreeDrafter((tuple(np.concatenate([ids[0], free]).tolist()),), 7, model.vocab_size)
+    drafter = OracleTreeDrafter(tuple(tuple(np.concatenate([i, f]).tolist()) for i, f in zip(ids, free)), 7,
+                                model.vocab_size)
     parents, _ = ts.tree_from_branching((2, 2, 1))
     res = ts.generate_tree(model.params, model.config, ids, 16, drafter=drafter, parents=parents, eos_ids=(eos,))
     np.testing.assert_array_equal(res.tokens, ar)
@@ -223,14 +226,16 @@ def test_ngram_candidates():
     np.testing.assert_array_equal(c[2], [2, 2])  # no third candidate: the last token repeated
 
 
+# The two tree drafters through the public API (generate(method="ngram-tree" | "mtp-tree", tree=...): the tree loop
+# the direct generate_tree calls here run, at the bucketed shapes), so each drafter's greedy program compiles once.
 def test_ngram_tree_drafter_equals_ar(model):
     rng = np.random.default_rng(3)
     repetitive = np.tile(rng.integers(0, model.vocab_size, size=5), 5)[None]
     random = rng.integers(0, model.vocab_size, size=(1, 25))
     ids = np.concatenate([repetitive, random], axis=0)
     ar = sj.generate(model, ids, 20, eos_token_id=False).tokens
-    parents, _ = ts.tree_from_branching((3, 1, 1))
-    res = ts.generate_tree(model.params, model.config, ids, 20, drafter=TreeNgramDrafter(), parents=parents)
+    res = sj.generate(model, ids, 20, method="ngram-tree", tree=(3, 1, 1), eos_token_id=False)
+    assert res.stats["method"] == "tree-ngram"
     np.testing.assert_array_equal(res.tokens, ar)
 
 
@@ -238,9 +243,8 @@ def test_ngram_tree_drafter_equals_ar(model):
 def test_mtp_tree_drafter_equals_ar(mtp_model, branching, rollback):
     ids = np.random.default_rng(11).integers(0, mtp_model.vocab_size, size=(2, 9))
     ar = sj.generate(mtp_model, ids, 20, eos_token_id=False).tokens
-    parents, _ = ts.tree_from_branching(branching)
-    res = ts.generate_tree(mtp_model.params, mtp_model.config, ids, 20, drafter=TreeMtpDrafter(), parents=parents,
-                           rollback=rollback)
+    res = sj.generate(mtp_model, ids, 20, method="mtp-tree", tree=branching, rollback=rollback, eos_token_id=False)
+    assert res.stats["method"] == "tree-mtp"
     np.testing.assert_array_equal(res.tokens, ar)
 
 
@@ -258,25 +262,12 @@ def test_mtp_tree_on_trained_checkpoint_is_exact_and_beats_chain():
     assert res.stats["mean_accepted"] > 1.3
 
 
-@pytest.fixture(scope="module")
-def api_model(tmp_path_factory):
-    ref = H.build_reference(H.tiny_text_config(ratio=2, vocab=41), seed=13)
-    folder = str(tmp_path_factory.mktemp("tree_api"))
-    H.save_reference(ref, folder, mtp_layers=1, seed=13)
-    return sj.load(folder, dtype="float32")
-
-
-def test_tree_methods_through_the_public_api(api_model):
-    """generate(method="mtp-tree" | "ngram-tree", tree=...) is exact; oversized trees are refused clearly."""
+def test_an_oversized_tree_is_refused(mtp_model):
+    """Oversized trees are refused clearly (that generate(method="mtp-tree" | "ngram-tree", tree=...) is exact:
+    test_ngram_tree_drafter_equals_ar, test_mtp_tree_drafter_equals_ar)."""
     from specdec_jax.errors import InputError
-    model = api_model
-    ids = np.random.default_rng(0).integers(0, model.vocab_size, size=(2, 7))
-    ar = sj.generate(model, ids, 16, eos_token_id=False).tokens
-    for method, tree in (("mtp-tree", (2, 2)), ("ngram-tree", (3, 1))):
-        out = sj.generate(model, ids, 16, method=method, tree=tree, eos_token_id=False)
-        np.testing.assert_array_equal(out.tokens, ar)
     with pytest.raises(InputError, match="at most 64"):
-        sj.generate(model, ids, 4, method="ngram-tree", tree=(8, 8))
+        sj.generate(mtp_model, np.ones((2, 7), np.int32), 4, method="ngram-tree", tree=(8, 8))
 
 
 # -------------------------------------------------------------------------------- tree sampling
@@ -445,10 +436,10 @@ def test_tree_sampling_preserves_distribution(small_vocab_mtp_model, ar_samples,
     assert_first_tokens_match(ar, tree.tokens, V)
 
 
-def test_tree_sampling_through_the_public_api(api_model):
+def test_tree_sampling_through_the_public_api(mtp_model):
     """generate(method="mtp-tree", temperature>0) runs and is reproducible per seed (ngram-tree samples through the
     same tree loop: test_tree_sampling_preserves_distribution[ngram])."""
-    model = api_model
+    model = mtp_model
     ids = np.random.default_rng(0).integers(0, model.vocab_size, size=(2, 7))
     for method in ("mtp-tree",):
         run = lambda seed: sj.generate(model, ids, 12, method=method, temperature=0.8, top_k=8, seed=seed,
