@@ -28,7 +28,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-GIB = 1024 ** 3
+from benchmarks.bench_long_context import GIB, copy_bandwidth  # noqa: E402  (one bandwidth probe for every runner)
+
 TINY = dict(vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
             linear_num_value_heads=4, num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32,
@@ -63,15 +64,6 @@ def make_model(cfg):
         return draw(next(keys), jnp.float32(shape[-1] ** -0.5 if len(shape) > 1 else 0.1), shape)
 
     return Model(config=cfg, params=build_tree(specs, make), dtype=jnp.dtype(jnp.bfloat16))
-
-
-def copy_bandwidth(gib: float) -> float:
-    import jax
-    import jax.numpy as jnp
-    from specdec_jax.bench.harness import median_time
-    x = jax.random.normal(jax.random.PRNGKey(1), (int(gib * GIB) // 2,), jnp.bfloat16)
-    add = jax.jit(lambda a: a + jnp.bfloat16(1))
-    return 2 * x.size * 2 / median_time(lambda: add(x), 10)
 
 
 def byte_counts(model, context: int) -> dict:
