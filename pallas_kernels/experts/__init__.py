@@ -8,8 +8,11 @@
 
 `resolve` is what the models take ("auto"): "gather" for few copies and "ragged" for many, and on the GPU
 `GPU_DEFAULT` when it names an implementation. It stays None (XLA's paths) until the kernel's GPU measurement
-(benchmarks/bench_moe.py) chooses it: no GPU has run the kernel yet (docs/LOG.md, 2026-12-06 night). Copies whose expert id lies outside [0, E) select no expert: they read no weight and come out zero (a model's
-padding rows). Blocks: DECODE_BLOCKS for decode-shape forwards, PREFILL_BLOCKS for prefill chunks; both walk K in
+(benchmarks/bench_moe.py) chooses it: no GPU has run the kernel yet (docs/LOG.md, 2026-12-06 night).
+
+Copies whose expert id lies outside [0, E) select no expert (a model's padding rows): they come out zero, and
+"ragged" and "pallas" give them no row of any product ("gather" still gathers expert 0's weights for them, then
+discards the result). Blocks: DECODE_BLOCKS for decode-shape forwards, PREFILL_BLOCKS for prefill chunks; both walk K in
 the same steps, so a row's result is the same in either (README.md).
 """
 
