@@ -151,12 +151,14 @@ def model_part(args, save) -> dict:
     bandwidth = copy_bandwidth(0.25 if args.tiny else 2.0)
     counts = byte_counts(model, args.prompt_len + n // 2)
     per_token = counts["nonexpert"] + counts["kv"] + cfg.num_hidden_layers * cfg.num_experts_per_tok * counts["expert"]
-    out.update(copy_gb_s=bandwidth / 1e9, nonexpert_gib=counts["nonexpert"] / GIB, expert_mib=counts["expert"] / 2 ** 20,
+    out.update(copy_gb_s=bandwidth / 1e9, nonexpert_gib=counts["nonexpert"] / GIB,
+               expert_mib=counts["expert"] / 2 ** 20,
                bytes_per_token=per_token, roofline_tok_s=bandwidth / per_token, prompt_len=args.prompt_len,
                new_tokens=n)
     ar_first, ar_runs, ar_dec = timed("ar default")
     out.update(ar_tok_s=(n - 1) / ar_dec, ar_compile_seconds=ar_first.stats["compile_seconds"],
-               ar_decode_rows=ar_first.stats.get("decode_rows"), ar_prefill_seconds=ar_runs[-1].stats["prefill_seconds"])
+               ar_decode_rows=ar_first.stats.get("decode_rows"),
+               ar_prefill_seconds=ar_runs[-1].stats["prefill_seconds"])
     one_first, _, one_dec = timed("ar 1 row", exact=False)
     out.update(ar_1row_tok_s=(n - 1) / one_dec, ar_1row_compile_seconds=one_first.stats["compile_seconds"])
     out["ar_roofline_frac"] = out["ar_tok_s"] / out["roofline_tok_s"]

@@ -64,7 +64,7 @@ def test_expert_swiglu_matches_float64(implementation, case, dtype):
     got = X.expert_swiglu(x, jnp.asarray(ids), gate_up, down, implementation=implementation,
                           decode_shape=decode_shape, blocks=SMALL_BLOCKS)
     assert got.shape == (N, k, D) and got.dtype == jnp.dtype(dtype)
-    want = _naive(*(np.asarray(a, np.float32) for a in (x,)), ids, *(np.asarray(a, np.float32) for a in (gate_up, down)))
+    want = _naive(np.asarray(x, np.float32), ids, np.asarray(gate_up, np.float32), np.asarray(down, np.float32))
     assert np.all(np.asarray(got)[1] == 0) and np.all(np.asarray(got)[2, 0] == 0)
     tol = 1e-5 if dtype == "float32" else 5e-2
     np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=tol, rtol=tol)
