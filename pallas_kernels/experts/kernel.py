@@ -33,7 +33,9 @@ def _dot_t(a, b, exact):
 def _grouped_kernel(tile_expert_ref, x_ref, w_ref, o_ref, *, block_n, block_k, k_dim, half, swiglu, exact):
     e = tile_expert_ref[pl.program_id(0)]
     cols = pl.program_id(1) * block_n
-    n_steps = jnp.where(e >= 0, k_dim // block_k, 0)  # an unused tile reads nothing and writes zeros
+    # An unused tile reads nothing and writes zeros. The trip count is built as an int32 product: Triton's loop
+    # needs its bounds of one type, and a `where` of Python ints lowered to an i1 bound (H100, jax 0.11.2).
+    n_steps = (e >= 0).astype(jnp.int32) * jnp.int32(k_dim // block_k)
     e = jnp.maximum(e, 0)
     rows = x_ref.shape[0]
 
@@ -49,10 +51,10 @@ def _grouped_kernel(tile_expert_ref, x_ref, w_ref, o_ref, *, block_n, block_k, k
 
     zero = jnp.zeros((rows, block_n), F32)
     if swiglu:
-        g, u = lax.fori_loop(0, n_steps, step, (zero, zero))
+        g, u = lax.fori_loop(jnp.int32(0), n_steps, step, (zero, zero))
         o_ref[...] = (g / (1.0 + jnp.exp(-g)) * u).astype(o_ref.dtype)  # silu(g) * u, in ops every backend lowers
     else:
-        o_ref[...] = lax.fori_loop(0, n_steps, step, zero).astype(o_ref.dtype)
+        o_ref[...] = lax.fori_loop(jnp.int32(0), n_steps, step, zero).astype(o_ref.dtype)
 
 
 def grouped_matmul(x, tile_expert, w, *, swiglu: bool, block_m: int, block_n: int, block_k: int, num_warps: int,
