@@ -159,6 +159,13 @@ def model_part(args, save) -> dict:
     out.update(ar_tok_s=(n - 1) / ar_dec, ar_compile_seconds=ar_first.stats["compile_seconds"],
                ar_decode_rows=ar_first.stats.get("decode_rows"),
                ar_prefill_seconds=ar_runs[-1].stats["prefill_seconds"])
+    if experts.GPU_DEFAULT is not None:  # the same AR on XLA's paths (gather / ragged): what the kernel replaces
+        chosen, experts.GPU_DEFAULT = experts.GPU_DEFAULT, None  # a compile switch: `compiled` keys on it
+        xla_first, _, xla_dec = timed("ar xla paths")
+        experts.GPU_DEFAULT = chosen
+        out.update(ar_xla_tok_s=(n - 1) / xla_dec, ar_xla_compile_seconds=xla_first.stats["compile_seconds"],
+                   ar_over_xla=xla_dec / ar_dec, ar_xla_equal=bool(np.array_equal(xla_first.tokens, ar_first.tokens)))
+        save(out)
     one_first, _, one_dec = timed("ar 1 row", exact=False)
     out.update(ar_1row_tok_s=(n - 1) / one_dec, ar_1row_compile_seconds=one_first.stats["compile_seconds"])
     out["ar_roofline_frac"] = out["ar_tok_s"] / out["roofline_tok_s"]
@@ -277,13 +284,36 @@ def kernel_part(args) -> list[dict]:
     return out
 
 
+def chosen_blocks(path: str) -> tuple[dict, dict]:
+    """(decode tiles, prefill tiles) from a `--part kernel` result: for decode the setting with the least time summed
+    over the decode cases; for prefill the fastest on the prefill chunk among the settings with the decode pick's
+    block_k (a row's K-step order is the same in both: `pallas_kernels/experts/README.md`)."""
+    with open(path) as f:
+        rows = json.load(f)["rows"]
+    names = lambda row: [k for k, v in row.items() if k.startswith("pallas:") and isinstance(v, dict) and "seconds" in v]
+    tiles = lambda name: dict(zip(("block_m", "block_n", "block_k", "num_warps", "num_stages"),
+                                  map(int, name.split(":")[1].split(","))))
+    decode = [r for r in rows if r["case"].startswith("decode")]
+    prefill = [r for r in rows if r["case"].startswith("prefill")]
+    common = set.intersection(*(set(names(r)) for r in decode))
+    if not common:
+        raise SystemExit(f"{path}: no kernel setting ran every decode case")
+    best_decode = min(common, key=lambda n: sum(r[n]["seconds"] for r in decode))
+    same_k = [n for r in prefill for n in names(r) if tiles(n)["block_k"] == tiles(best_decode)["block_k"]]
+    if not same_k:
+        raise SystemExit(f"{path}: no prefill setting with block_k {tiles(best_decode)['block_k']}")
+    best_prefill = min(same_k, key=lambda n: prefill[0][n]["seconds"])
+    return tiles(best_decode), tiles(best_prefill)
+
+
 def markdown(result: dict) -> str:
     g = lambda k, f="{:.1f}": f.format(result[k]) if isinstance(result.get(k), (int, float)) else "–"
     md = [f"# Qwen3.5-35B-A3B shape (MoE), random bf16 weights ({result.get('device')}, jax {result.get('jax')})", "",
           f"commit `{result.get('git_commit')}`; `{result.get('command')}`", "",
           f"{result.get('num_hidden_layers')} layers, {g('weights_gib')} GiB of weights; copy bandwidth "
           f"{g('copy_gb_s', '{:.0f}')} GB/s; roofline {g('roofline_tok_s')} tok/s; AR (default) {g('ar_tok_s')} tok/s "
-          f"({g('ar_roofline_frac', '{:.3f}')} of roofline), one row {g('ar_1row_tok_s')} tok/s", "",
+          f"({g('ar_roofline_frac', '{:.3f}')} of roofline), one row {g('ar_1row_tok_s')} tok/s; AR on XLA's expert paths "
+          f"{g('ar_xla_tok_s')} tok/s (the default {g('ar_over_xla', '{:.2f}')}x that)", "",
           "| gamma | p | tokens/step | s/step | floor s/step | step / floor | speedup | bf16 exact |",
           "|---|---|---|---|---|---|---|---|"]
     for r in result.get("rows", []):
@@ -309,6 +339,8 @@ def main():
     ap.add_argument("--curve", default="4:1.0,8:1.0", help="gamma:p pairs of the forced-acceptance curve")
     ap.add_argument("--blocks", default="16,32,64,4,4;16,64,64,4,4;16,32,128,4,3;64,64,64,4,3",
                     help="with --part kernel: ';'-separated block_m,block_n,block_k,num_warps,num_stages")
+    ap.add_argument("--blocks-from", default=None,
+                    help="with --part model: take the kernel's tiles from a --part kernel result (`chosen_blocks`)")
     ap.add_argument("--out", default=os.path.join(ROOT, "specdec_bench_out"))
     ap.add_argument("--time-budget-s", type=float, default=540)
     args = ap.parse_args()
@@ -317,9 +349,15 @@ def main():
     from pallas_kernels import experts
     if args.experts:
         experts.GPU_DEFAULT = args.experts
+    if args.blocks_from:
+        experts.DECODE_BLOCKS, experts.PREFILL_BLOCKS = chosen_blocks(args.blocks_from)
+        print("tiles:", experts.DECODE_BLOCKS, experts.PREFILL_BLOCKS, flush=True)
     stem = "moe_qwen35_" + ("tiny" if args.tiny else "35b_a3b") + (f"_{args.experts}" if args.experts else "")
     if args.part == "kernel":
         res = {**result_header(stem + "_kernels", command="python " + " ".join(sys.argv)), "rows": kernel_part(args)}
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, stem + "_kernels.json"), "w") as f:
+            json.dump(jsonable(res), f, indent=1)
         print(json.dumps(jsonable(res), indent=1))
         return
     header = result_header(stem, command="python " + " ".join(sys.argv))

@@ -15,7 +15,7 @@ import time
 
 import jax
 
-from pallas_kernels import decode_block, gated_delta
+from pallas_kernels import decode_block, experts, gated_delta
 
 MAX_ENTRIES = 32
 _ENV_KEYS = ("SPECDEC_GDN_IMPLEMENTATION", "SPECDEC_MATVEC")
@@ -25,7 +25,8 @@ def _switches() -> tuple:
     """What a traced program depends on besides its arguments: the environment switches and the kernels' settings."""
     return (tuple(os.environ.get(k, "") for k in _ENV_KEYS), gated_delta.REPLAY_STASH, gated_delta.PACKED_FORM,
             decode_block.WARPS, decode_block.SPLITS, decode_block.SLOTS, decode_block.GATHER,
-            decode_block.FUSE_OUT_PROJ)
+            decode_block.FUSE_OUT_PROJ, experts.GPU_DEFAULT, tuple(sorted(experts.DECODE_BLOCKS.items())),
+            tuple(sorted(experts.PREFILL_BLOCKS.items())))
 _cache: collections.OrderedDict = collections.OrderedDict()
 
 # XLA options every family's generation programs compile with on the GPU, for exactness. The exact path compiles AR's
