@@ -237,7 +237,7 @@ def model_part(args, save) -> dict:
     return out
 
 
-def kernel_part(args) -> list[dict]:
+def kernel_part(args, save=lambda rows: None) -> list[dict]:
     """One layer's experts alone: each implementation at decode and prefill sizes; random routing (uniform)."""
     import jax
     import jax.numpy as jnp
@@ -280,6 +280,7 @@ def kernel_part(args) -> list[dict]:
             want = got if want is None else want
             row[name] = {"seconds": sec, "over_floor": sec / floor, "max_abs_diff": float(np.max(np.abs(got - want)))}
         out.append(row)
+        save(out)
         print(json.dumps(row), flush=True)
     return out
 
@@ -354,11 +355,14 @@ def main():
         print("tiles:", experts.DECODE_BLOCKS, experts.PREFILL_BLOCKS, flush=True)
     stem = "moe_qwen35_" + ("tiny" if args.tiny else "35b_a3b") + (f"_{args.experts}" if args.experts else "")
     if args.part == "kernel":
-        res = {**result_header(stem + "_kernels", command="python " + " ".join(sys.argv)), "rows": kernel_part(args)}
+        header = result_header(stem + "_kernels", command="python " + " ".join(sys.argv))
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, stem + "_kernels.json"), "w") as f:
-            json.dump(jsonable(res), f, indent=1)
-        print(json.dumps(jsonable(res), indent=1))
+
+        def save_rows(rows):  # after each case: a time limit keeps what was measured
+            with open(os.path.join(args.out, stem + "_kernels.json"), "w") as f:
+                json.dump(jsonable({**header, "rows": rows}), f, indent=1)
+
+        print(json.dumps(jsonable({**header, "rows": kernel_part(args, save_rows)}), indent=1))
         return
     header = result_header(stem, command="python " + " ".join(sys.argv))
     save = lambda partial: write_results(args.out, stem, jsonable({**header, **partial}),
