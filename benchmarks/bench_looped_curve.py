@@ -141,7 +141,7 @@ def run_curve(args, model, on_row=None, t_start: float | None = None) -> dict:
         state = jax.block_until_ready(exe["prefill", plan.gamma, plan.window](params, prompt, key))
         accept_p = jax.block_until_ready(jnp.float32(p))  # on the device before the clock starts
         t0 = time.perf_counter()
-        _, state = jax.block_until_ready(exe["loop", name](params, state, key, accept_p))
+        _, state, _ = jax.block_until_ready(exe["loop", name](params, state, key, accept_p))
         sec = time.perf_counter() - t0
         steps = int(state.steps)
         emitted = int(state.n_out[0]) - 1  # every token the verifications made (the last may overshoot N)

@@ -116,8 +116,8 @@ def generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", t
              state=None, _stream=None, **method_options) -> GenerateResult:
     """Generate `max_new_tokens` tokens after each prompt; the whole loop runs on device.
 
-    input_ids: [B, T] token ids, or a list of B 1-D sequences of any lengths (a ragged batch; looped models run it as
-    one batch per prompt length).
+    input_ids: [B, T] token ids, or a list of B 1-D sequences of any lengths (a ragged batch, prefilled in padded
+    chunks with each row's length traced).
     result.tokens [B, max_new_tokens] (new tokens only; after its EOS a row is padded with the first EOS id);
     result.stats: new_tokens, seconds, tokens_per_second, compile_seconds, compiled_programs (0 when every
     program was reused), peak_memory_bytes (the device's peak in this process so far; None where the device does not
@@ -157,31 +157,25 @@ def _generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", 
     if max_len is not None:
         max_len = int_option({"max_len": max_len}, "max_len", None, 1)
     eos_ids = _eos_ids(eos_token_id, model)
-    initial = None
-    if model.family == "looped":
-        if len({len(p) for p in new_rows}) > 1:  # no padded prefill: one generation per length of new tokens
-            return _emit_whole(_by_length([len(p) for p in new_rows], lambda rows: _generate(
-                model, [new_rows[i] for i in rows], max_new_tokens, method, sampling.temperature, seed,
-                top_k=sampling.top_k, top_p=sampling.top_p, eos_token_id=eos_token_id, max_len=max_len,
-                state=None if session is None else sessions.session_rows(session, rows), **method_options)), _stream)
-        if session is None:
-            ids = np.stack(prompts)
-        else:  # each row's pending token, then its new ones, after what the cache holds
-            ids = np.stack([np.concatenate([[p], r]) for p, r in zip(np.asarray(session.pending), new_rows)])
-            initial = session.model
     if spec.kind == methods.LOOPED_SPEC:
-        # Looped self-speculation sizes its own cache (its default gamma depends on the method).
+        # Looped self-speculation sizes its own cache (its default gamma depends on the method) and buckets it.
         from .decoding.looped_spec import generate_looped_spec
-        result = generate_looped_spec(model, ids, int(max_new_tokens), method, sampling=sampling, seed=seed,
-                                      eos_ids=eos_ids, max_len=max_len, initial=initial, **method_options)
+        initial = None
+        if session is not None:  # each row's pending token, then its new ones, after what the cache holds
+            initial = session.model
+            new_rows = [np.concatenate([[p], r]).astype(np.int32) for p, r in zip(np.asarray(session.pending),
+                                                                                    new_rows)]
+        result = generate_looped_spec(model, new_rows, int(max_new_tokens), method, sampling=sampling, seed=seed,
+                                      eos_ids=eos_ids, max_len=max_len, initial=initial, stream=_stream,
+                                      **method_options)
         settings = (("num_steps", result.stats["num_steps"]), ("cache_mode", "full"))
-        return _emit_whole(sessions.with_looped_session(result, model, prompts, eos_ids, settings), _stream)
+        return sessions.with_looped_session(result, model, prompts, eos_ids, settings)
     methods.check_options(spec, method_options)
     if spec.kind == methods.TREE:
         # The tree's node count is known only once its options are read: _generate_tree_qwen buckets the cache.
         tree = _generate_tree_qwen(model, prompts, int(max_new_tokens), spec, max_len, sampling, seed, eos_ids,
-                                   method_options, session)
-        return _emit_whole(sessions.with_session(tree, model, prompts, eos_ids), _stream)
+                                   method_options, session, _stream)
+        return sessions.with_session(tree, model, prompts, eos_ids)
     gamma = (int_option(method_options, "gamma", spec.default_gamma, 1, None, " (the draft length)")
              if spec.kind == methods.CHAIN else 0)
     rows = exact_rows(method_options, gamma, model.family, _not_exact_because(model.family, method_options, gamma))
@@ -200,37 +194,24 @@ def _generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", 
     # AR: the family's remaining options choose the model (looped: num_steps, cache_mode); checked there.
     from .models.family import family_for
     family = family_for(model.config, **{k: v for k, v in method_options.items() if k not in ("exact", "decode_rows")})
-    if family.prefill_forward is None:  # exact shapes: the prompt as given, the cache as needed (looped models)
-        settings = tuple(family.describe().items())
-        if initial is not None:
-            from .models.looped.cache import grown_cache
-            if settings != session.settings:
-                raise InputError(f"state was made at {dict(session.settings)}; this call runs {dict(settings)} "
-                                 f"(continue with the state's settings)")
-            initial = grown_cache(initial, max_len or needed)
-        result = generate_ar(family, model, ids, int(max_new_tokens), decode_rows=rows, max_len=max_len or needed,
-                             sampling=sampling, seed=seed, eos_ids=eos_ids, stream=_stream, initial=initial)
-        return sessions.with_looped_session(result, model, prompts, eos_ids, settings)
-    buckets = _buckets(model, prompts, needed, max_len, eos_ids, session)
+    if session is not None and session.settings and tuple(family.describe().items()) != session.settings:
+        raise InputError(f"state was made at {dict(session.settings)}; this call runs {dict(family.describe())} "
+                         f"(continue with the state's settings)")
+    buckets = _buckets(model, prompts, needed, max_len, eos_ids, session, family)
     result = generate_ar(family, model, buckets.pop("ids"), int(max_new_tokens), decode_rows=rows, sampling=sampling,
                          seed=seed, eos_ids=eos_ids, stream=_stream, **buckets)
+    if model.family == "looped":
+        return sessions.with_looped_session(result, model, prompts, eos_ids, tuple(family.describe().items()))
     return sessions.with_session(result, model, prompts, eos_ids)
-
-
-def _emit_whole(result: GenerateResult, stream) -> GenerateResult:
-    """A generation without a chunked loop (looped models, trees) streams its tokens in one piece, at its end."""
-    if stream is not None:
-        stream[1](result.tokens)
-    return result
 
 
 def stream(model: Model, input_ids, max_new_tokens: int, chunk_steps: int = 16, **options):
     """`generate`, yielding the new tokens as numpy arrays [B, k] while the device produces them: the decode loop
     runs `chunk_steps` steps a call (AR: a token a step; speculation: up to gamma + 1), its state carried from call
     to call, and every chunk yields the positions all rows have reached. The pieces concatenated are
-    `generate(model, input_ids, max_new_tokens, **options).tokens`. Bad input raises here, before any compute;
-    looped speculation, a looped model's ragged batch and draft trees yield their tokens in one piece at the end. The generator's return value
-    (StopIteration.value) is the GenerateResult."""
+    `generate(model, input_ids, max_new_tokens, **options).tokens`, for every method (looped speculation: blocks of
+    up to gamma + 1 tokens; trees: a path of the tree a step). Bad input raises here, before any compute. The
+    generator's return value (StopIteration.value) is the GenerateResult."""
     import queue
     import threading
     chunk_steps = int_option({"chunk_steps": chunk_steps}, "chunk_steps", None, 1, None, " (decode steps a chunk)")
@@ -292,32 +273,14 @@ def _summed_stats(per_call: list[dict], rows: list[list[int]]) -> dict:
     return stats
 
 
-def _by_length(lengths: list[int], run) -> GenerateResult:
-    """A ragged batch of a family without padded prefill (looped models): run(rows) once per length of prompt (or of
-    new tokens, continuing), in order of length, each row's tokens put back at its place; stats summed
-    (`_summed_stats`), with `length_groups` (the rows of each run); the runs' sessions joined into one."""
-    groups: dict[int, list[int]] = {}
-    for i, n in enumerate(lengths):
-        groups.setdefault(n, []).append(i)
-    rows = [r for _, r in sorted(groups.items())]
-    runs = [run(r) for r in rows]
-    tokens = np.zeros((len(lengths),) + runs[0].tokens.shape[1:], runs[0].tokens.dtype)
-    for r, out in zip(rows, runs):
-        tokens[r] = out.tokens
-    stats = _summed_stats([out.stats for out in runs], rows)
-    stats["length_groups"] = rows
-    states = [out.state for out in runs]
-    joinable = all(isinstance(s, sessions.Session) for s in states)
-    state = sessions.joined_sessions(states, rows) if joinable else None
-    return GenerateResult(tokens=tokens, stats=stats, state=state)
-
-
-def _buckets(model: Model, prompts: list, needed: int, max_len: int | None, eos_ids: tuple, session=None) -> dict:
+def _buckets(model: Model, prompts: list, needed: int, max_len: int | None, eos_ids: tuple, session=None,
+             family=None) -> dict:
     """The shapes a generation compiles for (`decoding.buckets`): the padded prompt buffer `ids` [B, P] and its
     valid lengths `lens` [B], the cache length `max_len` (the caller's, or the bucket of `needed` positions,
     within the model's context), the prefill `chunk`, and `token_buffer` (0: max_new_tokens is part of the decode
     program, see `buckets.static_new_tokens`). session: a continuation: `prompts` are the rows' whole histories,
-    and `initial` (the session's state, its caches grown to max_len) holds their first `starts` tokens."""
+    and `initial` (the session's state, its caches grown to max_len) holds their first `starts` tokens. family: the
+    model family the state is made for (None: Qwen3.5's)."""
     from .decoding import buckets
     from .decoding.speculative import sure_steps_enabled
     starts = np.zeros(len(prompts), np.int32)
@@ -334,10 +297,12 @@ def _buckets(model: Model, prompts: list, needed: int, max_len: int | None, eos_
     ids, lens = buckets.pad_prompts(prompts, buckets.prompt_buffer(max_len, chunk))
     token_buffer = 0 if buckets.static_new_tokens(eos_ids, sure_steps_enabled()) else max_len
     from .memory import check_fits
-    from .models.qwen35 import model as qwen35
-    check_fits(jax.eval_shape(lambda: qwen35.init_state(model.config, len(prompts), max_len, model.dtype)),
+    from .models.family import QWEN35
+    family = family or QWEN35
+    check_fits(jax.eval_shape(lambda: family.init_state(model.config, len(prompts), max_len,
+                                                        family.state_dtype(model))),
                f"the decode state of {len(prompts)} row(s) over a cache of {max_len} positions",
-               devices=model.config.tp_size)
+               devices=getattr(model.config, "tp_size", 1))
     plan = dict(ids=ids, lens=lens, max_len=max_len, chunk=chunk, token_buffer=token_buffer)
     if session is not None:
         from .decoding.session import grown
@@ -396,7 +361,7 @@ DEFAULT_TREE = (4, 2, 1)
 
 
 def _generate_tree_qwen(model, prompts, max_new_tokens, spec, max_len, sampling, seed, eos_ids,
-                        options, session=None) -> GenerateResult:
+                        options, session=None, stream=None) -> GenerateResult:
     """Draft trees (static branching per level), verified with tree attention and tree-WY GDN; greedy or
     exact sampling (multi-draft recursive rejection sampling over the tree)."""
     from .decoding.tree_spec import ROLLBACK_MODES, generate_tree, tree_from_branching
@@ -426,7 +391,7 @@ def _generate_tree_qwen(model, prompts, max_new_tokens, spec, max_len, sampling,
     buckets = _buckets(model, prompts, need, max_len, eos_ids, session)
     return generate_tree(model.params, model.config, buckets.pop("ids"), max_new_tokens, drafter=drafter,
                          parents=parents, eos_ids=eos_ids, state_dtype=model.dtype, rollback=rollback, seed=seed,
-                         sampling=sampling, **buckets)
+                         sampling=sampling, stream=stream, **buckets)
 
 
 def generate_text(model: Model, prompt, max_new_tokens: int, **options) -> TextResult:

@@ -39,7 +39,7 @@ def test_das_wave_follows_the_forced_schedule(model):
     for p, want in ((1.0, G), (0.0, 0)):
         state = ls._prefill(model.params, prompt, key, max_len=4 + N + plan.decode_rows, state_dtype=jnp.float32,
                             **static)
-        _, state = ls._loop(model.params, state, key, jnp.float32(p), **static)
+        _, state, _ = ls._loop(model.params, state, key, jnp.float32(p), **static)
         acc = np.asarray(state.accepted)[:int(state.steps), 0]
         assert len(acc) == -(-(N - 1) // (want + 1))  # N - 1 tokens after the prefill's, want + 1 per block
         assert (acc == want).all(), (p, acc)

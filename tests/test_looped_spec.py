@@ -283,22 +283,37 @@ def test_bad_options_raise_before_compute(fixtures):
     assert ls.LOOPED_SPEC_METHODS == ("self-spec", "mature-spec", "das-wave", "parallel-sampler")
 
 
-# AR's ragged batch takes the same path (api._by_length: one generation per length); it runs in groups in the
-# continuation test below.
-@pytest.mark.parametrize("method,options", [("self-spec", {"num_steps": 4, "gamma": 2})])
-def test_a_ragged_batch_runs_one_batch_per_length_and_rows_equal_their_own_runs(method, options):
-    """A looped model takes a ragged list (issue 48): one generation per prompt length, rows back in their places,
-    each row's greedy tokens those of its own batch-1 run (fp32), stats summed over the runs."""
+@pytest.mark.parametrize("method,options", [("self-spec", {"num_steps": 4, "gamma": 2}), ("ar", {"num_steps": 4})])
+def test_a_ragged_batch_is_one_bucketed_generation_and_rows_equal_their_own_runs(method, options):
+    """A looped model takes a ragged list as one batch (issue 48): a padded, chunked prefill with the lengths
+    traced, so each row's greedy tokens are those of its own batch-1 run (fp32), and other prompt lengths and token
+    counts in the same buckets compile nothing."""
     import specdec_jax as sj
     model = sj.load(FIXTURES / "huginn_tiny", dtype="float32")
     rng = np.random.default_rng(11)
     rows = [rng.integers(0, model.vocab_size, n).astype(np.int32) for n in (5, 9, 5)]
     out = sj.generate(model, rows, 6, method=method, eos_token_id=False, **options)
-    assert out.tokens.shape == (3, 6) and out.stats["length_groups"] == [[0, 2], [1]]
+    assert out.tokens.shape == (3, 6) and out.stats["new_tokens"] == 18
     for i, row in enumerate(rows):
         alone = sj.generate(model, [row], 6, method=method, eos_token_id=False, **options)
         np.testing.assert_array_equal(out.tokens[i], alone.tokens[0], err_msg=f"row {i}")
-    assert out.stats["new_tokens"] == 18
+    again = [rng.integers(0, model.vocab_size, n).astype(np.int32) for n in (12, 3, 7)]
+    reused = sj.generate(model, again, 9, method=method, eos_token_id=False, **options)
+    assert reused.stats["compiled_programs"] == 0, reused.stats
+
+
+def test_looped_speculation_streams_in_chunks():
+    """Looped self-speculation under sj.stream runs its loop a few blocks a call, the state carried between calls:
+    more than one piece, concatenated equal to generate's tokens (a ragged batch)."""
+    import specdec_jax as sj
+    model = sj.load(FIXTURES / "huginn_tiny", dtype="float32")
+    rng = np.random.default_rng(13)
+    rows = [rng.integers(0, model.vocab_size, n).astype(np.int32) for n in (5, 9)]
+    options = dict(method="self-spec", eos_token_id=False, num_steps=4, gamma=2)
+    whole = sj.generate(model, rows, 11, **options)
+    pieces = list(sj.stream(model, rows, 11, chunk_steps=2, **options))
+    assert len(pieces) > 1 and all(p.shape[0] == 2 for p in pieces)
+    np.testing.assert_array_equal(np.concatenate(pieces, axis=1), whole.tokens)
 
 
 def test_looped_ar_streams_in_chunks():
@@ -316,7 +331,7 @@ def test_looped_ar_streams_in_chunks():
 
 def test_looped_continuation_equals_a_fresh_run_on_the_whole_text():
     """generate(state=...) on a looped model (issue 48). The ragged self-spec batch of the test above, continued with
-    ragged new tokens (one run per length of new tokens: the session split by rows and joined again): by AR, each
+    ragged new tokens (one bucketed batch, each row's new tokens after its own cached length): by AR, each
     row's greedy tokens are a fresh AR run's on its whole text (fp32) and its cache agrees with that run's over the
     history; by self-spec, AR's tokens again; the same calls give the same bits. A state continues only at the depth
     and cache mode it was made at, and only for its own rows."""

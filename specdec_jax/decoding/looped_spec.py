@@ -69,13 +69,17 @@ import numpy as np
 from jax import lax
 
 from ..errors import InputError
-from ..options import check_context_length, validate_input_ids
+from ..options import check_context_length
 from ..results import GenerateResult
 from ..models.looped import model as looped
 from ..models.family import looped_family
+from . import buckets
 from .acceptance import leading_true, accept
+from .autoregressive import stream_chunks
+from .buckets import split_prompts
 from .compiled import compiled, compiler_options, output_structs
 from .decode_shape import pad_rows
+from .prefill import chunked_prefill
 from .looped_draft import (LoopedSpecState, das_wave_propose, draft_forward, sequential_propose,  # noqa: F401
                            shift_left, window_rope, window_update, write_slot)
 from .looped_plan import LOOPED_SPEC_METHODS, READ_MODES, LoopedSpecPlan, make_plan  # noqa: F401
@@ -205,23 +209,18 @@ def sampler_step(params, cfg, state: LoopedSpecState, key, *, plan: LoopedSpecPl
 
 # ------------------------------------------------------------------------------------ jit + loop
 
-@functools.partial(jax.jit, static_argnames=("cfg", "plan", "max_len", "sampling", "eos_ids", "max_new_tokens",
-                                             "state_dtype"))
-def _prefill(params, prompt, key, initial=None, *, cfg, plan: LoopedSpecPlan, max_len: int,
-             sampling: SamplingConfig, eos_ids: tuple[int, ...], max_new_tokens: int, state_dtype):
-    """Prompt at full depth R -> LoopedSpecState whose anchor is the first new token (chosen as AR does).
-    initial: None, or a cache of max_len slots the prompt continues (each row at its own length)."""
-    B = prompt.shape[0]
-    family = looped_family(plan.num_steps)
-    cache = family.init_state(cfg, B, max_len, state_dtype) if initial is None else initial
-    logits, cache = family.forward(params, cfg, cache, prompt, logits_for="last")
-    first = select_token(logits[:, 0], key, sampling)
+def _begin(params, cfg, cache, logits, key, budget, *, plan: LoopedSpecPlan, sampling: SamplingConfig,
+           eos_ids: tuple[int, ...], max_new_tokens: int) -> LoopedSpecState:
+    """The loop's state after the prompt: the cache, and the first new token chosen from the prompt's last logits
+    [B, V] as AR chooses it. max_new_tokens: the output buffer (static); budget: the tokens to generate (traced)."""
+    B = logits.shape[0]
+    first = select_token(logits, key, sampling)
     W, D = plan.window, cfg.n_embd
     latent_dtype = params["wte"].dtype
     return LoopedSpecState(
         cache=cache, anchor=first,
         out=jnp.zeros((B, max_new_tokens + plan.gamma + 1), jnp.int32).at[:, 0].set(first),
-        n_out=jnp.ones((B,), jnp.int32), done=eos_mask(first, eos_ids) | (max_new_tokens <= 1),
+        n_out=jnp.ones((B,), jnp.int32), done=eos_mask(first, eos_ids) | (budget <= 1),
         steps=jnp.int32(0), accepted=jnp.full((_record_len(plan, max_new_tokens), B), -1, jnp.int32),
         win_x=jnp.zeros((B, W, D), latent_dtype), win_e=jnp.zeros((B, W, D), latent_dtype),
         win_tok=jnp.zeros((B, W), jnp.int32), win_depth=jnp.zeros((B, W), jnp.int32),
@@ -229,14 +228,53 @@ def _prefill(params, prompt, key, initial=None, *, cfg, plan: LoopedSpecPlan, ma
         draft_rounds=jnp.zeros((B,), jnp.int32))
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "plan", "max_len", "sampling", "eos_ids", "max_new_tokens",
+                                             "state_dtype"))
+def _prefill(params, prompt, key, initial=None, *, cfg, plan: LoopedSpecPlan, max_len: int,
+             sampling: SamplingConfig, eos_ids: tuple[int, ...], max_new_tokens: int, state_dtype):
+    """Prompt [B, T] (every row valid) at full depth R in one forward -> LoopedSpecState whose anchor is the first
+    new token. initial: None, or a cache of max_len slots the prompt continues (each row at its own length). The
+    benchmarks' exact-shape prefill; `generate_looped_spec` runs `_prefill_padded`."""
+    family = looped_family(plan.num_steps)
+    cache = family.init_state(cfg, prompt.shape[0], max_len, state_dtype) if initial is None else initial
+    logits, cache = family.forward(params, cfg, cache, prompt, logits_for="last")
+    return _begin(params, cfg, cache, logits[:, 0], key, max_new_tokens, plan=plan, sampling=sampling,
+                  eos_ids=eos_ids, max_new_tokens=max_new_tokens)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "plan", "max_len", "chunk", "sampling", "eos_ids",
+                                             "max_new_tokens", "state_dtype"))
+def _prefill_padded(params, ids, lens, starts, key, budget, initial=None, *, cfg, plan: LoopedSpecPlan,
+                    max_len: int, chunk: int, sampling: SamplingConfig, eos_ids: tuple[int, ...],
+                    max_new_tokens: int, state_dtype):
+    """The prompt buffer ids [B, P] (row b's tokens starts[b] .. lens[b]; a fresh row starts at 0) prefilled at full
+    depth R, `chunk` tokens a pass (`chunked_prefill`), from `initial` (a cache of max_len slots holding each row's
+    first starts[b] tokens) or an empty cache -> LoopedSpecState. One program per (max_len, chunk, batch, output
+    buffer): the prompt lengths and the budget of new tokens are traced (`buckets`)."""
+    family = looped_family(plan.num_steps)
+    cache = family.init_state(cfg, ids.shape[0], max_len, state_dtype) if initial is None else initial
+    logits_shape = jax.eval_shape(lambda c, i, n: family.prefill_forward(params, cfg, c, i, n)[0][:, 0], cache,
+                                  ids[:, :chunk], lens)
+    run = lambda c, piece, n: (*(lambda lg, c2: (lg[:, 0], c2))(*family.prefill_forward(params, cfg, c, piece, n)),
+                               None)
+    logits, cache, _ = chunked_prefill(run, cache, ids, lens, chunk, logits_shape=logits_shape, starts=starts)
+    return _begin(params, cfg, cache, logits, key, budget, plan=plan, sampling=sampling, eos_ids=eos_ids,
+                  max_new_tokens=max_new_tokens)
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "plan", "sampling", "eos_ids", "max_new_tokens"),
                    donate_argnames=("state",))
-def _loop(params, state, key, accept_p=None, *, cfg, plan: LoopedSpecPlan, sampling: SamplingConfig,
-          eos_ids: tuple[int, ...], max_new_tokens: int):
+def _loop(params, state, key, accept_p=None, budget=None, limit=None, *, cfg, plan: LoopedSpecPlan,
+          sampling: SamplingConfig, eos_ids: tuple[int, ...], max_new_tokens: int):
+    """Blocks until every row is done -> (tokens [B, max_new_tokens] padded past each row's count, state, key).
+    max_new_tokens: the output buffer (static); budget: the tokens to generate (traced; None: max_new_tokens);
+    limit: None, or stop once state.steps reaches it (traced: a stream runs the loop in chunks of blocks, the state
+    and key carried from chunk to chunk)."""
     if plan.method == "parallel-sampler" and accept_p is not None:
         raise ValueError("accept_p: the parallel sampler has no acceptance step to force")
+    budget = max_new_tokens if budget is None else budget
     step_fn = sampler_step if plan.method == "parallel-sampler" else functools.partial(spec_step, accept_p=accept_p)
-    step = functools.partial(step_fn, params, cfg, plan=plan, sampling=sampling, max_new_tokens=max_new_tokens,
+    step = functools.partial(step_fn, params, cfg, plan=plan, sampling=sampling, max_new_tokens=budget,
                              eos_ids=eos_ids)
 
     def body(carry):
@@ -244,28 +282,36 @@ def _loop(params, state, key, accept_p=None, *, cfg, plan: LoopedSpecPlan, sampl
         key, sub = jax.random.split(key)
         return step(state, sub), key
 
-    state, _ = lax.while_loop(lambda c: ~jnp.all(c[0].done), body, (state, key))
+    def cond(carry):
+        running = ~jnp.all(carry[0].done)
+        return running if limit is None else running & (carry[0].steps < limit)
+
+    state, key = lax.while_loop(cond, body, (state, key))
     pad = eos_ids[0] if eos_ids else 0
-    filled = jnp.arange(max_new_tokens)[None, :] < state.n_out[:, None]
-    return jnp.where(filled, state.out[:, :max_new_tokens], pad), state
+    filled = jnp.arange(max_new_tokens)[None, :] < jnp.minimum(state.n_out, budget)[:, None]
+    return jnp.where(filled, state.out[:, :max_new_tokens], pad), state, key
 
 
 # ----------------------------------------------------------------------------------- public call
 
 def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, num_steps: int | None = None,
                          sampling: SamplingConfig | None = None, seed: int = 0, eos_ids: tuple[int, ...] | None = None,
-                         max_len: int | None = None, initial=None, **method_options) -> GenerateResult:
+                         max_len: int | None = None, initial=None, stream=None, **method_options) -> GenerateResult:
     """Self-speculative generation for a looped model; the whole loop runs on device.
 
-    input_ids [B, T]; method in LOOPED_SPEC_METHODS; num_steps: target depth R (default the config's
-    mean_recurrence); sampling: SamplingConfig (default greedy); eos_ids: None = the config's, () =
-    never stop; max_len: cache length (default and minimum prompt + max_new_tokens + gamma).
-    initial: None, or a full cache at depth R (an earlier generation's `state.model`) that input_ids continue: each
-    row's tokens go after that row's cached ones (the cache grown to fit).
+    input_ids: [B, T], or a list of B 1-D sequences of any lengths (ragged); method in LOOPED_SPEC_METHODS;
+    num_steps: target depth R (default the config's mean_recurrence); sampling: SamplingConfig (default greedy);
+    eos_ids: None = the config's, () = never stop; max_len: cache length (default the bucket of prompt +
+    max_new_tokens + the verification's rows, `buckets`). initial: None, or a full cache at depth R (an earlier
+    generation's `state.model`) that the rows continue: row b's tokens go after the initial.length[b] it holds (the
+    cache grown to fit). stream: None, or (chunk_steps, emit): the loop runs chunk_steps blocks a call and emit(tokens
+    [B, k]) gets the positions every row has reached (`autoregressive.stream_chunks`).
+    Programs are keyed on buckets: the prompt is prefilled in chunks from a padded buffer with its lengths traced,
+    and max_new_tokens is traced inside an output buffer of the cache's length.
     method_options: see `make_plan`. Options are validated (InputError) before any compute.
 
     Returns GenerateResult(tokens [B, max_new_tokens], stats): new_tokens, seconds, tokens_per_second,
-    prefill_seconds, decode_seconds, decode_tokens_per_second, compile_seconds, verify_steps,
+    prefill_seconds, decode_seconds, decode_tokens_per_second, compile_seconds, compiled_programs, verify_steps,
     mean_accepted, tokens_per_step, accepted_counts, core_applications_per_token (core-block
     applications of drafting + verification per token after the first, prelude / coda / head not
     counted; AR: num_steps), plus the plan's options. das-wave and the parallel sampler add rounds
@@ -275,54 +321,86 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
     cfg = model.config
     if getattr(cfg, "family", None) != "looped":
         raise InputError(f"generate_looped_spec needs a looped model; got a {getattr(cfg, 'family', '?')} model")
-    ids = validate_input_ids(input_ids, cfg.vocab_size)
+    rows = split_prompts(input_ids, cfg.vocab_size)
     R = cfg.mean_recurrence if num_steps is None else num_steps
     plan = make_plan(method, R, **method_options)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be a positive integer; got {max_new_tokens!r}")
     N = int(max_new_tokens)
+    B = len(rows)
     extra, extra_what = ((plan.decode_rows, f"decode_rows ({plan.decode_rows})") if plan.decode_rows
                          else (plan.gamma, f"gamma ({plan.gamma})"))
-    held = 0 if initial is None else int(np.max(np.asarray(initial.length)))
-    if initial is not None and (initial.mode != "full" or initial.step_slots != plan.num_steps):
-        raise InputError(f"state holds a {initial.mode} cache of {initial.step_slots} step slots; {method} at "
-                         f"num_steps={plan.num_steps} continues a full cache of {plan.num_steps} (run it at the "
-                         f"state's settings)")
-    needed = held + ids.shape[1] + N + extra
-    what = (f"{'history (' + str(held) + ' tokens) + ' if held else ''}prompt ({ids.shape[1]} tokens) + "
-            f"max_new_tokens ({N}) + {extra_what}")
+    held = np.zeros(B, np.int32)
+    if initial is not None:
+        if initial.mode != "full" or initial.step_slots != plan.num_steps:
+            raise InputError(f"state holds a {initial.mode} cache of {initial.step_slots} step slots; {method} at "
+                             f"num_steps={plan.num_steps} continues a full cache of {plan.num_steps} (run it at the "
+                             f"state's settings)")
+        if int(initial.length.shape[0]) != B:
+            raise InputError(f"state has {int(initial.length.shape[0])} rows; got {B} prompts")
+        held = np.asarray(initial.length, np.int32)
+    longest = int(max(h + len(r) for h, r in zip(held, rows)))
+    needed = longest + N + extra
+    what = (f"{'history + ' if initial is not None else ''}prompt ({longest} tokens"
+            f"{' in the longest row' if B > 1 else ''}) + max_new_tokens ({N}) + {extra_what}")
     check_context_length(needed, cfg.max_position_embeddings, what)
-    max_len = needed if max_len is None else int(max_len)
-    if needed > max_len:
-        raise InputError(f"{what} = {needed} exceeds the cache length max_len={max_len}")
+    if max_len is not None:
+        max_len = int(max_len)
+        if needed > max_len:
+            raise InputError(f"{what} = {needed} exceeds the cache length max_len={max_len}")
+    else:
+        max_len = buckets.cache_length(needed, B, cfg.max_position_embeddings)
+    if initial is not None:
+        if max_len < initial.max_len:
+            raise InputError(f"max_len={max_len} is shorter than the state's cache ({initial.max_len} slots)")
+        initial = looped.grown_cache(initial, max_len)
     sampling = SamplingConfig() if sampling is None else sampling
     eos_ids = tuple(cfg.eos_token_id) if eos_ids is None else tuple(int(i) for i in eos_ids)
     dtype = model.params["wte"].dtype
+    # The prompt buffer: row b's tokens after the held[b] its cache holds; chunks of the longest new part.
+    chunk = buckets.prefill_chunk(max(len(r) for r in rows), B)
+    ids = np.zeros((B, buckets.prompt_buffer(max_len, chunk)), np.int32)
+    for b, (h, r) in enumerate(zip(held, rows)):
+        ids[b, h:h + len(r)] = r
+    lens = held + np.asarray([len(r) for r in rows], np.int32)
+    buffer = max_len  # the output buffer; max_new_tokens (< max_len) is traced
+    budget = jnp.int32(N)
 
-    prompt = jnp.asarray(ids, jnp.int32)
     # The first token is drawn with the key AR uses for it, so seeded runs start identically.
     key_loop, key_first = jax.random.split(jax.random.PRNGKey(seed))
-    static_p = dict(cfg=cfg, plan=plan, max_len=max_len, sampling=sampling, eos_ids=eos_ids, max_new_tokens=N,
-                    state_dtype=dtype)
-    static_l = dict(cfg=cfg, plan=plan, sampling=sampling, eos_ids=eos_ids, max_new_tokens=N)
+    prefill_args = (model.params, jnp.asarray(ids), jnp.asarray(lens), jnp.asarray(held), key_first, budget, initial)
+    static_p = dict(cfg=cfg, plan=plan, max_len=max_len, chunk=chunk, sampling=sampling, eos_ids=eos_ids,
+                    max_new_tokens=buffer, state_dtype=dtype)
+    static_l = dict(cfg=cfg, plan=plan, sampling=sampling, eos_ids=eos_ids, max_new_tokens=buffer)
     options = compiler_options("looped")  # the options AR's loop compiles with (exactness: compiled.EXACT_GPU_OPTIONS)
-    if initial is not None:
-        initial = looped.grown_cache(initial, max_len)
-    prefill_c, compile_p = compiled(_prefill, static_p, model.params, prompt, key_first, initial, options=options)
+    prefill_c, compile_p = compiled(_prefill_padded, static_p, *prefill_args, options=options)
     state_struct = output_structs(prefill_c)  # the loop's input: what the compiled prefill returns (no second trace)
-    loop_c, compile_l = compiled(_loop, static_l, model.params, state_struct, key_loop, options=options)
+    limit = jnp.int32(np.iinfo(np.int32).max)
+    loop_c, compile_l = compiled(_loop, static_l, model.params, state_struct, key_loop, None, budget, limit,
+                                 options=options)
     compile_s = compile_p + compile_l
 
     t0 = time.perf_counter()
-    state = jax.block_until_ready(prefill_c(model.params, prompt, key_first, initial))
+    state = jax.block_until_ready(prefill_c(*prefill_args))
     t1 = time.perf_counter()
-    tokens, state = jax.block_until_ready(loop_c(model.params, state, key_loop))
+    if stream is None:
+        tokens, state, _ = jax.block_until_ready(loop_c(model.params, state, key_loop, None, budget, limit))
+    else:
+        held_state = [state, key_loop, None]
+
+        def run_chunk(limit_steps):
+            out, held_state[0], held_state[1] = loop_c(model.params, held_state[0], held_state[1], None, budget,
+                                                       jnp.int32(limit_steps))
+            held_state[2] = out
+            return np.asarray(out), np.asarray(held_state[0].n_out), np.asarray(held_state[0].done)
+
+        stream_chunks(run_chunk, N, stream[0], stream[1])
+        tokens, state = held_state[2], held_state[0]
     t2 = time.perf_counter()
-    tokens = np.asarray(tokens)
+    tokens = np.asarray(tokens)[:, :N]
     steps = int(state.steps)
     counts = np.asarray(state.accepted)[:steps]  # [steps, B]
     valid = counts >= 0
-    B = ids.shape[0]
     n_new = int(np.minimum(np.asarray(state.n_out), N).sum())
     sampler = plan.method == "parallel-sampler"
     mean_acc = float(counts[valid].mean()) if valid.any() else 0.0

@@ -72,27 +72,6 @@ def looped_session(cache, prompts: list[np.ndarray], tokens: np.ndarray, counts:
     return make_session(cache, pending, history, np.ones(len(prompts), bool), config, dtype, settings)
 
 
-def session_rows(session: Session, rows: list[int]) -> Session:
-    """The session of the batch rows `rows` (a looped model's ragged continuation runs them in groups)."""
-    from ..models.looped.cache import cache_rows
-    return make_session(cache_rows(session.model, rows), np.asarray(session.pending)[rows],
-                        [session.tokens(b) for b in rows], session.resumable[rows], session.config, session.dtype,
-                        session.settings)
-
-
-def joined_sessions(sessions: list[Session], rows: list[list[int]]) -> Session:
-    """One session of a batch whose rows rows[c] ran in a call of their own (sessions[c]); looped models."""
-    from ..models.looped.cache import joined_rows
-    batch = sum(len(r) for r in rows)
-    pending, history, resumable = [0] * batch, [None] * batch, np.ones(batch, bool)
-    for ids, part in zip(rows, sessions):
-        for i, b in enumerate(ids):
-            pending[b], history[b], resumable[b] = int(part.pending[i]), part.tokens(i), part.resumable[i]
-    first = sessions[0]
-    return make_session(joined_rows([s.model for s in sessions], rows), pending, history, resumable, first.config,
-                        first.dtype, first.settings)
-
-
 def check_session(session, model, batch: int) -> Session:
     """`session` may continue `model` with `batch` new prompts: one InputError naming what differs."""
     if not isinstance(session, Session):
@@ -115,7 +94,10 @@ def continued_rows(session: Session, new: list[np.ndarray]) -> list[np.ndarray]:
 def grown(model_state, max_len: int, resumable: np.ndarray):
     """The model state with caches of max_len slots (never shorter than they are) and the rows that are not
     resumable emptied (length 0, zero states), so a prefill of their whole history rebuilds them."""
+    from ..models.looped.cache import LoopedCache, grown_cache
     from ..models.qwen35.model import Qwen35State
+    if isinstance(model_state, LoopedCache):  # always resumable: its length is the history but the pending token
+        return grown_cache(model_state, max_len)
     assert isinstance(model_state, Qwen35State)
     S = model_state.max_len
     pad = lambda x: jnp.pad(x, ((0, 0), (0, max(0, max_len - S))) + ((0, 0),) * (x.ndim - 2))

@@ -376,7 +376,7 @@ def run_spec_loop(params, prompt, key_first, key_loop, static_p: dict, loop, sta
     """Compile the prefill and a speculative loop (chain `_spec_loop` or tree `_tree_loop`), run them
     timed (compile reported apart), and collect the shared statistics (`info` first). lens, budget: the prefill's
     traced valid lengths and new-token count (`_spec_prefill`), or None. stream: (chunk_steps, emit) or None
-    (`generate_speculative`; the chain loop only)."""
+    (`generate_speculative`, `tree_spec.generate_tree`)."""
     options = compiler_options("qwen3_5")
     extra = () if lens is None else (jnp.asarray(lens, jnp.int32), None if budget is None else jnp.int32(budget),
                                      initial, None if starts is None else jnp.asarray(starts, jnp.int32))

@@ -382,18 +382,26 @@ def tree_step(params, cfg, state: SpecState, drafter_state, key, *, drafter, par
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "drafter", "parents", "rollback", "eos_ids",
                                              "impl", "sampling"),
                    donate_argnames=("state", "drafter_state"))
-def _tree_loop(params, state, drafter_state, key, *, cfg, max_new_tokens, drafter, parents, rollback, eos_ids,
-               impl, sampling=SamplingConfig()):
+def _tree_loop(params, state, drafter_state, key, accept_p=None, step_limit=None, *, cfg, max_new_tokens, drafter,
+               parents, rollback, eos_ids, impl, sampling=SamplingConfig()):
+    """The decode loop. step_limit: None, or a traced step count at which the loop stops (a chunk of a streamed
+    generation: the returned states continue it; step keys are folded from `key` and the step index, so chunks
+    draw what one loop draws). accept_p: the chain loop's forced acceptance, which trees do not take."""
+    if accept_p is not None:
+        raise ValueError("accept_p: forced acceptance is the chain loop's (speculative._spec_loop)")
     step = functools.partial(tree_step, params, cfg, drafter=drafter, parents=parents, rollback=rollback,
                              max_new_tokens=max_new_tokens, eos_ids=eos_ids, impl=impl, sampling=sampling)
 
+    def cond(carry):
+        running = ~jnp.all(carry[0].done)
+        return running if step_limit is None else running & (carry[0].steps < step_limit)
+
     def body(carry):
         state, drafter_state, key = carry
-        key, sub = jax.random.split(key)
-        state, drafter_state, _, _ = step(state, drafter_state, sub)
+        state, drafter_state, _, _ = step(state, drafter_state, jax.random.fold_in(key, state.steps))
         return state, drafter_state, key
 
-    state, drafter_state, _ = lax.while_loop(lambda c: ~jnp.all(c[0].done), body, (state, drafter_state, key))
+    state, drafter_state, _ = lax.while_loop(cond, body, (state, drafter_state, key))
     pad = eos_ids[0] if eos_ids else 0
     filled = jnp.arange(max_new_tokens)[None, :] < state.n_out[:, None]
     tokens = jnp.where(filled, state.out[:, :max_new_tokens], pad)
@@ -404,14 +412,15 @@ def generate_tree(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, draft
                   eos_ids: tuple[int, ...] = (), state_dtype=jnp.float32, rollback: str = "pseudo",
                   impl: str = "auto", seed: int = 0, return_state: bool = False,
                   sampling: SamplingConfig = SamplingConfig(), lens=None, chunk: int = 0,
-                  token_buffer: int = 0, initial=None, starts=None) -> GenerateResult:
+                  token_buffer: int = 0, initial=None, starts=None, stream=None) -> GenerateResult:
     """Tree speculative generation. parents: static tree [N]. Exact: greedy (the default `sampling`)
     equals greedy AR; with temperature > 0 the tokens are distributed as AR sampling with the same
     temperature / top-k / top-p (the first token is sampled from the prefill with AR's key for it).
 
     max_len defaults to (and must be at least) prompt + max_new_tokens + N: the last verification
     writes N node slots past the committed length. lens, chunk, token_buffer: a bucketed generation (padded,
-    ragged prompt buffer; traced new-token count: `speculative.generate_speculative`).
+    ragged prompt buffer; traced new-token count: `speculative.generate_speculative`). stream: (chunk_steps, emit)
+    or None (`run_spec_loop`).
     """
     if rollback not in ROLLBACK_MODES:
         raise ValueError(f"rollback must be one of {ROLLBACK_MODES}; got {rollback!r}")
@@ -434,4 +443,4 @@ def generate_tree(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, draft
     info = {"method": "tree-" + drafter.name, "tree_nodes": n, "tree_depth": dmax, "rollback": rollback}
     return run_spec_loop(params, prompt, key_first, key_loop, static_p, _tree_loop, static_l, max_new_tokens, info,
                          return_state, lens=lens, budget=max_new_tokens if token_buffer else None, initial=initial,
-                         starts=starts)
+                         starts=starts, stream=stream)

@@ -131,9 +131,14 @@ def _looped_family(num_steps: int, cache_mode: str) -> LoopedFamily:
     def decode_forward(params, cfg, cache, ids, n_valid, live_rows=None):  # attention only: no hint to use
         return looped.decode_forward(params, cfg, cache, ids, n_valid, num_steps=num_steps)
 
+    def prefill_forward(params, cfg, cache, ids, n_valid):
+        logits, cache, _ = looped.forward(params, cfg, cache, ids, num_steps=num_steps, logits_for="last",
+                                          prefill_lens=n_valid)
+        return logits, cache
+
     return LoopedFamily(name="looped", init_state=init_state, forward=forward, verify=verify, commit=_looped_commit,
                         decode_forward=decode_forward, state_dtype=lambda model: model.params["wte"].dtype,
-                        num_steps=num_steps, cache_mode=cache_mode)
+                        prefill_forward=prefill_forward, num_steps=num_steps, cache_mode=cache_mode)
 
 
 def _looped_for(cfg, num_steps=None, cache_mode: str = "full") -> LoopedFamily:

@@ -2,8 +2,9 @@
 
 One slot per prelude layer, per (recurrence step, core layer) and per coda layer ("full"), or one
 slot per core layer ("compressed": latest recurrence wins). Built by `init_cache`, sized by
-`cache_bytes`; `write_tokens` / `write_layer` write new tokens' K/V at per-sequence offsets; `grown_cache` and
-`joined_rows` shape a finished generation's cache for the next (continuation).
+`cache_bytes`; `write_tokens` / `write_layer` write new tokens' K/V at per-sequence offsets (`scatter_tokens`: a
+padded prefill chunk's valid rows only); `grown_cache` gives a finished generation's cache the slots the next needs
+(continuation).
 """
 
 from __future__ import annotations
@@ -109,6 +110,19 @@ def write_tokens(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
     return buf
 
 
+def scatter_tokens(buf: jax.Array, new: jax.Array, start: jax.Array, n_valid: jax.Array) -> jax.Array:
+    """`write_tokens` for a padded prefill chunk: only row b's first n_valid[b] tokens of new [..., B, T, N, hd] are
+    written (at start[b] onwards); the padding rows are sent past the cache and dropped, so they neither clobber a
+    slot nor move a write back (a dynamic_update_slice running past the end would be shifted back over valid slots)."""
+    lead = buf.ndim - 4
+    B, T = new.shape[lead], new.shape[lead + 1]
+    positions = start.astype(jnp.int32)[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]  # [B, T]
+    slots = jnp.where(jnp.arange(T)[None, :] < n_valid[:, None], positions, buf.shape[lead + 1])
+    rows = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[:, None], (B, T))
+    index = tuple(slice(0, new.shape[i]) for i in range(lead)) + (rows, slots)
+    return buf.at[index].set(new.astype(buf.dtype), mode="drop")
+
+
 def write_layer(buf: jax.Array, new: jax.Array, lead: tuple, start: jax.Array) -> jax.Array:
     """buf [*lead_dims, B, S, N, hd] with new [B, T, N, hd] written into buf[lead] at token offsets start [B]
     (one in-place dynamic_update_slice per row)."""
@@ -148,31 +162,3 @@ def grown_cache(cache: LoopedCache, max_len: int) -> LoopedCache:
 
     return cache.replace(prelude_k=pad(cache.prelude_k), prelude_v=pad(cache.prelude_v), core_k=pad(cache.core_k),
                          core_v=pad(cache.core_v), coda_k=pad(cache.coda_k), coda_v=pad(cache.coda_v))
-
-
-_FIELDS = ("prelude_k", "prelude_v", "core_k", "core_v", "coda_k", "coda_v", "length")
-
-
-def _batch_axis(buf: jax.Array) -> int:
-    return buf.ndim - 4 if buf.ndim >= 4 else 0  # K/V [..., B, S, N, hd]; length [B]
-
-
-def cache_rows(cache: LoopedCache, rows) -> LoopedCache:
-    """The cache of the batch rows `rows` (in that order)."""
-    idx = jnp.asarray(np.asarray(rows, np.int64))
-    return cache.replace(**{f: jnp.take(getattr(cache, f), idx, axis=_batch_axis(getattr(cache, f)))
-                            for f in _FIELDS})
-
-
-def joined_rows(caches: list[LoopedCache], rows: list[list[int]]) -> LoopedCache:
-    """One cache of every row of `caches` (cache c holds the batch rows rows[c]), grown to the longest, in row
-    order: what the runs of a ragged batch leave, as the state of one batch."""
-    size = max(c.max_len for c in caches)
-    caches = [grown_cache(c, size) for c in caches]
-    order = np.argsort(np.concatenate([np.asarray(r, np.int64) for r in rows]))
-
-    def join(*bufs):
-        axis = _batch_axis(bufs[0])
-        return jnp.take(jnp.concatenate(bufs, axis=axis), jnp.asarray(order), axis=axis)
-
-    return caches[0].replace(**{f: join(*(getattr(c, f) for c in caches)) for f in _FIELDS})

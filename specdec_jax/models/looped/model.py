@@ -47,7 +47,7 @@ from .config import (INITIAL_STATE_MODES, VARIANTS, LoopedConfig, looped_config_
 from ...options import validate_input_ids
 from .. import layers as L
 from .cache import (CACHE_MODES, LoopedCache, cache_bytes, cache_lengths, cache_positions,  # noqa: F401
-                    cache_rows, check_cache_mode, grown_cache, init_cache, joined_rows, write_layer, write_tokens)
+                    check_cache_mode, grown_cache, init_cache, scatter_tokens, write_layer, write_tokens)
 from .blocks import (apply_block, apply_rope, attend_prefix, block_attention, block_mlp,  # noqa: F401
                             block_norm, embed, initial_state, inject, rope_tables, run_blocks)
 from .params import (detect_variant, expected_shapes, init_random_params, load_looped,  # noqa: F401
@@ -153,15 +153,16 @@ def _recur(params, cfg, cache, x, embedded, cos, sin, read_k, read_v, num_steps:
     return states, jnp.concatenate(ks), jnp.concatenate(vs)
 
 
-def coda_head(params, cfg, cache, x, cos, sin, logits_for: str):
-    """Latent after the recurrence -> (logits float32, latent, coda K/V [C, B, T, NKV, hd])."""
+def coda_head(params, cfg, cache, x, cos, sin, logits_for: str, last_index=None):
+    """Latent after the recurrence -> (logits float32, latent, coda K/V [C, B, T, NKV, hd]). logits_for "last": the
+    logits of row last_index[b] of each sequence (None: the last row) [B, 1, V]."""
     latent = block_norm(cfg, x, params["ln_f"]) if cfg.variant == "huginn" else x
     length = cache_lengths(cache, x.shape[0])
     ck = None if cache is None else cache.coda_k
     cv = None if cache is None else cache.coda_v
     h, k, v = run_blocks(params.get("coda", []), cfg, latent, cos, sin, ck, cv, length)
     if logits_for == "last":
-        h = h[:, -1:]
+        h = h[:, -1:] if last_index is None else jnp.take_along_axis(h, last_index[:, None, None], axis=1)
     h = block_norm(cfg, h, params["ln_f"])
     head = params["wte"] if cfg.tie_embeddings else params["lm_head"]
     return L.linear(h, head).astype(jnp.float32), latent, k, v
@@ -169,7 +170,7 @@ def coda_head(params, cfg, cache, x, cos, sin, logits_for: str):
 
 def forward(params: dict, cfg: LoopedConfig, cache: LoopedCache | None, input_ids: jax.Array, *,
             num_steps: int, read_step_k=None, read_step_v=None, exit_depths: tuple[int, ...] = (),
-            init_key: jax.Array | None = None, init_scale: float = 1.0, logits_for: str = "all"):
+            init_key: jax.Array | None = None, init_scale: float = 1.0, logits_for: str = "all", prefill_lens=None):
     """T >= 1 new tokens continuing `cache` (positions from cache.length), recurrence depth num_steps.
 
     input_ids [B, T] int. cache None = no prefix and nothing written (full-sequence forward).
@@ -182,6 +183,10 @@ def forward(params: dict, cfg: LoopedConfig, cache: LoopedCache | None, input_id
       coda attends to the cached prefix's coda K/V (full depth) and writes nothing.
     init_key / init_scale: random initial state (see `initial_state`); default zeros.
     logits_for: "all" -> logits [B, T, V]; "last" -> [B, 1, V] (the coda still runs on every token).
+    prefill_lens: None, or [B] int32 (traced): a padded prefill chunk, rows past prefill_lens[b] padding. They attend
+      only to what lies before them (causal), so the valid rows are computed as without them; only the valid rows'
+      K/V are written (`scatter_tokens`), length advances by prefill_lens, and "last" logits are each row's last
+      valid row's (a row with none: garbage, its cache untouched).
 
     Returns (logits float32, new cache or None, extras): extras["latents"] [B, T, D] is the official
     `latent_states` (Huginn: ln_f of the final state); extras["exit_logits"] = {d: logits}.
@@ -211,7 +216,10 @@ def forward(params: dict, cfg: LoopedConfig, cache: LoopedCache | None, input_id
     x0 = initial_state(cfg, e, init_key, init_scale)
     depths = tuple(sorted(set(exit_depths) | {num_steps}))
     states, new_ck, new_cv = _recur(params, cfg, cache, x0, e, cos, sin, read_k, read_v, num_steps, depths)
-    logits, latent, new_dk, new_dv = coda_head(params, cfg, cache, states[num_steps], cos, sin, logits_for)
+    if prefill_lens is not None and (cache is None or exit_depths):
+        raise InputError("prefill_lens is a padded prefill of a cache: it needs a cache and takes no exit_depths")
+    last = None if prefill_lens is None else jnp.maximum(prefill_lens - 1, 0).astype(jnp.int32)
+    logits, latent, new_dk, new_dv = coda_head(params, cfg, cache, states[num_steps], cos, sin, logits_for, last)
     exits = {d: logits if d == num_steps else coda_head(params, cfg, cache, states[d], cos, sin, logits_for)[0]
              for d in exit_depths}
     extras = {"latents": latent, "exit_logits": exits}
@@ -220,12 +228,15 @@ def forward(params: dict, cfg: LoopedConfig, cache: LoopedCache | None, input_id
     if cache.mode == "compressed":  # latest recurrence wins
         new_ck, new_cv = new_ck[-1:], new_cv[-1:]
     start = cache.length
+    if prefill_lens is None:
+        write, advance = write_tokens, T
+    else:
+        write, advance = functools.partial(scatter_tokens, n_valid=prefill_lens), prefill_lens
     new_cache = cache.replace(
-        prelude_k=write_tokens(cache.prelude_k, new_pk, start),
-        prelude_v=write_tokens(cache.prelude_v, new_pv, start),
-        core_k=write_tokens(cache.core_k, new_ck, start), core_v=write_tokens(cache.core_v, new_cv, start),
-        coda_k=write_tokens(cache.coda_k, new_dk, start), coda_v=write_tokens(cache.coda_v, new_dv, start),
-        length=cache.length + T)
+        prelude_k=write(cache.prelude_k, new_pk, start), prelude_v=write(cache.prelude_v, new_pv, start),
+        core_k=write(cache.core_k, new_ck, start), core_v=write(cache.core_v, new_cv, start),
+        coda_k=write(cache.coda_k, new_dk, start), coda_v=write(cache.coda_v, new_dv, start),
+        length=cache.length + advance)
     return logits, new_cache, extras
 
 
