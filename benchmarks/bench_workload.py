@@ -19,7 +19,7 @@ Parts (each writes its rows into one result JSON as it goes; --parts picks them)
              prompt in its bucket) and as one ragged batch (within the call); rows of the ragged batch equal to their
              batch-1 runs (reported, not required in bf16); the same prompt in two cache buckets (reported); the
              batch continued (generate(state=...)) with a next turn of 1-32 tokens per row: the method and AR from
-             the method's batch state, equal. Looped models' prompts have one length (--exact-len).
+             the method's batch state, equal. Looped models' prompts are at most --exact-len tokens.
 
     python benchmarks/bench_workload.py --model checkpoints/tiny-qwen35-code --parts sequence,workload,second
     python benchmarks/bench_workload.py --random-9b --damp 0.02 --parts lengths,batch --out $OUT
@@ -68,7 +68,7 @@ def parse_args(argv=None):
     ap.add_argument("--chunks", default="256,512,1024", help="chunks: prefill chunk sizes to time")
     ap.add_argument("--chunk-lengths", default="256,1000,4000", help="chunks: prompt lengths")
     ap.add_argument("--exact-prompts", type=int, default=20)
-    ap.add_argument("--exact-len", type=int, default=64, help="exact: prompt length for looped models")
+    ap.add_argument("--exact-len", type=int, default=128, help="exact: the longest prompt of a looped model")
     ap.add_argument("--exact-new", type=int, default=64)
     ap.add_argument("--skip-batch1", action="store_true",
                     help="exact: only the ragged batch and its continuation (no batch-1 runs, no second bucket)")
@@ -243,24 +243,21 @@ def part_batch(model, args, rng, out, t_start, save=lambda: None):
 
 def part_exact(model, args, rng, out, t_start, save=lambda: None):
     files = heldout_token_files(model)
-    looped = model.family == "looped"
-    if looped:
-        prompts = natural_prompts(files, args.exact_prompts, args.exact_len, args.exact_len, rng)
-    else:
-        prompts = natural_prompts(files, args.exact_prompts, 16, 512, rng)
+    # natural lengths (a ragged batch); looped models up to --exact-len (their prefill is the costlier)
+    longest = args.exact_len if model.family == "looped" else 512
+    prompts = natural_prompts(files, args.exact_prompts, 16, longest, rng)
     n = args.exact_new
     single = not args.skip_batch1
     ar1 = [sj.generate(model, [p], n).tokens[0] for p in prompts] if single else []
     ar_batch = sj.generate(model, prompts, n)
     rows = {"ar": {"batch_rows_equal_batch1": int(sum(np.array_equal(a, b) for a, b in zip(ar_batch.tokens, ar1)))
                    if single else None}}
-    if not looped and single:  # the same prompts with a budget that puts them in another cache bucket
+    if single:  # the same prompts with a budget that puts them in another cache bucket
         other = [sj.generate(model, [p], n, max_len=4096).tokens[0] for p in prompts]
         rows["ar"]["other_bucket_equal"] = int(sum(np.array_equal(a, b) for a, b in zip(other, ar1)))
     # Continuation: each row's next turn (1-32 new tokens) after its batch generation, continued from the method's
     # batch state by the method and by AR (the same state in; rows that met their EOS go on with the next turn)
-    # (looped models: one length, as a looped ragged batch runs one generation per length of new tokens)
-    turn = natural_prompts(files, len(prompts), 16 if looped else 1, 16 if looped else 32, rng)
+    turn = natural_prompts(files, len(prompts), 1, 32, rng)
     for text in args.methods.split(","):
         name, options = method_spec(text)
         if name == "ar" or time.perf_counter() - t_start > args.budget_s:

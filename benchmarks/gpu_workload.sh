@@ -3,7 +3,8 @@
 # device command; each step under its own timeout, results under OUT as they are written.
 #   bash benchmarks/gpu_workload.sh a OUT   the 9B cost curve at the current code; new prompt lengths; prefill chunks
 #   bash benchmarks/gpu_workload.sh b OUT   the 9B ragged batch curve; a second process; bf16 exactness (tiny Qwen, Huginn)
-#   parts c, d: what b's limits cut, streaming; e, f: the forced-acceptance batch curve, exactness with continuation
+#   parts c, d: what b's limits cut, streaming; e, f: the forced-acceptance batch curve, exactness with continuation;
+#   h: the looped models' exactness with buckets, ragged batches and continuation
 set -u
 part=${1:?part a or b}
 out=${2:?output folder}
@@ -57,6 +58,10 @@ g)  # what part e's limits cut: the batch curve at B = 16; exactness with contin
     step 150 exact_huginn python benchmarks/bench_workload.py --model checkpoints/tiny-huginn-code --parts exact \
         --skip-batch1 --methods self-spec,mature-spec,das-wave --budget-s 130 --name exact_tiny_huginn_continue \
         --out "$out"
+    ;;
+h)  # bf16 exactness of the bucketed looped models: natural-length prompts, batch 1, one ragged batch, continuation
+    step 220 exact_huginn python benchmarks/bench_workload.py --model checkpoints/tiny-huginn-code --parts exact \
+        --methods self-spec,mature-spec,das-wave --budget-s 190 --name exact_tiny_huginn_buckets --out "$out"
     ;;
 f)  # bf16 exactness with continuation, tiny Qwen, every chain method; cuDNN attention against the flash kernel
     step 450 exact_qwen python benchmarks/bench_workload.py --model checkpoints/tiny-qwen35-code --parts exact \
