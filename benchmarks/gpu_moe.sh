@@ -7,7 +7,7 @@
 set -u
 # block_m,block_n,block_k,num_warps,num_stages: decode tiles (block_m 16) and prefill tiles (block_m 64), block_k 64
 # and 128 in both (a decode pick's prefill partner shares its block_k)
-SWEEP_BLOCKS="16,32,64,4,4;16,64,64,4,4;16,128,64,4,4;16,64,128,4,3;64,64,64,4,3;64,128,64,4,3;64,64,128,4,3"
+SWEEP_BLOCKS=${SWEEP_BLOCKS:-"16,32,64,4,4;16,64,64,4,4;16,128,64,4,4;16,64,128,4,3;64,64,64,4,3;64,128,64,4,3;64,64,128,4,3"}
 part=${1:?part kernel or model}
 out=${2:?output folder}
 mkdir -p "$out"
@@ -25,7 +25,7 @@ short)  # a short lease: the kernels (90 s), then the model for 240 s (AR, the g
     step 90 kernel python benchmarks/bench_moe.py --part kernel --blocks "16,32,64,4,4;16,64,64,4,4;64,64,64,4,3"
     step 250 model python benchmarks/bench_moe.py --part model --experts pallas --time-budget-s 240 --repeats 1 --out "$out" ;;
 sweep)  # the kernel's tiles swept (80 s), then the model at the fastest (`bench_moe.chosen_blocks`) for MODEL_S (500 s)
-    step 80 kernel python benchmarks/bench_moe.py --part kernel --out "$out" --blocks "$SWEEP_BLOCKS"
+    step "${KERNEL_S:-80}" kernel python benchmarks/bench_moe.py --part kernel --out "$out" --blocks "$SWEEP_BLOCKS"
     step "${MODEL_S:-500}" model python benchmarks/bench_moe.py --part model --experts pallas \
         --time-budget-s "$(( ${MODEL_S:-500} - 20 ))" --out "$out" \
         --blocks-from "$out/moe_qwen35_35b_a3b_kernels.json" ;;
