@@ -114,13 +114,15 @@ def test_auto_off_the_gpu_and_bad_names():
 
 
 def random_moe_model(dtype="bfloat16", *, mtp: bool = False, seed: int = 0):
-    """A random Qwen3.5 MoE: 8 experts (top 2), a shared expert, 4 layers; with `mtp`, an MTP layer (MoE too)."""
+    """A random Qwen3.5 MoE: 8 experts (top 2), a shared expert, 2 layers (a GDN layer, then an attention layer: every
+    kind of layer once, the suite's compile time); with `mtp`, an MTP layer (MoE too)."""
     from specdec_jax.loading import build_tree
     from specdec_jax.models.qwen35.config import qwen35_config_from_dict
     from specdec_jax.models.qwen35.mtp_head import leaf_shape
     from specdec_jax.results import Model
     cfg = qwen35_config_from_dict(dict(
-        model_type="qwen3_5_moe_text", vocab_size=96, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+        model_type="qwen3_5_moe_text", vocab_size=96, hidden_size=32, num_hidden_layers=2, full_attention_interval=2,
+        num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
         linear_num_value_heads=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
         shared_expert_intermediate_size=24, mtp_num_hidden_layers=int(mtp), eos_token_id=None))
