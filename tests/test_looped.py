@@ -100,6 +100,34 @@ def test_cached_chunks_equal_full_recomputation(models, refs, name, r):
     np.testing.assert_array_equal(cache.length, [20, 20])
 
 
+def test_padded_prefill_chunks_write_only_their_valid_rows(models, refs):
+    """The looped family's padded prefill (`forward(prefill_lens=...)`, what the buckets run): a 12-token prompt in
+    8-token chunks, row 1 ending 3 rows into its second chunk, whose 8 rows from slot 8 run past the 14-slot cache.
+    Each row's last-valid logits and its cache up to its length agree with an unpadded forward of its own tokens
+    (fp32), length advances by the valid rows only, and no slot at or past a row's length is written (a
+    dynamic_update_slice running past the end would have been moved back over valid slots)."""
+    from specdec_jax.models.family import looped_family
+    model, ids = models["huginn_tiny"], refs["huginn_tiny"]["input_ids"][:, :12]
+    cfg, family = model.config, looped_family(4)
+    lens = np.asarray([12, 11], np.int32)
+    prefill = jax.jit(family.prefill_forward, static_argnums=1)
+    cache = family.init_state(cfg, 2, 14, jnp.float32)
+    for start in (0, 8):
+        piece = np.zeros((2, 8), np.int32)
+        piece[:, : min(8, 12 - start)] = ids[:, start:start + 8]
+        valid = np.clip(lens - start, 0, 8).astype(np.int32)
+        logits, cache = prefill(model.params, cfg, cache, jnp.asarray(piece), jnp.asarray(valid))
+    np.testing.assert_array_equal(cache.length, lens)
+    for b, n in enumerate(lens):
+        alone = family.init_state(cfg, 1, 14, jnp.float32)
+        want, alone = jax.jit(family.forward, static_argnums=1)(model.params, cfg, alone, jnp.asarray(ids[b:b + 1, :n]))
+        assert rel(logits[b, 0], want[0, -1]) < 1e-5
+        for name in ("prelude_k", "core_v", "coda_k"):
+            got, ref = np.asarray(getattr(cache, name)), np.asarray(getattr(alone, name))
+            assert rel(got[..., b, :n, :, :], ref[..., 0, :n, :, :]) < 1e-5, name
+            assert not np.any(got[..., b, n:, :, :]), name  # nothing past the row's length
+
+
 def test_per_sequence_lengths_mask_stale_slots(models, refs):
     """Row 1 rewinds to 9 tokens (entries 9..11 stay in the cache as stale data) and continues."""
     model, ids = models["huginn_tiny"], refs["huginn_tiny"]["input_ids"]
