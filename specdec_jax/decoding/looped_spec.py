@@ -253,10 +253,11 @@ def _prefill_padded(params, ids, lens, starts, key, budget, initial=None, *, cfg
     buffer): the prompt lengths and the budget of new tokens are traced (`buckets`)."""
     family = looped_family(plan.num_steps)
     cache = family.init_state(cfg, ids.shape[0], max_len, state_dtype) if initial is None else initial
-    logits_shape = jax.eval_shape(lambda c, i, n: family.prefill_forward(params, cfg, c, i, n)[0][:, 0], cache,
-                                  ids[:, :chunk], lens)
-    run = lambda c, piece, n: (*(lambda lg, c2: (lg[:, 0], c2))(*family.prefill_forward(params, cfg, c, piece, n)),
-                               None)
+    def run(c, piece, n_valid):  # one chunk: (last-valid-row logits [B, V], cache, no hidden states)
+        logits, c = family.prefill_forward(params, cfg, c, piece, n_valid)
+        return logits[:, 0], c, None
+
+    logits_shape = jax.eval_shape(lambda c, i, n: run(c, i, n)[0], cache, ids[:, :chunk], lens)
     logits, cache, _ = chunked_prefill(run, cache, ids, lens, chunk, logits_shape=logits_shape, starts=starts)
     return _begin(params, cfg, cache, logits, key, budget, plan=plan, sampling=sampling, eos_ids=eos_ids,
                   max_new_tokens=max_new_tokens)
