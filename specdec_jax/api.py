@@ -189,7 +189,7 @@ def _generate(model: Model, input_ids, max_new_tokens: int, method: str = "ar", 
     if spec.kind == methods.CHAIN:
         buckets = _buckets(model, prompts, needed, max_len, eos_ids, session)
         result = _generate_speculative_qwen(model, int(max_new_tokens), spec, gamma, sampling, seed, eos_ids,
-                                            method_options, rows, buckets, _stream)
+                                            method_options, rows, buckets, _stream, session)
         return sessions.with_session(result, model, prompts, eos_ids)
     # AR: the family's remaining options choose the model (looped: num_steps, cache_mode); checked there.
     from .models.family import family_for
@@ -337,9 +337,9 @@ def _eos_ids(eos_token_id, model: Model) -> tuple[int, ...]:
 
 
 def _generate_speculative_qwen(model, max_new_tokens, spec, gamma, sampling, seed, eos_ids, options, rows: int,
-                               buckets: dict, stream=None) -> GenerateResult:
+                               buckets: dict, stream=None, session=None) -> GenerateResult:
     """Chain speculation with the method's drafter (options already checked against the method's set), at the
-    shapes `buckets` (`_buckets`)."""
+    shapes `buckets` (`_buckets`); session: a continuation (its drafter state, `session.drafter_carry`)."""
     from .decoding.speculative import DEFAULT_ROLLBACK, ROLLBACK_MODES, generate_speculative
     from .models.qwen35.model import MAX_RECURRENT_VERIFY
     # Replay verifies through the step recurrence (at most MAX_RECURRENT_VERIFY positions); longer drafts
@@ -354,7 +354,8 @@ def _generate_speculative_qwen(model, max_new_tokens, spec, gamma, sampling, see
     buckets = dict(buckets)
     return generate_speculative(model.params, model.config, buckets.pop("ids"), max_new_tokens, drafter=drafter,
                                 gamma=gamma, sampling=sampling, seed=seed, eos_ids=eos_ids, state_dtype=model.dtype,
-                                rollback=rollback, decode_rows=rows, stream=stream, **buckets)
+                                rollback=rollback, decode_rows=rows, stream=stream,
+                                drafter_initial=sessions.drafter_carry(session, drafter), **buckets)
 
 
 DEFAULT_TREE = (4, 2, 1)
@@ -391,7 +392,8 @@ def _generate_tree_qwen(model, prompts, max_new_tokens, spec, max_len, sampling,
     buckets = _buckets(model, prompts, need, max_len, eos_ids, session)
     return generate_tree(model.params, model.config, buckets.pop("ids"), max_new_tokens, drafter=drafter,
                          parents=parents, eos_ids=eos_ids, state_dtype=model.dtype, rollback=rollback, seed=seed,
-                         sampling=sampling, stream=stream, **buckets)
+                         sampling=sampling, stream=stream, drafter_initial=sessions.drafter_carry(session, drafter),
+                         **buckets)
 
 
 def generate_text(model: Model, prompt, max_new_tokens: int, **options) -> TextResult:

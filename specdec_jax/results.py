@@ -44,6 +44,8 @@ class GenerateResult:
     stats: dict
     state: Any = None  # the decode state after the call (a session.Session from `generate`): pass it back as
     # generate(..., state=result.state) to continue without prefilling the history again
+    drafter_state: Any = None  # internal: (kind, state) of a speculative loop's drafter, which `generate` moves
+    # into the Session (None there)
 
 
 STATS_KEYS = ("method", "new_tokens", "seconds", "prefill_seconds", "decode_seconds", "compile_seconds",

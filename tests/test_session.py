@@ -1,6 +1,7 @@
 """Continuation (decoding/session.py): generate(..., state=result.state) continues a generation without prefilling
-its history again. float32: the continued greedy tokens are a fresh run's on the whole text, and the states agree;
-the same calls give the same bits; bad states are one InputError before any compute."""
+its history again. float32: the continued greedy tokens are a fresh run's on the whole text, and the states agree,
+the drafter's too (an MTP head's cache, a self-draft's model state, carried from the earlier call); the same calls
+give the same bits; bad states are one InputError before any compute."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from tests import qwen_helpers as H
 def model(tmp_path_factory):
     ref = H.build_reference(H.tiny_text_config(ratio=2, vocab=61), seed=29)
     folder = str(tmp_path_factory.mktemp("session"))
-    H.save_reference(ref, folder)
+    H.save_reference(ref, folder, mtp_layers=1)
     return sj.load(folder, dtype="float32")
 
 
@@ -26,20 +27,43 @@ def _rows(lengths, seed):
     return [rng.integers(0, 61, n).astype(np.int32) for n in lengths]
 
 
-@pytest.mark.parametrize("first,then", [("ar", "ngram"), ("ngram", "ar"), ("ngram", "ngram")])
+@pytest.mark.parametrize("first,then", [("ar", "ngram"), ("ngram", "ar"), ("ngram", "ngram"), ("mtp", "mtp"),
+                                        ("layer-skip", "layer-skip")])
 def test_continuation_equals_a_fresh_run_on_the_whole_text(model, first, then):
     prompts, new = _rows([11, 4], 1), _rows([6, 0], 2)  # row 1 adds nothing: it just goes on
     r1 = sj.generate(model, prompts, 9, method=first, eos_token_id=False)
     r2 = sj.generate(model, new, 8, method=then, eos_token_id=False, state=r1.state)
     whole = [np.concatenate([p, t, n]) for p, t, n in zip(prompts, r1.tokens, new)]
-    fresh = sj.generate(model, whole, 8, eos_token_id=False)
+    fresh = sj.generate(model, whole, 8, eos_token_id=False, method="ar" if first == then == "ngram" else then)
     np.testing.assert_array_equal(r2.tokens, fresh.tokens)
+    np.testing.assert_array_equal(r2.tokens, sj.generate(model, whole, 8, eos_token_id=False).tokens)
     a, b = r2.state, fresh.state
     np.testing.assert_array_equal(np.asarray(a.model.length), np.asarray(b.model.length))
     np.testing.assert_allclose(np.asarray(a.model.recurrent), np.asarray(b.model.recurrent), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(np.asarray(a.pending), np.asarray(b.pending))
     for row in range(2):
         np.testing.assert_array_equal(a.tokens(row), b.tokens(row))
+    if then in ("mtp", "layer-skip"):  # the drafter continued its own state: as if it had drafted the whole text
+        assert a.drafter_kind == b.drafter_kind is not None
+        _assert_drafter_states_agree(a, b)
+
+
+def _assert_drafter_states_agree(a: Session, b: Session):
+    """Two sessions' drafter states hold the same entries at every committed position (to 1e-4: the target's
+    hidden states, which the MTP head reads, differ by float32 rounding between a chunked prefill and decoding)."""
+    da, db = a.drafter, b.drafter
+    if "k" in da:  # the MTP head: entries for every position but the pending token's, like the target's cache
+        np.testing.assert_array_equal(np.asarray(da["length"]), np.asarray(a.model.length))
+        pairs = [(da["k"], db["k"], da["length"]), (da["v"], db["v"], da["length"])]
+    else:  # a self-draft's model: every token through the pending one
+        np.testing.assert_array_equal(np.asarray(da["model"].length), np.asarray(a.model.length) + 1)
+        np.testing.assert_allclose(np.asarray(da["model"].recurrent), np.asarray(db["model"].recurrent),
+                                   rtol=1e-4, atol=1e-4)
+        pairs = [(x, y, da["model"].length) for x, y in zip(da["model"].keys + da["model"].values,
+                                                            db["model"].keys + db["model"].values)]
+    for x, y, length in pairs:
+        for row, n in enumerate(np.asarray(length)):
+            np.testing.assert_allclose(np.asarray(x)[row, :n], np.asarray(y)[row, :n], rtol=1e-4, atol=1e-4)
 
 
 def test_the_same_calls_give_the_same_bits(model):

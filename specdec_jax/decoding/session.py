@@ -11,8 +11,10 @@ steps every row) is marked not `resumable`; continuing re-prefills that row's hi
 model's state is its KV cache alone, so its rows are always resumable: the cache's length is set back to the row's
 history (`looped_session`), and what lies past it is masked and later overwritten. `settings` names what a looped
 cache was made at (depth, cache mode); a continuation runs at the same.
-Drafters' own states (an MTP head's cache, a self-draft's model state) are not kept: a continued call starts them on
-the tokens it prefills, which changes how many drafts are accepted, never the output.
+A speculative generation's drafter state (an MTP head's cache, a self-draft's model state: the drafter's `carried`
+part) is kept too, under the drafter's `carry_kind`: a continued call whose drafter has that kind continues it over
+the tokens it prefills, as if the drafter had run the whole history; another drafter starts its own on those tokens
+(fewer drafts accepted at first, the same output).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class Session:
     config: Any = struct.field(pytree_node=False)  # the model's config (a state belongs to one model)
     dtype: str = struct.field(pytree_node=False)
     settings: tuple = struct.field(pytree_node=False, default=())  # looped: (("num_steps", R), ("cache_mode", m))
+    drafter: Any = None  # the drafter's carried state after a speculative generation (None: none kept)
+    drafter_kind: str | None = struct.field(pytree_node=False, default=None)  # the drafter's carry_kind
 
     @property
     def batch(self) -> int:
@@ -50,14 +54,26 @@ class Session:
 
 
 def make_session(model_state, pending, history: list[np.ndarray], resumable, config, dtype,
-                 settings: tuple = ()) -> Session:
+                 settings: tuple = (), drafter_state=None) -> Session:
+    """drafter_state: None, or (carry_kind, carried state) of the generation's drafter (`run_spec_loop`)."""
     hist_len = np.asarray([len(h) for h in history], np.int32)
     buf = np.zeros((len(history), int(hist_len.max())), np.int32)
     for b, h in enumerate(history):
         buf[b, : len(h)] = h
+    kind, drafter = drafter_state or (None, None)
     return Session(model=model_state, pending=jnp.asarray(pending, jnp.int32), history=buf, hist_len=hist_len,
                    resumable=np.asarray(resumable, bool), config=config, dtype=str(jnp.dtype(dtype)),
-                   settings=tuple(settings))
+                   settings=tuple(settings), drafter=drafter, drafter_kind=kind)
+
+
+def drafter_carry(session: Session | None, drafter):
+    """The drafter state a continuation of `session` starts `drafter` from: the session's, where it was kept for a
+    drafter of this one's carry_kind and every row's model state ends right before its pending token (else None:
+    the drafter starts on the tokens the continuation prefills)."""
+    kind = getattr(drafter, "carry_kind", None)
+    if session is None or kind is None or session.drafter_kind != kind or not session.resumable.all():
+        return None
+    return session.drafter
 
 
 def looped_session(cache, prompts: list[np.ndarray], tokens: np.ndarray, counts: np.ndarray, config, dtype,
@@ -95,13 +111,11 @@ def grown(model_state, max_len: int, resumable: np.ndarray):
     """The model state with caches of max_len slots (never shorter than they are) and the rows that are not
     resumable emptied (length 0, zero states), so a prefill of their whole history rebuilds them."""
     from ..models.looped.cache import LoopedCache, grown_cache
-    from ..models.qwen35.model import Qwen35State
+    from ..models.qwen35.model import Qwen35State, grow_state
     if isinstance(model_state, LoopedCache):  # always resumable: its length is the history but the pending token
         return grown_cache(model_state, max_len)
     assert isinstance(model_state, Qwen35State)
-    S = model_state.max_len
-    pad = lambda x: jnp.pad(x, ((0, 0), (0, max(0, max_len - S))) + ((0, 0),) * (x.ndim - 2))
-    state = model_state.replace(keys=tuple(map(pad, model_state.keys)), values=tuple(map(pad, model_state.values)))
+    state = grow_state(model_state, max_len)
     if resumable.all():
         return state
     keep = jnp.asarray(resumable)
@@ -128,7 +142,9 @@ def with_session(result: GenerateResult, model, prompts: list, eos_ids: tuple) -
         hist, hist_len = np.asarray(raw.history), np.asarray(raw.hist_len)
         history = [hist[b, : hist_len[b]] for b in range(len(prompts))]
         pending, resumable, model_state = raw.anchor, np.ones(len(prompts), bool), raw.model
-    result.state = make_session(model_state, pending, history, resumable, model.config, model.dtype)
+    result.state = make_session(model_state, pending, history, resumable, model.config, model.dtype,
+                                drafter_state=result.drafter_state)
+    result.drafter_state = None
     return result
 
 

@@ -222,15 +222,16 @@ spec_step_jit = jax.jit(spec_step, static_argnames=("cfg", "drafter", "gamma", "
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_len", "sampling", "eos_ids", "state_dtype",
                                              "gamma", "max_new_tokens", "drafter", "impl", "chunk"))
-def _spec_prefill(params, prompt, key, lens=None, budget=None, initial=None, starts=None, *, cfg, max_len, sampling,
-                  eos_ids, state_dtype, gamma, max_new_tokens, drafter, impl, chunk: int = 0):
+def _spec_prefill(params, prompt, key, lens=None, budget=None, initial=None, starts=None, drafter_initial=None, *,
+                  cfg, max_len, sampling, eos_ids, state_dtype, gamma, max_new_tokens, drafter, impl, chunk: int = 0):
     """Prompt -> SpecState whose anchor is the first new token (chosen exactly as AR chooses it).
 
     lens: None (prompt [B, T] all valid, one forward), or each row's valid length in the padded prompt buffer
     [B, P], prefilled `chunk` tokens at a time (`buckets`). budget: None (max_new_tokens new tokens), or the traced
     count, max_new_tokens then the output buffer's length. initial, starts: a continuation (`session`): the model state
     holding each row's first starts[b] tokens of the buffer, which then holds each row's whole history; the drafter
-    starts on the tokens prefilled here."""
+    continues drafter_initial (its `carried` state after the earlier generation) over the tokens prefilled here, or
+    starts on them where that is None."""
     B, T = prompt.shape
     model = qwen35.init_state(cfg, B, max_len, state_dtype) if initial is None else initial
     needs_hidden = getattr(drafter, "needs_hidden", False)
@@ -260,7 +261,9 @@ def _spec_prefill(params, prompt, key, lens=None, budget=None, initial=None, sta
     if starts is not None:  # the drafter sees the tokens prefilled here, from index 0
         prompt = jax.vmap(lambda row, s: jnp.roll(row, -s))(prompt, starts)
         lens = lens - starts
-    return state, drafter.init(params, cfg, prompt, max_len + gamma + 1, hidden=hidden, first_token=first, lens=lens)
+    carry = {} if drafter_initial is None else {"carry": drafter_initial}
+    return state, drafter.init(params, cfg, prompt, max_len + gamma + 1, hidden=hidden, first_token=first, lens=lens,
+                               **carry)
 
 
 # Whether the sure steps run first in a loop of known trip count (`sure_steps_enabled`). None: on the GPU, off
@@ -341,14 +344,16 @@ def generate_speculative(params, cfg, prompt: np.ndarray, max_new_tokens: int, *
                          max_len: int, sampling: SamplingConfig, seed: int, eos_ids: tuple[int, ...], state_dtype,
                          rollback: str = DEFAULT_ROLLBACK, impl: str = "auto", decode_rows: int = 0,
                          return_state: bool = False, lens=None, chunk: int = 0,
-                         token_buffer: int = 0, stream=None, initial=None, starts=None) -> GenerateResult:
+                         token_buffer: int = 0, stream=None, initial=None, starts=None,
+                         drafter_initial=None) -> GenerateResult:
     """Compile, then time prefill and the speculative loop (compile time reported apart).
 
     max_len must leave room for the last verification: prompt + max_new_tokens + gamma, or + decode_rows
     on the exact path (decode_rows > 0: every verification padded to that many rows, as exact AR runs).
     lens, chunk: a padded, ragged prompt buffer prefilled in chunks (`_spec_prefill`); token_buffer > 0: the output
     buffers' length, max_new_tokens then traced (`buckets`). stream: None, or (chunk_steps, emit): the loop runs
-    chunk_steps steps a call, emit(tokens [B, k]) getting them (`autoregressive.stream_chunks`).
+    chunk_steps steps a call, emit(tokens [B, k]) getting them (`autoregressive.stream_chunks`). initial, starts,
+    drafter_initial: a continuation (`_spec_prefill`).
     """
     if rollback not in ROLLBACK_MODES:
         raise ValueError(f"rollback must be one of {ROLLBACK_MODES}; got {rollback!r}")
@@ -367,19 +372,21 @@ def generate_speculative(params, cfg, prompt: np.ndarray, max_new_tokens: int, *
                          {"method": drafter.name, "gamma": gamma, "rollback": rollback, "exact": bool(decode_rows),
                           "decode_rows": decode_rows or gamma + 1}, return_state, lens=lens,
                          budget=max_new_tokens if token_buffer else None, stream=stream, initial=initial,
-                         starts=starts)
+                         starts=starts, drafter_initial=drafter_initial)
 
 
 def run_spec_loop(params, prompt, key_first, key_loop, static_p: dict, loop, static_l: dict, max_new_tokens: int,
                   info: dict, return_state: bool, lens=None, budget=None, stream=None, initial=None,
-                  starts=None) -> GenerateResult:
+                  starts=None, drafter_initial=None) -> GenerateResult:
     """Compile the prefill and a speculative loop (chain `_spec_loop` or tree `_tree_loop`), run them
     timed (compile reported apart), and collect the shared statistics (`info` first). lens, budget: the prefill's
     traced valid lengths and new-token count (`_spec_prefill`), or None. stream: (chunk_steps, emit) or None
-    (`generate_speculative`, `tree_spec.generate_tree`)."""
+    (`generate_speculative`, `tree_spec.generate_tree`). The result's drafter_state is the drafter's `carried`
+    state after the loop (None for a drafter without one), what a continuation's drafter_initial takes."""
     options = compiler_options("qwen3_5")
     extra = () if lens is None else (jnp.asarray(lens, jnp.int32), None if budget is None else jnp.int32(budget),
-                                     initial, None if starts is None else jnp.asarray(starts, jnp.int32))
+                                     initial, None if starts is None else jnp.asarray(starts, jnp.int32),
+                                     drafter_initial)
     prefill_c, compile_p = compiled(_spec_prefill, static_p, params, prompt, key_first, *extra, options=options)
     shapes = output_structs(prefill_c)
     chunked = (None, jnp.int32(0)) if stream is not None else ()  # (accept_p, step_limit)
@@ -419,4 +426,6 @@ def run_spec_loop(params, prompt, key_first, key_loop, static_p: dict, loop, sta
     }
     if return_state:
         stats["state"] = state
-    return GenerateResult(tokens=tokens, stats=stats, state=state)
+    drafter = static_p["drafter"]
+    carried = (drafter.carry_kind, drafter.carried(dstate)) if getattr(drafter, "carry_kind", None) else None
+    return GenerateResult(tokens=tokens, stats=stats, state=state, drafter_state=carried)

@@ -412,7 +412,8 @@ def generate_tree(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, draft
                   eos_ids: tuple[int, ...] = (), state_dtype=jnp.float32, rollback: str = "pseudo",
                   impl: str = "auto", seed: int = 0, return_state: bool = False,
                   sampling: SamplingConfig = SamplingConfig(), lens=None, chunk: int = 0,
-                  token_buffer: int = 0, initial=None, starts=None, stream=None) -> GenerateResult:
+                  token_buffer: int = 0, initial=None, starts=None, stream=None,
+                  drafter_initial=None) -> GenerateResult:
     """Tree speculative generation. parents: static tree [N]. Exact: greedy (the default `sampling`)
     equals greedy AR; with temperature > 0 the tokens are distributed as AR sampling with the same
     temperature / top-k / top-p (the first token is sampled from the prefill with AR's key for it).
@@ -420,7 +421,7 @@ def generate_tree(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, draft
     max_len defaults to (and must be at least) prompt + max_new_tokens + N: the last verification
     writes N node slots past the committed length. lens, chunk, token_buffer: a bucketed generation (padded,
     ragged prompt buffer; traced new-token count: `speculative.generate_speculative`). stream: (chunk_steps, emit)
-    or None (`run_spec_loop`).
+    or None (`run_spec_loop`). initial, starts, drafter_initial: a continuation (`speculative._spec_prefill`).
     """
     if rollback not in ROLLBACK_MODES:
         raise ValueError(f"rollback must be one of {ROLLBACK_MODES}; got {rollback!r}")
@@ -443,4 +444,4 @@ def generate_tree(params, cfg, prompt: np.ndarray, max_new_tokens: int, *, draft
     info = {"method": "tree-" + drafter.name, "tree_nodes": n, "tree_depth": dmax, "rollback": rollback}
     return run_spec_loop(params, prompt, key_first, key_loop, static_p, _tree_loop, static_l, max_new_tokens, info,
                          return_state, lens=lens, budget=max_new_tokens if token_buffer else None, initial=initial,
-                         starts=starts, stream=stream)
+                         starts=starts, stream=stream, drafter_initial=drafter_initial)

@@ -4,7 +4,8 @@ The head's entry at position t consumes (h_t, token t+1) and predicts token t+2 
 The drafter keeps the head's KV cache in step with the target's committed length:
 
 - init: entries for every prompt position (the prompt's target hiddens, the first new token
-  closing the window); the last entry predicts the first draft.
+  closing the window); the last entry predicts the first draft. A continuation (`carry`) appends the
+  prefilled positions' entries to the cache the head had after the earlier generation.
 - propose: draft 1 comes from the stored prediction; drafts 2..gamma chain the head on its own
   output hidden state (the target's hidden there is not known yet), writing provisional entries
   past the committed length.
@@ -60,6 +61,9 @@ class MtpDrafter:
     kernels: str = "auto"
     deterministic = False
     needs_hidden = True
+    # What a continuation may start from (`init`'s carry): the head's cache and length, the same for every MTP
+    # drafter (chain or tree, shortlist or not): the head and its inputs are the model's.
+    carry_kind = "mtp"
 
     @property
     def name(self) -> str:
@@ -116,10 +120,12 @@ class MtpDrafter:
         return self._head_logits(params, hout), hout, k, v
 
     # ------------------------------------------------------------------------------- interface
-    def init(self, params, cfg, prompt, max_len, *, hidden, first_token, lens=None, **_):
+    def init(self, params, cfg, prompt, max_len, *, hidden, first_token, lens=None, carry=None, **_):
         """lens [B]: each row's prompt length in a padded prompt buffer (None: every row holds T tokens). The rows
         past a row's length are run too (one forward for the batch); their K/V lie past its cache length, masked
-        and later overwritten."""
+        and later overwritten. carry: None, or the head's state after an earlier generation of these rows (a
+        continuation): its cache holds entries for each row's first carry["length"] positions, and prompt row b the
+        tokens the target prefilled from there (its pending token first); their entries continue that cache."""
         B, T = prompt.shape
         lens = jnp.full((B,), T, jnp.int32) if lens is None else lens
         # Slots past max_len: the decode blocks store a block of new rows from each start (`cached_attention`), and
@@ -127,18 +133,35 @@ class MtpDrafter:
         # as blocks (at a batch of 20,000 rows on the CPU the rounding made the cache 20x the slots it needed).
         # The prompt buffer may be longer than the cache (a batch past buckets.SMALL_BATCH rows has a cache of the
         # length it needs and a buffer of whole chunks): the head runs over the whole buffer, so it gets its slots.
-        slots = max(max_len, T) + decode_block.MAX_ROWS
+        # A continuation writes its valid rows only (at most max_len positions in all), never shrinking the cache.
+        slots = (max(max_len, T) if carry is None else max(max_len, carry["k"].shape[1] - decode_block.MAX_ROWS)
+                 ) + decode_block.MAX_ROWS
         rounded = -(-slots // decode_block.CACHE_MULTIPLE) * decode_block.CACHE_MULTIPLE
-        blocks = self._blocks_run(params, cfg, 1, B, rounded)
-        k, v = mtp_head.init_mtp_cache(cfg, B, rounded if blocks else slots, params["embed"].dtype)
+        size = rounded if self._blocks_run(params, cfg, 1, B, rounded) else slots
         next_ids = jnp.concatenate([prompt[:, 1:], first_token[:, None]], axis=1)  # [B, T]
         next_ids = next_ids.at[jnp.arange(B), lens - 1].set(first_token)  # the first new token after each prompt
-        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T))
-        logits, hout, k, v = self._run(params, cfg, hidden, next_ids, k, v, positions)
-        last = (lens - 1)[:, None]
-        return {"k": k, "v": v, "length": lens.astype(jnp.int32),
-                "logits": jnp.take_along_axis(logits, last[:, :, None], axis=1)[:, 0],
-                "hidden": jnp.take_along_axis(hout, last[:, :, None], axis=1)}
+        last = (lens - 1)[:, None, None]
+        if carry is None:
+            k, v = mtp_head.init_mtp_cache(cfg, B, size, params["embed"].dtype)
+            positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None], (B, T))
+            logits, hout, k, v = self._run(params, cfg, hidden, next_ids, k, v, positions)
+            return {"k": k, "v": v, "length": lens.astype(jnp.int32),
+                    "logits": jnp.take_along_axis(logits, last, axis=1)[:, 0],
+                    "hidden": jnp.take_along_axis(hout, last, axis=1)}
+        grow = lambda c: jnp.pad(c, ((0, 0), (0, max(0, size - c.shape[1])), (0, 0), (0, 0)))
+        base = carry["length"]
+        positions = base[:, None] + jnp.arange(T, dtype=jnp.int32)[None]  # [B, T]
+        valid = jnp.arange(T)[None] < lens[:, None]
+        _, hout, k, v = mtp_head.mtp_forward(params, cfg, hidden[:, :T], next_ids, grow(carry["k"]), grow(carry["v"]),
+                                             positions, compute_logits=False, valid=valid)
+        hidden_last = jnp.take_along_axis(hout, last, axis=1)  # [B, 1, D]
+        return {"k": k, "v": v, "length": base + lens.astype(jnp.int32),
+                "logits": self._head_logits(params, hidden_last[:, 0]), "hidden": hidden_last}
+
+    @staticmethod
+    def carried(state) -> dict:
+        """The part of the state a continuation starts from (`init`'s carry)."""
+        return {"k": state["k"], "v": state["v"], "length": state["length"]}
 
     def propose(self, params, cfg, state, history, hist_len, gamma: int, key, *, sampling=SamplingConfig(), **_):
         keys = jax.random.split(key, gamma)

@@ -142,6 +142,17 @@ class SelfDrafter:
     def name(self) -> str:
         return self.method
 
+    @property
+    def carry_kind(self) -> str:
+        """What a continuation may start from (`init`'s carry): the draft model's state, which its layers and MLP
+        cut define (not the shortlist, which only projects its logits)."""
+        return f"{self.method}:{self.skip_layers}:{self.mlp_keep}"
+
+    @staticmethod
+    def carried(state) -> dict:
+        """The part of the state a continuation starts from (`init`'s carry)."""
+        return {"model": state["model"]}
+
     # --------------------------------------------------------------------------------- helpers
     def _draft(self, params, cfg, dstate: dict):
         """(params, config) of the draft model."""
@@ -182,14 +193,15 @@ class SelfDrafter:
         return ids, (None if sampling.greedy else probabilities(logits, sampling))
 
     # ------------------------------------------------------------------------------- interface
-    def init(self, params, cfg, prompt, max_len, *, first_token, lens=None, **_):
-        """lens [B]: each row's prompt length in a padded prompt buffer (None: every row holds T tokens)."""
+    def init(self, params, cfg, prompt, max_len, *, first_token, lens=None, carry=None, **_):
+        """lens [B]: each row's prompt length in a padded prompt buffer (None: every row holds T tokens).
+        carry: None, or the draft model's state after an earlier generation of these rows (a continuation), which
+        holds each row's history through its pending token; prompt row b holds the tokens the target prefilled
+        (that pending token first), and the draft model runs the rest and the first new token from there."""
         B, T = prompt.shape
-        dstate = {"mlp": partial_mlp_weights(params, cfg, self.mlp_keep) if self.method == "partial-mlp" else ()}
-        if self.shortlist_size:
-            ids = params["draft"]["shortlist"][: self.shortlist_size].astype(jnp.int32)  # [N]
-            head = qwen35.lm_head_weight(params)
-            dstate.update(shortlist=ids, head=head[ids])  # [N, D], gathered once per generation
+        if carry is not None:
+            return self._continue(params, cfg, prompt, max_len, first_token, lens, carry["model"])
+        dstate = self._start(params, cfg)
         model = qwen35.init_state(cfg, B, max_len, params["embed"].dtype)
         ids = jnp.concatenate([prompt, first_token[:, None]], axis=1)  # [B, T + 1]: the anchor included
         if lens is None:
@@ -201,6 +213,26 @@ class SelfDrafter:
                                                    prefill_lens=lens + 1)
             last = (jnp.take_along_axis(deltas, lens[:, None, None, None], axis=1)[:, 0] if deltas is not None
                     else jnp.zeros((B, 0), params["embed"].dtype))
+        return dict(dstate, model=model, logits=logits[:, -1], delta=last)
+
+    def _start(self, params, cfg) -> dict:
+        """The state's parts a generation derives from the parameters (the partial MLP, the shortlist's head)."""
+        dstate = {"mlp": partial_mlp_weights(params, cfg, self.mlp_keep) if self.method == "partial-mlp" else ()}
+        if self.shortlist_size:
+            ids = params["draft"]["shortlist"][: self.shortlist_size].astype(jnp.int32)  # [N]
+            dstate.update(shortlist=ids, head=qwen35.lm_head_weight(params)[ids])  # [N, D], gathered once
+        return dstate
+
+    def _continue(self, params, cfg, prompt, max_len, first_token, lens, model):
+        B, T = prompt.shape
+        lens = jnp.full((B,), T, jnp.int32) if lens is None else lens
+        dstate = self._start(params, cfg)
+        model = qwen35.grow_state(model, max_len)
+        ids = jnp.concatenate([prompt[:, 1:], first_token[:, None]], axis=1)  # [B, T]: the pending token is held
+        ids = ids.at[jnp.arange(B), lens - 1].set(first_token)
+        logits, model, deltas = self._catch_up(params, cfg, dstate, model, ids, logits_for="last", prefill_lens=lens)
+        last = (jnp.take_along_axis(deltas, (lens - 1)[:, None, None, None], axis=1)[:, 0] if deltas is not None
+                else jnp.zeros((B, 0), params["embed"].dtype))
         return dict(dstate, model=model, logits=logits[:, -1], delta=last)
 
     def propose(self, params, cfg, state, history, hist_len, gamma: int, key, *, sampling=SamplingConfig(), **_):

@@ -112,6 +112,8 @@ class TreeNgramDrafter:
 class TreeMtpDrafter:
     shortlist_size: int = 0
     needs_hidden = True
+    carry_kind = MtpDrafter.carry_kind  # the chain drafter's state: a continuation may switch between the two
+    carried = staticmethod(MtpDrafter.carried)
 
     @property
     def name(self) -> str:

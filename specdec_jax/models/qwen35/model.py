@@ -88,6 +88,12 @@ def init_state(cfg: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat16) 
     )
 
 
+def grow_state(state: Qwen35State, max_len: int) -> Qwen35State:
+    """The state with attention caches of max_len slots, never fewer than it has (the new slots empty)."""
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, max(0, max_len - state.max_len))) + ((0, 0),) * (x.ndim - 2))
+    return state.replace(keys=tuple(map(pad, state.keys)), values=tuple(map(pad, state.values)))
+
+
 # ------------------------------------------------------------------------------------- parameters
 # The parameter layout, loading and saving live in params.py; these names stay reachable here.
 from .params import (Leaf, detect_prefix, fused_segments, hf_tensors, load_params,  # noqa: E402,F401

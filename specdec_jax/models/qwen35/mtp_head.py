@@ -49,7 +49,7 @@ def init_mtp_cache(cfg: Qwen35Config, batch: int, max_len: int, dtype=jnp.bfloat
 
 def mtp_forward(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_ids: jax.Array, k_cache: jax.Array,
                 v_cache: jax.Array, positions: jax.Array, *, layer: int = 0, compute_logits: bool = True,
-                head: jax.Array | None = None):
+                head: jax.Array | None = None, valid: jax.Array | None = None):
     """MTP head on T positions continuing its own KV cache.
 
     hidden [B, T, D]: the target's final-normed hidden states at positions `positions` [B, T] int32
@@ -59,7 +59,8 @@ def mtp_forward(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_ids: ja
     Returns (logits [B, T, vocab] float32 predicting the tokens at positions + 2 (None when
     compute_logits=False: a shortlist drafter projects hidden_out itself), hidden_out [B, T, D]
     (after mtp.norm), new k_cache, new v_cache). head [N, D]: the output head's rows to project on (default the
-    whole vocabulary's).
+    whole vocabulary's). valid: None (every row's K/V written from positions[:, 0]), or [B, T] bool: only those
+    rows' K/V are written, at their positions (a padded buffer whose padding may run past the cache).
     """
     mp = params["mtp"]
     dtype = params["embed"].dtype
@@ -69,7 +70,7 @@ def mtp_forward(params: dict, cfg: Qwen35Config, hidden: jax.Array, next_ids: ja
     p = mp["layers"][layer]
     mask = L.causal_cache_mask(positions, k_cache.shape[1])  # [B, T, S]
     a, k_cache, v_cache = qwen35.attention_mixer(p["mixer"], cfg, _norm(x, p["input_norm"], cfg), k_cache, v_cache,
-                                                 positions, mask)
+                                                 positions, mask, valid=valid)
     x = x + a
     x = x + qwen35.mlp(p["mlp"], cfg, _norm(x, p["post_norm"], cfg))
     hidden_out = _norm(x, mp["norm"], cfg)
