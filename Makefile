@@ -1,9 +1,9 @@
 # Two commands on a fresh machine: `make test` (whole CPU suite) and `make demo` (the main job).
 # Both create .venv with python3.12 when it is missing; the demo installs the runtime only (no torch, optax or
-# matplotlib: .installed-demo), the tests everything (.installed), which also serves the demo. --no-compile: pip
-# writes no bytecode for the thousands of modules installed (torch, transformers); Python writes it for those a run
-# imports. A fresh test install 153 -> 100 s on the 2-core machine; the first import of jax, flax, torch and
-# transformers 9.1 -> 9.5 s (docs/LOG.md).
+# matplotlib: .installed-demo), the tests everything (.installed), which also serves the demo. Installs go through uv
+# (pip-installed into the venv first): it downloads and unpacks in parallel and writes no bytecode (Python writes it
+# for the modules a run imports). A fresh test install on the 2-core machine: pip 111 s, uv 46 s with its cache cold
+# (docs/LOG.md). Where uv cannot be had, pip does it (--no-compile: no bytecode either).
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -13,11 +13,14 @@ PYTHON312 ?= $(shell for p in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/
 
 .PHONY: test demo venv clean
 
+# $(call install,ARGS): `uv pip install ARGS` into the venv, or pip's where uv does not install.
+install = { $(PY) -m pip install -q uv && $(PY) -m uv pip install -q --python $(PY) $(1); } || \
+	{ echo "uv failed; installing with pip" >&2; $(PY) -m pip install -q --no-compile $(1); }
+
 $(VENV)/.installed: pyproject.toml
 	@if [ -z "$(PYTHON312)" ]; then echo "error: python3.12 not found (install it, or set PYTHON312=/path/to/python3.12)" >&2; exit 2; fi
 	@[ -x $(PY) ] || $(PYTHON312) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-compile -e '.[test,train,bench]'
+	$(call install,-e '.[test,train,bench]')
 	@touch $@
 
 # The runtime only; an up-to-date test install already holds it.
@@ -26,7 +29,7 @@ $(VENV)/.installed-demo: pyproject.toml
 		if [ -z "$(PYTHON312)" ]; then echo "error: python3.12 not found (install it, or set PYTHON312=/path/to/python3.12)" >&2; exit 2; fi; \
 		[ -x $(PY) ] || $(PYTHON312) -m venv $(VENV) || exit 2; \
 		echo "installing the runtime into $(VENV) (no torch: make test adds the test extras)"; \
-		$(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q --no-compile -e . || exit 2; \
+		$(call install,-e .) || exit 2; \
 	fi
 	@touch $@
 
