@@ -19,7 +19,9 @@ Parts (each writes its rows into one result JSON as it goes; --parts picks them)
              prompt in its bucket) and as one ragged batch (within the call); rows of the ragged batch equal to their
              batch-1 runs (reported, not required in bf16); the same prompt in two cache buckets (reported); the
              batch continued (generate(state=...)) with a next turn of 1-32 tokens per row: the method and AR from
-             the method's batch state, equal. Looped models' prompts are at most --exact-len tokens.
+             the method's batch state, equal; a drafter with a state of its own (MTP, self-draft) is continued
+             once more with that state dropped (tokens per step of both). Looped models' prompts are at most
+             --exact-len tokens.
 
     python benchmarks/bench_workload.py --model checkpoints/tiny-qwen35-code --parts sequence,workload,second
     python benchmarks/bench_workload.py --random-9b --damp 0.02 --parts lengths,batch --out $OUT
@@ -267,6 +269,9 @@ def part_exact(model, args, rng, out, t_start, save=lambda: None):
         batch = sj.generate(model, prompts, n, method=name, **options)
         cont = sj.generate(model, turn, n, method=name, state=batch.state, **options)
         ar_cont = sj.generate(model, turn, n, state=batch.state)
+        # The drafter's own state dropped (what continuation did before it was carried): acceptance only
+        dropped = (sj.generate(model, turn, n, method=name, state=batch.state.replace(drafter=None, drafter_kind=None),
+                               **options) if getattr(batch.state, "drafter_kind", None) else None)
         rows[text] = {
             "continued_equal_ar": int(sum(np.array_equal(a, b) for a, b in zip(cont.tokens, ar_cont.tokens))),
             "batch1_equal_ar": int(sum(np.array_equal(r.tokens[0], a) for r, a in zip(one, ar1))) if single else None,
@@ -275,6 +280,10 @@ def part_exact(model, args, rng, out, t_start, save=lambda: None):
                                         if single else None),
             "tokens_per_step_batch1": float(np.mean([r.stats.get("tokens_per_step", 1.0) for r in one])) if one else None,
             "tokens_per_step_batch": batch.stats.get("tokens_per_step"),
+            "tokens_per_step_continued": cont.stats.get("tokens_per_step"),
+            "tokens_per_step_continued_drafter_restarted": dropped.stats.get("tokens_per_step") if dropped else None,
+            "continued_drafter_restarted_equal_ar": (
+                int(sum(np.array_equal(a, b) for a, b in zip(dropped.tokens, ar_cont.tokens))) if dropped else None),
         }
         out["exact"] = {"prompts": len(prompts), "prompt_lengths": [len(p) for p in prompts], "max_new_tokens": n,
                         "methods": rows}
@@ -283,8 +292,10 @@ def part_exact(model, args, rng, out, t_start, save=lambda: None):
         ones = (f"batch 1 equal to AR {r['batch1_equal_ar']}/{len(prompts)}, batch rows equal to batch 1 "
                 f"{r['batch_rows_equal_batch1']}/{len(prompts)}, " if single else "")
         print(f"  exact {text}: {ones}ragged batch equal to AR in the call {r['batch_equal_ar_within_call']}/"
-              f"{len(prompts)}, continued equal to AR's continuation {r['continued_equal_ar']}/{len(prompts)}",
-              flush=True)
+              f"{len(prompts)}, continued equal to AR's continuation {r['continued_equal_ar']}/{len(prompts)}"
+              + (f" ({r['tokens_per_step_continued']:.2f} tokens/step; drafter restarted: "
+                 f"{r['tokens_per_step_continued_drafter_restarted']:.2f})"
+                 if r['tokens_per_step_continued_drafter_restarted'] is not None else ""), flush=True)
     out["exact"] = {"prompts": len(prompts), "prompt_lengths": [len(p) for p in prompts], "max_new_tokens": n,
                     "methods": rows}
 

@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_workload.sh a OUT   the 9B cost curve at the current code; new prompt lengths; prefill chunks
 #   bash benchmarks/gpu_workload.sh b OUT   the 9B ragged batch curve; a second process; bf16 exactness (tiny Qwen, Huginn)
 #   parts c, d: what b's limits cut, streaming; e, f: the forced-acceptance batch curve, exactness with continuation;
-#   h: the looped models' exactness with buckets, ragged batches and continuation
+#   h: the looped models' exactness with buckets, ragged batches and continuation; i: h and the carried drafter states
 set -u
 part=${1:?part a or b}
 out=${2:?output folder}
@@ -60,6 +60,14 @@ g)  # what part e's limits cut: the batch curve at B = 16; exactness with contin
         --out "$out"
     ;;
 h)  # bf16 exactness of the bucketed looped models: natural-length prompts, batch 1, one ragged batch, continuation
+    step 220 exact_huginn python benchmarks/bench_workload.py --model checkpoints/tiny-huginn-code --parts exact \
+        --methods self-spec,mature-spec,das-wave --budget-s 190 --name exact_tiny_huginn_buckets --out "$out"
+    ;;
+i)  # bf16 exactness with continuation for the drafters that carry their state (and its acceptance against a
+    # restarted drafter); the looped models bucketed (part h)
+    step 200 exact_qwen python benchmarks/bench_workload.py --model checkpoints/tiny-qwen35-code --parts exact \
+        --skip-batch1 --methods mtp,mtp-shortlist,layer-skip,residual-reuse,partial-mlp --budget-s 180 \
+        --name exact_tiny_qwen_continue_carry --out "$out"
     step 220 exact_huginn python benchmarks/bench_workload.py --model checkpoints/tiny-huginn-code --parts exact \
         --methods self-spec,mature-spec,das-wave --budget-s 190 --name exact_tiny_huginn_buckets --out "$out"
     ;;
