@@ -13,14 +13,16 @@ PYTHON312 ?= $(shell for p in python3.12 $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/
 
 .PHONY: test demo venv clean
 
-# $(call install,ARGS): `uv pip install ARGS` into the venv, or pip's where uv does not install.
+# $(call install,ARGS): `uv pip install ARGS` into the venv, or pip's where uv does not install. (The extras live in a
+# variable: a comma in call's arguments would split them.)
+TEST_EXTRAS := .[test,train,bench]
 install = { $(PY) -m pip install -q uv && $(PY) -m uv pip install -q --python $(PY) $(1); } || \
 	{ echo "uv failed; installing with pip" >&2; $(PY) -m pip install -q --no-compile $(1); }
 
 $(VENV)/.installed: pyproject.toml
 	@if [ -z "$(PYTHON312)" ]; then echo "error: python3.12 not found (install it, or set PYTHON312=/path/to/python3.12)" >&2; exit 2; fi
 	@[ -x $(PY) ] || $(PYTHON312) -m venv $(VENV)
-	$(call install,-e '.[test,train,bench]')
+	$(call install,-e '$(TEST_EXTRAS)')
 	@touch $@
 
 # The runtime only; an up-to-date test install already holds it.
