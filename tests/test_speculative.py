@@ -269,6 +269,20 @@ def test_compiled_programs_are_cached_per_compiler_options():
     assert np.array_equal(first(x), plain(x))
 
 
+def test_a_switch_changed_after_a_trace_compiles_the_new_program(monkeypatch):
+    """`compiled` keys on the trace-time switches (here SPECDEC_MATVEC); jit's trace cache does not, so a function
+    traced under one setting must be traced again under the next, not lowered from its old trace."""
+    import os
+    from specdec_jax.decoding import compiled
+    f = jax.jit(lambda x: x * (2.0 if os.environ.get("SPECDEC_MATVEC") == "reduce" else 1.0))
+    x = jnp.ones(3)
+    monkeypatch.setenv("SPECDEC_MATVEC", "dot")
+    dot, _ = compiled.compiled(f, {}, x)
+    monkeypatch.setenv("SPECDEC_MATVEC", "reduce")
+    reduce, _ = compiled.compiled(f, {}, x)
+    assert np.array_equal(dot(x), x) and np.array_equal(reduce(x), 2 * x)
+
+
 def _prefilled(model, ids, gamma, n):
     from specdec_jax.decoding import speculative
     key = jax.random.PRNGKey(0)

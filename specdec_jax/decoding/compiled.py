@@ -5,6 +5,11 @@ run time). Without a cache every call would compile again; with it, a second cal
 settings, argument shapes and shardings (params, prompt, state) reuses the executables. The implementation switches
 read at trace time (SPECDEC_GDN_IMPLEMENTATION, SPECDEC_MATVEC, and the kernels' module settings tests flip) are part
 of the key, and so are the XLA options a family's programs compile with on the GPU (`compiler_options`).
+
+jit's own trace caches key on a function's arguments, not on those switches: a generation function traced before a
+switch changed would lower to its old program again. So when the switches differ from the last compile's, jax's
+caches are dropped first and the programs trace anew (this cache's executables stay valid: each is keyed on the
+switches it was traced under).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ def _switches() -> tuple:
             decode_block.FUSE_OUT_PROJ, experts.GPU_DEFAULT, tuple(sorted(experts.DECODE_BLOCKS.items())),
             tuple(sorted(experts.PREFILL_BLOCKS.items())))
 _cache: collections.OrderedDict = collections.OrderedDict()
+_traced_under: list = [None]  # the switches of the last compile's trace
 
 # XLA options every family's generation programs compile with on the GPU, for exactness. The exact path compiles AR's
 # loop and the speculative loop as two programs whose decode forwards must round every row alike. With XLA's defaults
@@ -82,11 +88,15 @@ def _signature(args) -> tuple:
 def compiled(jitted, static: dict, *args, options: dict | None = None):
     """(executable, seconds spent compiling: 0.0 when cached) of `jitted` for static keyword arguments
     `static` and positional arguments `args` (arrays or ShapeDtypeStructs), compiled with the XLA `options`."""
+    switches = _switches()
     key = (jitted, tuple(sorted(static.items())), _signature(args), tuple(sorted((options or {}).items())),
-           _switches(), jax.default_backend())
+           switches, jax.default_backend())
     if key in _cache:
         _cache.move_to_end(key)
         return _cache[key], 0.0
+    if _traced_under[0] is not None and _traced_under[0] != switches:
+        jax.clear_caches()  # the traces cached under the old switches (module docstring)
+    _traced_under[0] = switches
     t0 = time.perf_counter()
     executable = jitted.lower(*args, **static).compile(compiler_options=options or None)
     seconds = time.perf_counter() - t0
