@@ -117,6 +117,11 @@ def step_floor(route, start: int, rows: int, counts: dict, bandwidth: float) -> 
     return (counts["nonexpert"] + counts["kv"] + union * counts["expert"]) / bandwidth
 
 
+# The model part's stages, in the order they run: n-gram exactness, AR on XLA's expert paths (the kernel's baseline),
+# AR at one row, the forced-acceptance curve, the long prompt, MTP.
+STAGES = ("ngram", "xla", "onerow", "curve", "long", "mtp")
+
+
 def model_part(args, save) -> dict:
     """The model measurements; `save(partial)` after each stage (a time limit keeps what was measured)."""
     import jax
@@ -155,6 +160,7 @@ def model_part(args, save) -> dict:
                expert_mib=counts["expert"] / 2 ** 20,
                bytes_per_token=per_token, roofline_tok_s=bandwidth / per_token, prompt_len=args.prompt_len,
                new_tokens=n)
+    stages = set(args.stages.split(","))
     ar_first, ar_runs, ar_dec = timed("ar default")
     out.update(ar_tok_s=(n - 1) / ar_dec, ar_compile_seconds=ar_first.stats["compile_seconds"],
                ar_decode_rows=ar_first.stats.get("decode_rows"),
@@ -176,25 +182,27 @@ def model_part(args, save) -> dict:
         print(method, json.dumps(exact[method]), flush=True)
         save({**out, "exact_methods": exact})
 
-    exact_method("ngram")  # first: the expert kernel's exactness in the model, before the timings that follow
-    if experts.GPU_DEFAULT is not None:  # the same AR on XLA's paths (gather / ragged): what the kernel replaces
+    if "ngram" in stages:
+        exact_method("ngram")  # first: the expert kernel's exactness in the model, before the timings that follow
+    if experts.GPU_DEFAULT is not None and "xla" in stages:  # the same AR on XLA's paths (gather / ragged): what the kernel replaces
         chosen, experts.GPU_DEFAULT = experts.GPU_DEFAULT, None  # a compile switch: `compiled` keys on it
         xla_first, _, xla_dec = timed("ar xla paths")
         experts.GPU_DEFAULT = chosen
         out.update(ar_xla_tok_s=(n - 1) / xla_dec, ar_xla_compile_seconds=xla_first.stats["compile_seconds"],
                    ar_over_xla=xla_dec / ar_dec, ar_xla_equal=bool(np.array_equal(xla_first.tokens, ar_first.tokens)))
         save(out)
-    one_first, _, one_dec = timed("ar 1 row", exact=False)
-    out.update(ar_1row_tok_s=(n - 1) / one_dec, ar_1row_compile_seconds=one_first.stats["compile_seconds"])
+    if "onerow" in stages:
+        one_first, _, one_dec = timed("ar 1 row", exact=False)
+        out.update(ar_1row_tok_s=(n - 1) / one_dec, ar_1row_compile_seconds=one_first.stats["compile_seconds"])
+        out["ar_default_over_fastest"] = out["ar_tok_s"] / max(out["ar_tok_s"], out["ar_1row_tok_s"])
     out["ar_roofline_frac"] = out["ar_tok_s"] / out["roofline_tok_s"]
-    out["ar_default_over_fastest"] = out["ar_tok_s"] / max(out["ar_tok_s"], out["ar_1row_tok_s"])
     out["peak_256_gib"] = (ar_runs[-1].stats.get("peak_memory_bytes") or 0) / GIB
     print(json.dumps({k: v for k, v in out.items() if not isinstance(v, list)}), flush=True)
     save(out)
 
     rows = []
     route = None
-    for gamma, p in args.curve:
+    for gamma, p in (args.curve if "curve" in stages else []):
         if left() < 60:
             rows.append({"gamma": gamma, "p": p, "error": "time budget"})
             continue
@@ -219,7 +227,7 @@ def model_part(args, save) -> dict:
         print(json.dumps(row), flush=True)
         save({**out, "rows": rows})
     out["rows"] = rows
-    if left() > 90 and args.long_prompt:
+    if left() > 90 and args.long_prompt and "long" in stages:
         long = np.random.default_rng(1).integers(0, cfg.vocab_size, args.long_prompt).astype(np.int32)
         first = sj.generate(model, [long], 32, eos_token_id=False)
         first.state = None
@@ -236,7 +244,7 @@ def model_part(args, save) -> dict:
                               "compile_seconds": first.stats["compile_seconds"]}
         print(json.dumps(out["long_prompt"]), flush=True)
         save(out)
-    for method in ("mtp",):
+    for method in ("mtp",) if "mtp" in stages else ():
         exact_method(method)
     out["exact_methods"] = exact
     out["wall_seconds"] = time.perf_counter() - t0
@@ -350,7 +358,13 @@ def main():
                     help="with --part model: take the kernel's tiles from a --part kernel result (`chosen_blocks`)")
     ap.add_argument("--out", default=os.path.join(ROOT, "specdec_bench_out"))
     ap.add_argument("--time-budget-s", type=float, default=540)
+    ap.add_argument("--stages", default=",".join(STAGES),
+                    help=f"with --part model: which of {','.join(STAGES)} run (AR at the default path always runs: "
+                         f"every other figure is against it); split a run over two device commands with --suffix")
+    ap.add_argument("--suffix", default="", help="appended to the result's file name (a run split by --stages)")
     args = ap.parse_args()
+    if not set(args.stages.split(",")) <= set(STAGES):
+        ap.error(f"--stages must name some of {','.join(STAGES)}; got {args.stages!r}")
     args.curve = [(int(g), float(p)) for g, p in (c.split(":") for c in args.curve.split(","))]
     from specdec_jax.bench.harness import jsonable, result_header, write_results
     from pallas_kernels import experts
@@ -359,7 +373,8 @@ def main():
     if args.blocks_from:
         experts.DECODE_BLOCKS, experts.PREFILL_BLOCKS = chosen_blocks(args.blocks_from)
         print("tiles:", experts.DECODE_BLOCKS, experts.PREFILL_BLOCKS, flush=True)
-    stem = "moe_qwen35_" + ("tiny" if args.tiny else "35b_a3b") + (f"_{args.experts}" if args.experts else "")
+    stem = ("moe_qwen35_" + ("tiny" if args.tiny else "35b_a3b") + (f"_{args.experts}" if args.experts else "")
+            + args.suffix)
     if args.part == "kernel":
         header = result_header(stem + "_kernels", command="python " + " ".join(sys.argv))
         os.makedirs(args.out, exist_ok=True)

@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_moe.sh model OUT    benchmarks/results/moe_qwen35_35b_a3b.json (the 40-layer shape end to end)
 #   bash benchmarks/gpu_moe.sh both OUT     the two in one command (short: a shorter version)
 #   bash benchmarks/gpu_moe.sh sweep OUT    the kernel's tiles swept, then the model with the fastest
+#   bash benchmarks/gpu_moe.sh model_a OUT, then model_b OUT: the model at the library's defaults in two commands
 set -u
 # block_m,block_n,block_k,num_warps,num_stages: decode tiles (block_m 16) and prefill tiles (block_m 64), block_k 64
 # and 128 in both (a decode pick's prefill partner shares its block_k)
@@ -24,6 +25,13 @@ both)  # one device command: the model (the issue's result), then the kernels al
 short)  # a short lease: the kernels (90 s), then the model for 240 s (AR, the gamma 4 and 8 rows as time allows)
     step 90 kernel python benchmarks/bench_moe.py --part kernel --blocks "16,32,64,4,4;16,64,64,4,4;64,64,64,4,3"
     step 250 model python benchmarks/bench_moe.py --part model --experts pallas --time-budget-s 240 --repeats 1 --out "$out" ;;
+model_a)  # the model in two device commands (each stage compiles for ~40-95 s at this shape): AR, its exactness, XLA's
+    # paths as the baseline, one row ...
+    step 570 model_a python benchmarks/bench_moe.py --part model --time-budget-s 550 --stages ngram,xla,onerow \
+        --suffix _a --out "$out" ;;
+model_b)  # ... then the curve, the 8K prompt and MTP
+    step 570 model_b python benchmarks/bench_moe.py --part model --time-budget-s 550 --stages curve,long,mtp \
+        --suffix _b --out "$out" ;;
 sweep)  # the kernel's tiles swept (80 s), then the model at the fastest (`bench_moe.chosen_blocks`) for MODEL_S (500 s)
     step "${KERNEL_S:-80}" kernel python benchmarks/bench_moe.py --part kernel --out "$out" --blocks "$SWEEP_BLOCKS"
     step "${MODEL_S:-500}" model python benchmarks/bench_moe.py --part model --experts pallas \
