@@ -3,12 +3,14 @@
 #   bash benchmarks/gpu_moe.sh kernel OUT   one layer's experts: each implementation and kernel tiles, decode and prefill
 #   bash benchmarks/gpu_moe.sh model OUT    benchmarks/results/moe_qwen35_35b_a3b.json (the 40-layer shape end to end)
 #   bash benchmarks/gpu_moe.sh both OUT     the two in one command (short: a shorter version)
-#   bash benchmarks/gpu_moe.sh sweep OUT    the kernel's tiles swept, then the model with the fastest
+#   bash benchmarks/gpu_moe.sh sweep OUT    the kernel's tiles swept, then the model's first stages with the fastest
+#   bash benchmarks/gpu_moe.sh sweep_b OUT  (same OUT, next command) the model's other stages at those tiles
 #   bash benchmarks/gpu_moe.sh model_a OUT, then model_b OUT: the model at the library's defaults in two commands
 set -u
 # block_m,block_n,block_k,num_warps,num_stages: decode tiles (block_m 16) and prefill tiles (block_m 64), block_k 64
-# and 128 in both (a decode pick's prefill partner shares its block_k)
-SWEEP_BLOCKS=${SWEEP_BLOCKS:-"16,32,64,4,4;16,64,64,4,4;16,128,64,4,4;16,64,128,4,3;64,64,64,4,3;64,128,64,4,3;64,64,128,4,3"}
+# and 128 in both (a decode pick's prefill partner shares its block_k). The narrow decode tiles (block_n 16 and 32 at
+# block_k 128) put more programs on a step's few experts (docs/LOG.md, 2026-12-07: 64 working programs at block_n 64).
+SWEEP_BLOCKS=${SWEEP_BLOCKS:-"16,16,128,4,3;16,32,128,4,3;16,64,64,4,4;16,128,64,4,4;16,64,128,4,3;64,64,64,4,3;64,128,64,4,3;64,64,128,4,3"}
 part=${1:?part kernel or model}
 out=${2:?output folder}
 mkdir -p "$out"
@@ -32,9 +34,13 @@ model_a)  # the model in two device commands (each stage compiles for ~40-95 s a
 model_b)  # ... then the curve, the 8K prompt and MTP
     step 570 model_b python benchmarks/bench_moe.py --part model --time-budget-s 550 --stages curve,long,mtp \
         --suffix _b --out "$out" ;;
-sweep)  # the kernel's tiles swept (80 s), then the model at the fastest (`bench_moe.chosen_blocks`) for MODEL_S (500 s)
-    step "${KERNEL_S:-80}" kernel python benchmarks/bench_moe.py --part kernel --out "$out" --blocks "$SWEEP_BLOCKS"
-    step "${MODEL_S:-500}" model python benchmarks/bench_moe.py --part model --experts pallas \
-        --time-budget-s "$(( ${MODEL_S:-500} - 20 ))" --out "$out" \
+sweep)  # the kernel's tiles swept (KERNEL_S, 90 s), then the model's first stages at the fastest
+    # (`bench_moe.chosen_blocks`) for MODEL_S (470 s); `sweep_b` the rest at the same tiles, in a second command
+    step "${KERNEL_S:-90}" kernel python benchmarks/bench_moe.py --part kernel --out "$out" --blocks "$SWEEP_BLOCKS"
+    step "${MODEL_S:-470}" model_a python benchmarks/bench_moe.py --part model --experts pallas \
+        --time-budget-s "$(( ${MODEL_S:-470} - 20 ))" --out "$out" --stages ngram,xla,onerow --suffix _a \
         --blocks-from "$out/moe_qwen35_35b_a3b_kernels.json" ;;
+sweep_b)  # the curve, the 8K prompt and MTP at the tiles a `sweep` chose (its kernels JSON in OUT)
+    step 570 model_b python benchmarks/bench_moe.py --part model --experts pallas --time-budget-s 550 --out "$out" \
+        --stages curve,long,mtp --suffix _b --blocks-from "$out/moe_qwen35_35b_a3b_kernels.json" ;;
 esac
