@@ -8,7 +8,7 @@
 
 `resolve` is what the models take ("auto"): "gather" for few copies and "ragged" for many, and on the GPU
 `GPU_DEFAULT` when it names an implementation: the kernel. Measured on an H100 at one 35B-A3B layer
-(benchmarks/bench_moe.py --part kernel; docs/LOG.md, 2026-12-07): a 1024-token prefill chunk 1.62-1.84 ms across
+(benchmarks/bench_moe.py --part kernel; its result and the model run in docs/LOG.md, 2026-12-07): a 1024-token prefill chunk 1.62-1.84 ms across
 the tiles against ragged's 22.8 ms; decode steps of 1 of 8, 5 and 9 rows 0.59 / 0.91 / 0.98 ms at the chosen tiles
 against gather's 0.87 / 0.64 / 0.91 ms (about even, both far above the union-of-experts floor); the 40-layer model
 with the kernel everywhere decoded exactly (bf16 speculation equal to AR).
