@@ -50,7 +50,8 @@ def parse_args(argv=None):
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", help="checkpoint folder (or tiny-qwen)")
     src.add_argument("--random-9b", action="store_true", help="Qwen3.5-9B shape, random bf16 weights")
-    ap.add_argument("--tiny", action="store_true", help="with --random-9b: a tiny shape (CPU smoke run)")
+    src.add_argument("--random-huginn", action="store_true", help="Huginn-0125 shape, random bf16 weights")
+    ap.add_argument("--tiny", action="store_true", help="with --random-9b / --random-huginn: a tiny shape (CPU smoke)")
     ap.add_argument("--damp", type=float, default=0.02, help="--random-9b: residual writes scaled (drafts accepted)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--parts", default="sequence,workload,second")
@@ -67,8 +68,10 @@ def parse_args(argv=None):
     ap.add_argument("--batch-gamma", type=int, default=4, help="batch: the speculation's gamma")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--chunk-steps", type=int, default=16, help="stream: decode steps a chunk")
-    ap.add_argument("--chunks", default="256,512,1024", help="chunks: prefill chunk sizes to time")
+    ap.add_argument("--chunks", default="256,512,1024",
+                    help="chunks: prefill chunk sizes to time ('oneshot': one forward of the exact prompt)")
     ap.add_argument("--chunk-lengths", default="256,1000,4000", help="chunks: prompt lengths")
+    ap.add_argument("--chunk-repeats", type=int, default=3, help="chunks: timed prefills per setting (median)")
     ap.add_argument("--exact-prompts", type=int, default=20)
     ap.add_argument("--exact-len", type=int, default=128, help="exact: the longest prompt of a looped model")
     ap.add_argument("--exact-new", type=int, default=64)
@@ -89,8 +92,22 @@ def load_model(args):
             # token itself, so n-gram drafts are accepted (as the public-API check of the cost curve was run)
             model = dataclasses.replace(model, params=dict(model.params, lm_head=None))
         return model, "qwen35_tiny_random" if args.tiny else "qwen35_9b_random"
+    if args.random_huginn:
+        return random_huginn_model(args.tiny, args.dtype), "huginn_tiny_random" if args.tiny else "huginn0125_random"
     model = sj.load(args.model, dtype=args.dtype)
     return model, os.path.basename(os.path.normpath(model.path))
+
+
+def random_huginn_model(tiny: bool, dtype: str):
+    """Huginn-0125's shape (or a tiny one of the same structure), random weights N(0, 0.02) made on the device."""
+    import jax
+    import jax.numpy as jnp
+    from benchmarks.bench_looped import bench_config
+    from specdec_jax.models.looped import model as looped
+    from specdec_jax.results import Model
+    cfg = bench_config(tiny)
+    params = looped.init_random_params(cfg, jax.random.PRNGKey(0), jnp.dtype(dtype), std=0.02)
+    return Model(config=cfg, params=params, dtype=jnp.dtype(dtype))
 
 
 def method_spec(text: str) -> tuple[str, dict]:
@@ -301,20 +318,24 @@ def part_exact(model, args, rng, out, t_start, save=lambda: None):
 
 
 def part_chunks(model, args, rng, out, t_start):
-    """Prefill tokens/s by chunk size (the bucketed prefill's default is chosen by this), and the one-shot prefill of
-    the exact prompt (the path before buckets), AR with one new token, median of 3 after a warm-up call."""
+    """Prefill tokens/s by chunk size (the bucketed prefill's default is chosen by this), and, where --chunks lists
+    'oneshot', one forward of the exact prompt (the path before buckets); AR with one new token, the median of
+    --chunk-repeats prefills after a first (compiling) call. Longest prompts first, under --budget-s."""
     from specdec_jax.decoding import autoregressive, buckets
     from specdec_jax.decoding.sampling import SamplingConfig
     from specdec_jax.models.family import family_for
+    lengths = sorted((int(x) for x in args.chunk_lengths.split(",")), reverse=True)
     files = heldout_token_files(model)
-    base = rng.integers(0, model.vocab_size, 16384).astype(np.int32) if model.tokenizer is None else \
-        np.concatenate(files)[:16384]
+    joined = np.concatenate(files)
+    base = (rng.integers(0, model.vocab_size, max(lengths)).astype(np.int32) if model.tokenizer is None
+            or len(joined) < max(lengths) else joined[:max(lengths)])
     rows = []
     saved = (buckets.SHORT_CHUNK, buckets.LONG_CHUNK)
     family = family_for(model.config)
-    for L in [int(x) for x in args.chunk_lengths.split(",")]:
-        for chunk in ["oneshot"] + [int(c) for c in args.chunks.split(",")]:
+    for L in lengths:
+        for chunk in [c if c == "oneshot" else int(c) for c in args.chunks.split(",")]:
             if time.perf_counter() - t_start > args.budget_s:
+                print(f"  chunks: budget reached before prompt {L} chunk {chunk}", flush=True)
                 break
             prompt = base[:L]
 
@@ -327,12 +348,19 @@ def part_chunks(model, args, rng, out, t_start):
                     return sj.generate(model, [prompt], 1, eos_token_id=False)
                 finally:
                     buckets.SHORT_CHUNK, buckets.LONG_CHUNK = saved
-            first = run()
-            times = sorted(run().stats["prefill_seconds"] for _ in range(3))
-            rows.append({"prompt_len": L, "chunk": chunk, "prefill_seconds": times[1],
-                         "prefill_tok_s": L / times[1], "compile_seconds": first.stats["compile_seconds"]})
-            print(f"  chunks: prompt {L:6d} chunk {chunk!s:>7}: prefill {times[1] * 1e3:8.2f} ms, "
-                  f"{L / times[1]:9.0f} tok/s (compile {first.stats['compile_seconds']:.1f} s)", flush=True)
+            try:
+                first = run()
+                times = sorted(run().stats["prefill_seconds"] for _ in range(args.chunk_repeats))
+            except Exception as exc:  # e.g. out of memory: recorded, the sweep goes on
+                rows.append({"prompt_len": L, "chunk": chunk, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+                print(f"  chunks: prompt {L:6d} chunk {chunk!s:>7}: {rows[-1]['error'][:120]}", flush=True)
+                continue
+            med = times[len(times) // 2]
+            rows.append({"prompt_len": L, "chunk": chunk, "prefill_seconds": med, "prefill_seconds_all": times,
+                         "prefill_tok_s": L / med, "compile_seconds": first.stats["compile_seconds"],
+                         "peak_memory_bytes": first.stats.get("peak_memory_bytes")})
+            print(f"  chunks: prompt {L:6d} chunk {chunk!s:>7}: prefill {med * 1e3:9.2f} ms, "
+                  f"{L / med:9.0f} tok/s (compile {first.stats['compile_seconds']:.1f} s)", flush=True)
     out["chunks"] = {"rows": rows}
 
 

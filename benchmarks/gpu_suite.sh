@@ -56,7 +56,7 @@ exact)
     ;;
 workload)
     step 270 lengths_chunks python benchmarks/bench_workload.py --random-9b --parts lengths,chunks \
-        --chunks 256,1024 --chunk-lengths 1000,4000 --budget-s 250 --name workload_qwen35_9b_random_lengths \
+        --chunks oneshot,256,1024 --chunk-lengths 1000,4000 --budget-s 250 --name workload_qwen35_9b_random_lengths \
         --out "$dir"
     ;;
 ar)

@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_workload.sh b OUT   the 9B ragged batch curve; a second process; bf16 exactness (tiny Qwen, Huginn)
 #   parts c, d: what b's limits cut, streaming; e, f: the forced-acceptance batch curve, exactness with continuation;
 #   h: the looped models' exactness with buckets, ragged batches and continuation; i: h and the carried drafter states
+#   chunks: the prefill chunk sizes of both families (Huginn-0125 shape; the 9B shape at 8K-128K prompts)
 set -u
 part=${1:?part a or b}
 out=${2:?output folder}
@@ -12,16 +13,23 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 . "$(dirname "$0")/gpu_step.sh"
 case $part in
+chunks)
+    step 210 chunks_huginn python benchmarks/bench_workload.py --random-huginn --parts chunks --chunks 256,1024,4096 \
+        --chunk-lengths 1000,4000 --chunk-repeats 3 --budget-s 190 --name workload_huginn0125_random_chunks --out "$out"
+    step 330 chunks_qwen python benchmarks/bench_workload.py --random-9b --parts chunks --chunks 1024,2048,4096 \
+        --chunk-lengths 8192,32768,131072 --chunk-repeats 2 --budget-s 300 --name workload_qwen35_9b_random_chunks_long \
+        --out "$out"
+    ;;
 a)
     step 290 curve python benchmarks/bench_spec.py --random-9b --forced-acceptance 0.8,1.0 --exact on --rollbacks replay \
         --gammas 2,4,8,16 --repeats 3 --max-new-tokens 128 --prompt-len 256 --time-budget-s 90 --tag _buckets \
         --out "$out"
     step 270 lengths_chunks python benchmarks/bench_workload.py --random-9b --parts lengths,chunks \
-        --chunks 256,1024 --chunk-lengths 1000,4000 --budget-s 250 --name workload_qwen35_9b_random_lengths --out "$out"
+        --chunks oneshot,256,1024 --chunk-lengths 1000,4000 --budget-s 250 --name workload_qwen35_9b_random_lengths --out "$out"
     ;;
 b)
     step 300 batch python benchmarks/bench_workload.py --random-9b --parts batch,second,chunks --batches 1,4,8,16 \
-        --chunks 256,1024 --chunk-lengths 128,256,512 --budget-s 270 --name workload_qwen35_9b_random_batch --out "$out"
+        --chunks oneshot,256,1024 --chunk-lengths 128,256,512 --budget-s 270 --name workload_qwen35_9b_random_batch --out "$out"
     step 140 exact_qwen python benchmarks/bench_workload.py --model checkpoints/tiny-qwen35-code --parts exact \
         --methods ngram,ngram:8,ngram-table,mtp,mtp-shortlist,layer-skip,residual-reuse,partial-mlp --budget-s 120 \
         --name exact_tiny_qwen_buckets --out "$out"
@@ -31,7 +39,7 @@ b)
 c)  # what part b's time limits cut: a second process, short-prompt chunks, the rest of the tiny Qwen's methods
     step 150 second python benchmarks/bench_workload.py --random-9b --parts second --name workload_qwen35_9b_random_second \
         --out "$out"
-    step 120 chunks python benchmarks/bench_workload.py --random-9b --parts chunks --chunks 256,1024 \
+    step 120 chunks python benchmarks/bench_workload.py --random-9b --parts chunks --chunks oneshot,256,1024 \
         --chunk-lengths 128,512 --budget-s 110 --name workload_qwen35_9b_random_chunks --out "$out"
     [ -n "${SKIP_EXACT:-}" ] || step 280 exact_qwen python benchmarks/bench_workload.py --model checkpoints/tiny-qwen35-code \
         --parts exact --methods mtp,mtp-shortlist,layer-skip,residual-reuse,partial-mlp --budget-s 270 \
@@ -42,7 +50,7 @@ d)  # streaming's cost, a second process, short-prompt chunks (9B shape)
         --out "$out"
     step 100 second python benchmarks/bench_workload.py --random-9b --parts second --name workload_qwen35_9b_random_second \
         --out "$out"
-    step 75 chunks python benchmarks/bench_workload.py --random-9b --parts chunks --chunks 256,1024 \
+    step 75 chunks python benchmarks/bench_workload.py --random-9b --parts chunks --chunks oneshot,256,1024 \
         --chunk-lengths 128,512 --budget-s 65 --name workload_qwen35_9b_random_chunks --out "$out"
     ;;
 e)  # the 9B ragged batch curve at forced acceptance p 0.8; bf16 exactness with continuation, tiny Huginn
