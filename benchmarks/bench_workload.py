@@ -91,6 +91,8 @@ def load_model(args):
         if args.damp < 1:  # the head tied to the embedding: with damped residual writes a token's top logit is the
             # token itself, so n-gram drafts are accepted (as the public-API check of the cost curve was run)
             model = dataclasses.replace(model, params=dict(model.params, lm_head=None))
+        # Qwen3.5's trained context (transformers' config default says 32768), so long prompts fit
+        model = dataclasses.replace(model, config=dataclasses.replace(model.config, max_position_embeddings=262144))
         return model, "qwen35_tiny_random" if args.tiny else "qwen35_9b_random"
     if args.random_huginn:
         return random_huginn_model(args.tiny, args.dtype), "huginn_tiny_random" if args.tiny else "huginn0125_random"
