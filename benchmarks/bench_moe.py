@@ -117,9 +117,9 @@ def step_floor(route, start: int, rows: int, counts: dict, bandwidth: float) -> 
     return (counts["nonexpert"] + counts["kv"] + union * counts["expert"]) / bandwidth
 
 
-# The model part's stages, in the order they run: n-gram exactness, AR on XLA's expert paths (the kernel's baseline),
-# AR at one row, the forced-acceptance curve, the long prompt, MTP.
-STAGES = ("ngram", "xla", "onerow", "curve", "long", "mtp")
+# The model part's stages, in the order they run: n-gram exactness, AR at one row, AR on XLA's expert paths (the
+# kernel's baseline; an error there is recorded), the forced-acceptance curve, the long prompt, MTP.
+STAGES = ("ngram", "onerow", "xla", "curve", "long", "mtp")
 
 
 def model_part(args, save) -> dict:
@@ -184,17 +184,23 @@ def model_part(args, save) -> dict:
 
     if "ngram" in stages:
         exact_method("ngram")  # first: the expert kernel's exactness in the model, before the timings that follow
-    if experts.GPU_DEFAULT is not None and "xla" in stages:  # the same AR on XLA's paths (gather / ragged): what the kernel replaces
-        chosen, experts.GPU_DEFAULT = experts.GPU_DEFAULT, None  # a compile switch: `compiled` keys on it
-        xla_first, _, xla_dec = timed("ar xla paths")
-        experts.GPU_DEFAULT = chosen
-        out.update(ar_xla_tok_s=(n - 1) / xla_dec, ar_xla_compile_seconds=xla_first.stats["compile_seconds"],
-                   ar_over_xla=xla_dec / ar_dec, ar_xla_equal=bool(np.array_equal(xla_first.tokens, ar_first.tokens)))
-        save(out)
     if "onerow" in stages:
         one_first, _, one_dec = timed("ar 1 row", exact=False)
         out.update(ar_1row_tok_s=(n - 1) / one_dec, ar_1row_compile_seconds=one_first.stats["compile_seconds"])
         out["ar_default_over_fastest"] = out["ar_tok_s"] / max(out["ar_tok_s"], out["ar_1row_tok_s"])
+    if experts.GPU_DEFAULT is not None and "xla" in stages:  # the same AR on XLA's paths (gather / ragged): what the kernel replaces
+        chosen, experts.GPU_DEFAULT = experts.GPU_DEFAULT, None  # a compile switch: `compiled` keys on it
+        try:
+            xla_first, _, xla_dec = timed("ar xla paths")
+            out.update(ar_xla_tok_s=(n - 1) / xla_dec, ar_xla_compile_seconds=xla_first.stats["compile_seconds"],
+                       ar_over_xla=xla_dec / ar_dec,
+                       ar_xla_equal=bool(np.array_equal(xla_first.tokens, ar_first.tokens)))
+        except Exception as exc:  # at 40 layers XLA's ragged prefill asks for a transposed copy of the experts
+            out["ar_xla_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            print("ar xla paths:", out["ar_xla_error"], flush=True)
+        finally:
+            experts.GPU_DEFAULT = chosen
+        save(out)
     out["ar_roofline_frac"] = out["ar_tok_s"] / out["roofline_tok_s"]
     out["peak_256_gib"] = (ar_runs[-1].stats.get("peak_memory_bytes") or 0) / GIB
     print(json.dumps({k: v for k, v in out.items() if not isinstance(v, list)}), flush=True)

@@ -332,7 +332,7 @@ def part_chunks(model, args, rng, out, t_start):
     base = (rng.integers(0, model.vocab_size, max(lengths)).astype(np.int32) if model.tokenizer is None
             or len(joined) < max(lengths) else joined[:max(lengths)])
     rows = []
-    saved = (buckets.SHORT_CHUNK, buckets.LONG_CHUNK)
+    saved = buckets.PREFILL_CHUNKS
     family = family_for(model.config)
     for L in lengths:
         for chunk in [c if c == "oneshot" else int(c) for c in args.chunks.split(",")]:
@@ -345,11 +345,11 @@ def part_chunks(model, args, rng, out, t_start):
                 if chunk == "oneshot":
                     return autoregressive.generate_ar(family, model, prompt[None], 1, decode_rows=8, max_len=L + 9,
                                                       sampling=SamplingConfig(), seed=0, eos_ids=())
-                buckets.SHORT_CHUNK = buckets.LONG_CHUNK = chunk
+                buckets.PREFILL_CHUNKS = (chunk,)
                 try:
                     return sj.generate(model, [prompt], 1, eos_token_id=False)
                 finally:
-                    buckets.SHORT_CHUNK, buckets.LONG_CHUNK = saved
+                    buckets.PREFILL_CHUNKS = saved
             try:
                 first = run()
                 times = sorted(run().stats["prefill_seconds"] for _ in range(args.chunk_repeats))

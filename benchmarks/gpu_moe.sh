@@ -29,7 +29,7 @@ short)  # a short lease: the kernels (90 s), then the model for 240 s (AR, the g
     step 250 model python benchmarks/bench_moe.py --part model --experts pallas --time-budget-s 240 --repeats 1 --out "$out" ;;
 model_a)  # the model in two device commands (each stage compiles for ~40-95 s at this shape): AR, its exactness, XLA's
     # paths as the baseline, one row ...
-    step 570 model_a python benchmarks/bench_moe.py --part model --time-budget-s 550 --stages ngram,xla,onerow \
+    step 570 model_a python benchmarks/bench_moe.py --part model --time-budget-s 550 --stages ngram,onerow,xla \
         --suffix _a --out "$out" ;;
 model_b)  # ... then the curve, the 8K prompt and MTP
     step 570 model_b python benchmarks/bench_moe.py --part model --time-budget-s 550 --stages curve,long,mtp \
@@ -38,7 +38,7 @@ sweep)  # the kernel's tiles swept (KERNEL_S, 90 s), then the model's first stag
     # (`bench_moe.chosen_blocks`) for MODEL_S (470 s); `sweep_b` the rest at the same tiles, in a second command
     step "${KERNEL_S:-90}" kernel python benchmarks/bench_moe.py --part kernel --out "$out" --blocks "$SWEEP_BLOCKS"
     step "${MODEL_S:-470}" model_a python benchmarks/bench_moe.py --part model --experts pallas \
-        --time-budget-s "$(( ${MODEL_S:-470} - 20 ))" --out "$out" --stages ngram,xla,onerow --suffix _a \
+        --time-budget-s "$(( ${MODEL_S:-470} - 20 ))" --out "$out" --stages ngram,onerow,xla --suffix _a \
         --blocks-from "$out/moe_qwen35_35b_a3b_kernels.json" ;;
 sweep_b)  # the curve, the 8K prompt and MTP at the tiles a `sweep` chose (its kernels JSON in OUT)
     step 570 model_b python benchmarks/bench_moe.py --part model --experts pallas --time-budget-s 550 --out "$out" \

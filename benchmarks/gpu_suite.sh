@@ -8,7 +8,7 @@
 #
 #   qwen-curve    headline qwen9b-step-cost: the 9B-shape forced-acceptance cost curve (random bf16 weights)
 #   tiny-qwen     headline tiny-qwen-e2e: the shipped tiny Qwen end to end, 8 held-out prompts
-#   tiny-huginn   headlines tiny-huginn-e2e, tiny-huginn-r32: the looped methods against AR, DAS-Wave at R = 32
+#   tiny-huginn   headline tiny-huginn-e2e: the looped methods against AR (and DAS-Wave at R = 32)
 #   looped-curve  headline huginn0125-looped-cost: the looped methods' forced curve at the Huginn-0125 shape
 #   exact         headline bf16-exact-ragged: bf16 equality with AR, batch 1 and ragged, both shipped checkpoints
 #   workload      headline warm-bucket: new prompt lengths in a warm bucket, prefill chunks (benchmarks/gpu_workload.sh

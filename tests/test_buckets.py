@@ -34,7 +34,7 @@ def _prompts(lengths, vocab, seed=0):
 def test_cache_bucket_ladder():
     assert [buckets.cache_bucket(n) for n in (1, 256, 257, 1024, 1025, 4097, 40000, 65537, 70000)] == \
         [256, 256, 1024, 1024, 4096, 8192, 65536, 65536 + 16384, 65536 + 16384]
-    assert buckets.prefill_chunk(10) == 256 and buckets.prefill_chunk(600) == 1024
+    assert [buckets.prefill_chunk(n) for n in (10, 256, 257, 512, 513, 600, 5000)] == [256, 256, 512, 512, 1024, 1024, 1024]
     assert buckets.prompt_buffer(300, 256) == 512
     assert buckets.cache_length(300, 16, 10 ** 6) == 1024 and buckets.cache_length(300, 17, 10 ** 6) == 300
     assert buckets.cache_length(300, 1, 512) == 512 and buckets.prefill_chunk(5, 17) == 16

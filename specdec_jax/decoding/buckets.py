@@ -4,7 +4,8 @@ length and number of new tokens, so a user's next prompt reuses what an earlier 
 - The cache length S (prompt + new tokens + the last verification's rows) is rounded up the ladder
   256, 1024, 4096, then powers of two up to 65,536, then multiples of 16,384 (past 64K a doubling would read twice
   the KV cache a step needs; a multiple of 16K adds at most 25% there).
-- The prompt is prefilled in chunks of a fixed size (`prefill_chunk`: 256 tokens, 1024 past 512 prompt tokens)
+- The prompt is prefilled in chunks of a fixed size (`prefill_chunk`: the smallest of 256, 512 and 1024 tokens that
+  holds the longest prompt, 1024 beyond)
   from a buffer of S tokens (rounded up to a chunk), with each row's valid length traced: a chunk's padding rows
   change nothing in the state (`qwen35.forward(prefill_lens=...)`), so the prefill program depends on (S, chunk)
   only, and a prompt gives the same bits in every bucket that prefills it in the same chunk size.
@@ -26,10 +27,10 @@ from ..errors import InputError
 CACHE_LADDER = (256, 1024, 4096)
 POW2_LIMIT = 65536
 LONG_STEP = 16384
-# Measured on an H100 at the 9B shape (bf16, AR, one new token; docs/LOG.md 2026-12-06): prefill of 1000 / 4000
-# tokens 46.5 / 194.6 ms in chunks of 256, 31.1 / 133.9 ms in chunks of 1024, 31.3 / 144.5 ms in one forward of the
-# exact prompt. A short prompt pays for a whole chunk, so prompts up to 512 tokens take chunks of 256.
-SHORT_CHUNK, LONG_CHUNK, LONG_PROMPT = 256, 1024, 512
+# Chosen on an H100 for both families (9B and Huginn-0125 shapes, bf16; docs/LOG.md, 2026-12-07): a prompt pays for
+# a whole chunk, so it takes the smallest that holds it; past 1024 tokens, chunks of 1024. Larger chunks were faster
+# only where the prompt fills them (a few % at the 9B shape), and a long prompt's padded last chunk costs as much.
+PREFILL_CHUNKS = (256, 512, 1024)
 
 
 SMALL_BATCH = 16
@@ -47,7 +48,7 @@ def cache_bucket(needed: int) -> int:
 
 def prefill_chunk(longest_prompt: int, batch: int = 1) -> int:
     """Tokens per prefill chunk for a batch whose longest prompt has `longest_prompt` tokens."""
-    chunk = SHORT_CHUNK if longest_prompt <= LONG_PROMPT else LONG_CHUNK
+    chunk = next((c for c in PREFILL_CHUNKS if longest_prompt <= c), PREFILL_CHUNKS[-1])
     return chunk if batch <= SMALL_BATCH else min(chunk, -(-longest_prompt // 16) * 16)
 
 
