@@ -188,7 +188,8 @@ def test_the_kernel_lowers_to_triton_modules_that_verify(monkeypatch):
     """The GPU lowering, checked without a GPU: expert_swiglu at the 35B-A3B layer's shape (decode and prefill tiles)
     lowered for CUDA, every Triton module it builds run through MLIR's verifier (what the GPU plugin does before it
     compiles; a loop whose bounds lowered to unlike types failed there on an H100 and passes interpret mode).
-    Uses jax's private Pallas Triton lowering: it fails loudly if that moves."""
+    Also: the program around the kernels has no loop. Uses jax's private Pallas Triton lowering: it fails loudly if
+    that moves."""
     from jax._src.pallas.triton import lowering as triton_lowering
     from jax._src.pallas.triton import pallas_call_registration as registration
     import types
@@ -213,4 +214,7 @@ def test_the_kernel_lowers_to_triton_modules_that_verify(monkeypatch):
                                                                          decode_shape=s))
         text = fn.trace(x, ids, *weights).lower(lowering_platforms=("cuda",)).as_text()
         assert "xla.gpu.triton" in text
+        # No loop around the kernels: XLA's GPU runtime drives a while loop from the host, one round trip a step, and
+        # here it would run in every MoE layer of every decode step (jnp.searchsorted's default method is one).
+        assert "stablehlo.while" not in text, f"the {'decode' if decode_shape else 'prefill'} program has a loop"
     assert verified == [True] * 4  # two products (gate-up with SwiGLU, down) per shape

@@ -69,7 +69,9 @@ def group_layout(expert_ids: jax.Array, selected: jax.Array, num_experts: int, b
     dest_sorted = jnp.where(e_sorted < E, starts[clamped] + jnp.arange(M, dtype=jnp.int32) - first[clamped], rows)
     dest = jnp.zeros((M,), jnp.int32).at[order].set(dest_sorted.astype(jnp.int32))
     tile_rows = jnp.arange(rows // block_m, dtype=jnp.int32) * block_m
-    tile_expert = jnp.searchsorted(ends, tile_rows, side="right").astype(jnp.int32)
+    # compare_all, not searchsorted's default "scan": that is a while loop of log2(E) steps, which XLA's GPU runtime
+    # drives from the host, in every MoE layer of every decode step (the table drafter's lookup measured it).
+    tile_expert = jnp.searchsorted(ends, tile_rows, side="right", method="compare_all").astype(jnp.int32)
     return GroupLayout(dest, jnp.where(tile_expert < E, tile_expert, -1), rows)
 
 
