@@ -293,7 +293,7 @@ def _buckets(model: Model, prompts: list, needed: int, max_len: int | None, eos_
     elif session is not None and max_len < session.model.max_len:
         raise InputError(f"max_len={max_len} is shorter than the state's cache ({session.model.max_len} slots)")
     longest = max(len(p) - int(s) for p, s in zip(prompts, starts))  # the tokens this call prefills
-    chunk = buckets.prefill_chunk(longest, len(prompts))
+    chunk = buckets.prefill_chunk(longest, len(prompts), max_len)
     ids, lens = buckets.pad_prompts(prompts, buckets.prompt_buffer(max_len, chunk))
     token_buffer = 0 if buckets.static_new_tokens(eos_ids, sure_steps_enabled()) else max_len
     from .memory import check_fits

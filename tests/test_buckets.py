@@ -35,6 +35,8 @@ def test_cache_bucket_ladder():
     assert [buckets.cache_bucket(n) for n in (1, 256, 257, 1024, 1025, 4097, 40000, 65537, 70000)] == \
         [256, 256, 1024, 1024, 4096, 8192, 65536, 65536 + 16384, 65536 + 16384]
     assert [buckets.prefill_chunk(n) for n in (10, 256, 257, 512, 513, 600, 5000)] == [256, 256, 512, 512, 1024, 1024, 1024]
+    assert [buckets.prefill_chunk(n, 1, 256) for n in (10, 200)] == [256, 256]  # the smallest chunk: a 256-slot cache
+    assert [buckets.prefill_chunk(n, 1, 1024) for n in (10, 300, 700)] == [512, 512, 1024]  # two chunks a bucket
     assert buckets.prompt_buffer(300, 256) == 512
     assert buckets.cache_length(300, 16, 10 ** 6) == 1024 and buckets.cache_length(300, 17, 10 ** 6) == 300
     assert buckets.cache_length(300, 1, 512) == 512 and buckets.prefill_chunk(5, 17) == 16

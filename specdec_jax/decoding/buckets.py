@@ -5,7 +5,7 @@ length and number of new tokens, so a user's next prompt reuses what an earlier 
   256, 1024, 4096, then powers of two up to 65,536, then multiples of 16,384 (past 64K a doubling would read twice
   the KV cache a step needs; a multiple of 16K adds at most 25% there).
 - The prompt is prefilled in chunks of a fixed size (`prefill_chunk`: the smallest of 256, 512 and 1024 tokens that
-  holds the longest prompt, 1024 beyond)
+  holds the longest prompt, 1024 beyond; 256 only in caches of 256 slots)
   from a buffer of S tokens (rounded up to a chunk), with each row's valid length traced: a chunk's padding rows
   change nothing in the state (`qwen35.forward(prefill_lens=...)`), so the prefill program depends on (S, chunk)
   only, and a prompt gives the same bits in every bucket that prefills it in the same chunk size.
@@ -46,9 +46,15 @@ def cache_bucket(needed: int) -> int:
     return -(-int(needed) // LONG_STEP) * LONG_STEP
 
 
-def prefill_chunk(longest_prompt: int, batch: int = 1) -> int:
-    """Tokens per prefill chunk for a batch whose longest prompt has `longest_prompt` tokens."""
+def prefill_chunk(longest_prompt: int, batch: int = 1, cache_len: int | None = None) -> int:
+    """Tokens per prefill chunk for a batch whose longest prompt has `longest_prompt` tokens, into a cache of
+    `cache_len` slots: the smallest of PREFILL_CHUNKS that holds the prompt (the largest beyond), but the smallest
+    chunk only where the cache is no longer than it. A cache bucket past 256 slots holds prompts of any length up to
+    it, and each chunk size is a program of its own: in those buckets a short prompt takes the next chunk (a few ms
+    more once, against a compile of seconds), so a bucket compiles at most two prefills."""
     chunk = next((c for c in PREFILL_CHUNKS if longest_prompt <= c), PREFILL_CHUNKS[-1])
+    if chunk == PREFILL_CHUNKS[0] and cache_len is not None and cache_len > chunk and len(PREFILL_CHUNKS) > 1:
+        chunk = PREFILL_CHUNKS[1]
     return chunk if batch <= SMALL_BATCH else min(chunk, -(-longest_prompt // 16) * 16)
 
 

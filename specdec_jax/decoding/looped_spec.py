@@ -359,7 +359,7 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
     eos_ids = tuple(cfg.eos_token_id) if eos_ids is None else tuple(int(i) for i in eos_ids)
     dtype = model.params["wte"].dtype
     # The prompt buffer: row b's tokens after the held[b] its cache holds; chunks of the longest new part.
-    chunk = buckets.prefill_chunk(max(len(r) for r in rows), B)
+    chunk = buckets.prefill_chunk(max(len(r) for r in rows), B, max_len)
     ids = np.zeros((B, buckets.prompt_buffer(max_len, chunk)), np.int32)
     for b, (h, r) in enumerate(zip(held, rows)):
         ids[b, h:h + len(r)] = r
