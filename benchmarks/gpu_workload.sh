@@ -6,6 +6,7 @@
 #   parts c, d: what b's limits cut, streaming; e, f: the forced-acceptance batch curve, exactness with continuation;
 #   h: the looped models' exactness with buckets, ragged batches and continuation; i: h and the carried drafter states
 #   chunks: the prefill chunk sizes of both families (Huginn-0125 shape; the 9B shape at 8K-128K prompts)
+#   curve256: the 9B cost curve at the issue's 256 new tokens (its figures before buckets were taken at 256)
 set -u
 part=${1:?part a or b}
 out=${2:?output folder}
@@ -13,6 +14,11 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 . "$(dirname "$0")/gpu_step.sh"
 case $part in
+curve256)
+    step 400 curve256 python benchmarks/bench_spec.py --random-9b --forced-acceptance 1.0 --exact on --rollbacks replay \
+        --gammas 2,4,8,16 --repeats 3 --max-new-tokens 256 --prompt-len 256 --time-budget-s 300 --tag _buckets256 \
+        --out "$out"
+    ;;
 chunks)
     step 210 chunks_huginn python benchmarks/bench_workload.py --random-huginn --parts chunks --chunks 256,1024,4096 \
         --chunk-lengths 1000,4000 --chunk-repeats 3 --budget-s 190 --name workload_huginn0125_random_chunks --out "$out"
