@@ -347,6 +347,30 @@ def markdown(result: dict) -> str:
     return "\n".join(md) + "\n"
 
 
+def merge_halves(paths: list[str]) -> dict:
+    """The halves of a run split by --stages (the same commit and device) as one result: the first half's header and
+    AR, every half's stages; the commands joined with ' && '."""
+    halves = [json.load(open(p)) for p in paths]
+    for key in ("git_commit", "device", "num_hidden_layers"):
+        values = {str(h.get(key)) for h in halves}
+        if len(values) > 1:
+            raise SystemExit(f"--merge: the halves differ in {key}: {sorted(values)}")
+    merged = dict(halves[0])
+    for h in halves[1:]:
+        for k, v in h.items():
+            if k == "rows":
+                merged["rows"] = merged.get("rows", []) + v
+            elif k == "exact_methods":
+                merged[k] = {**merged.get(k, {}), **v}
+            elif k not in merged:
+                merged[k] = v
+    merged["command"] = " && ".join(h["command"] for h in halves)
+    merged["benchmark"] = "moe_qwen35_35b_a3b"
+    if "ar_1row_tok_s" in merged:
+        merged["ar_default_over_fastest"] = merged["ar_tok_s"] / max(merged["ar_tok_s"], merged["ar_1row_tok_s"])
+    return merged
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=("model", "kernel"), default="model")
@@ -368,7 +392,14 @@ def main():
                     help=f"with --part model: which of {','.join(STAGES)} run (AR at the default path always runs: "
                          f"every other figure is against it); split a run over two device commands with --suffix")
     ap.add_argument("--suffix", default="", help="appended to the result's file name (a run split by --stages)")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="instead: join the halves of a run split by --stages into moe_qwen35_35b_a3b.json in --out")
     args = ap.parse_args()
+    if args.merge:
+        from specdec_jax.bench.harness import write_results
+        merged = merge_halves(args.merge)
+        write_results(args.out, "moe_qwen35_35b_a3b", merged, markdown(merged))
+        return
     if not set(args.stages.split(",")) <= set(STAGES):
         ap.error(f"--stages must name some of {','.join(STAGES)}; got {args.stages!r}")
     args.curve = [(int(g), float(p)) for g, p in (c.split(":") for c in args.curve.split(","))]

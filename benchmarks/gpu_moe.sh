@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_moe.sh sweep OUT    the kernel's tiles swept, then the model's first stages with the fastest
 #   bash benchmarks/gpu_moe.sh sweep_b OUT  (same OUT, next command) the model's other stages at those tiles
 #   bash benchmarks/gpu_moe.sh model_a OUT, then model_b OUT: the model at the library's defaults in two commands
+#   then: python benchmarks/bench_moe.py --merge OUT/moe_qwen35_35b_a3b_a.json OUT/moe_qwen35_35b_a3b_b.json --out benchmarks/results
 set -u
 # block_m,block_n,block_k,num_warps,num_stages: decode tiles (block_m 16) and prefill tiles (block_m 64), block_k 64
 # and 128 in both (a decode pick's prefill partner shares its block_k). The narrow decode tiles (block_n 16 and 32 at
