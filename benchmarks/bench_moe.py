@@ -36,12 +36,15 @@ TINY = dict(vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_h
             shared_expert_intermediate_size=32, layer_types=None)
 
 
-def moe_config(tiny: bool):
-    """transformers' Qwen3_5MoeTextConfig defaults (the 35B-A3B shape: 40 layers, 256 experts, top 8), one MTP layer."""
+def moe_config(tiny: bool, layers: int = 0):
+    """transformers' Qwen3_5MoeTextConfig defaults (the 35B-A3B shape: 40 layers, 256 experts, top 8), one MTP layer.
+    layers: another depth (its layer types in the same 3 : 1 pattern), for a quicker look at a layer's costs."""
     from transformers import Qwen3_5MoeTextConfig
     from specdec_jax.models.qwen35.config import qwen35_config_from_dict
     raw = Qwen3_5MoeTextConfig().to_dict()
     raw.update(TINY if tiny else {})
+    if layers:
+        raw.update(num_hidden_layers=layers, layer_types=None)
     raw.update(model_type="qwen3_5_moe_text", mtp_num_hidden_layers=1, max_position_embeddings=32768)
     return qwen35_config_from_dict(raw)
 
@@ -118,8 +121,9 @@ def step_floor(route, start: int, rows: int, counts: dict, bandwidth: float) -> 
 
 
 # The model part's stages, in the order they run: n-gram exactness, AR at one row, AR on XLA's expert paths (the
-# kernel's baseline; an error there is recorded), the forced-acceptance curve, the long prompt, MTP.
-STAGES = ("ngram", "onerow", "xla", "curve", "long", "mtp")
+# kernel's baseline; an error there is recorded), device traces of AR (where a token's time goes, kernel by kernel),
+# the forced-acceptance curve, the long prompt, MTP.
+STAGES = ("ngram", "onerow", "xla", "profile", "curve", "long", "mtp")
 
 
 def model_part(args, save) -> dict:
@@ -131,7 +135,7 @@ def model_part(args, save) -> dict:
     from specdec_jax.decoding import buckets
     from specdec_jax.decoding.decode_shape import choose_decode_rows
     t0 = time.perf_counter()
-    cfg = moe_config(args.tiny)
+    cfg = moe_config(args.tiny, args.layers)
     model = make_model(cfg)
     weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
     from pallas_kernels import experts
@@ -201,6 +205,21 @@ def model_part(args, save) -> dict:
         finally:
             experts.GPU_DEFAULT = chosen
         save(out)
+    if "profile" in stages:  # one traced AR call per path: device time by kernel family, idle time, per token
+        from specdec_jax.bench.profiling import device_kernel_profile, kernel_profile_markdown
+        profiles = {}
+        for label, options in (("AR default", {}), ("AR 1 row", {"exact": False})):
+            if left() < 40:
+                break
+            profiles[f"{label}, per token"] = device_kernel_profile(
+                lambda: sj.generate(model, [prompt], n, eos_token_id=False, **options).tokens, per=n - 1)
+        out["profiles"] = profiles
+        md = "\n".join(kernel_profile_markdown(profiles, unit="token"))
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, f"moe_profile{args.suffix}.md"), "w") as f:
+            f.write(md + "\n")
+        print(md, flush=True)
+        save(out)
     out["ar_roofline_frac"] = out["ar_tok_s"] / out["roofline_tok_s"]
     out["peak_256_gib"] = (ar_runs[-1].stats.get("peak_memory_bytes") or 0) / GIB
     print(json.dumps({k: v for k, v in out.items() if not isinstance(v, list)}), flush=True)
@@ -264,7 +283,7 @@ def kernel_part(args, save=lambda rows: None) -> list[dict]:
     import numpy as np
     from pallas_kernels import experts as X
     from specdec_jax.bench.harness import median_time
-    cfg = moe_config(args.tiny)
+    cfg = moe_config(args.tiny, args.layers)
     E, D, inter, k = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts_per_tok
     key = jax.random.split(jax.random.PRNGKey(0), 3)
     gate_up = jax.random.normal(key[0], (E, 2 * inter, D), jnp.bfloat16) * D ** -0.5
@@ -377,6 +396,7 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="a tiny random shape (CPU smoke run)")
     ap.add_argument("--experts", default=None, choices=("gather", "ragged", "pallas"),
                     help="with --part model: the expert products' implementation on the GPU (default: the library's)")
+    ap.add_argument("--layers", type=int, default=0, help="another depth than the shape's (0: its 40 layers)")
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--long-prompt", type=int, default=8192, help="AR prefill + decode at this prompt length (0: off)")
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -410,8 +430,8 @@ def main():
     if args.blocks_from:
         experts.DECODE_BLOCKS, experts.PREFILL_BLOCKS = chosen_blocks(args.blocks_from)
         print("tiles:", experts.DECODE_BLOCKS, experts.PREFILL_BLOCKS, flush=True)
-    stem = ("moe_qwen35_" + ("tiny" if args.tiny else "35b_a3b") + (f"_{args.experts}" if args.experts else "")
-            + args.suffix)
+    stem = ("moe_qwen35_" + ("tiny" if args.tiny else "35b_a3b") + (f"_{args.layers}layers" if args.layers else "")
+            + (f"_{args.experts}" if args.experts else "") + args.suffix)
     if args.part == "kernel":
         header = result_header(stem + "_kernels", command="python " + " ".join(sys.argv))
         os.makedirs(args.out, exist_ok=True)
