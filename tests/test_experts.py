@@ -133,10 +133,13 @@ def random_moe_model(dtype="bfloat16", *, mtp: bool = False, seed: int = 0):
     return Model(config=cfg, params=params, dtype=jnp.dtype(dtype))
 
 
-def test_padding_rows_select_no_expert_and_a_row_is_the_same_alone(monkeypatch):
+@pytest.mark.parametrize("impl", ["auto", "pallas"])
+def test_padding_rows_select_no_expert_and_a_row_is_the_same_alone(monkeypatch, impl):
     """Decode-shape forwards of 5 rows: with 1 valid row the experts see id -1 for the 4 padding rows, and the valid
     row's logits are the same bits whatever tokens the padding rows hold and when the 4 rows are real (a
-    verification, whose rows share its experts)."""
+    verification, whose rows share its experts). With live_rows (the static bound an AR step or a verification
+    passes) the kernel's products see only the first live_rows rows (XLA's paths, whose bits may follow the row
+    count, keep all 5), and the valid rows' logits keep their bits."""
     model = random_moe_model("float32")
     seen = []
     original = X.expert_swiglu
@@ -146,20 +149,27 @@ def test_padding_rows_select_no_expert_and_a_row_is_the_same_alone(monkeypatch):
         return original(x, ids, *args, **kwargs)
 
     monkeypatch.setattr(qwen_mlp.experts, "expert_swiglu", recording)
+    tiles = dict(X.DECODE_BLOCKS, block_m=16, **SMALL_BLOCKS)  # tiles that divide the test's small experts
+    monkeypatch.setattr(X, "DECODE_BLOCKS", tiles)
     cfg, params = model.config, model.params
     state = qwen35.init_state(cfg, 1, 32, jnp.float32)
     _, state = qwen35.forward_jit(params, cfg, state, jnp.asarray([[5, 9, 11, 3]], jnp.int32))
-    step = jax.jit(lambda params, state, ids, n: qwen35.forward(params, cfg, state, ids, n_valid=n)[0])
+    step = jax.jit(lambda params, state, ids, n, live=None: qwen35.forward(
+        params, cfg, state, ids, impl=impl, n_valid=n, live_rows=live)[0], static_argnums=4)
     logits = []
-    for rows, n_valid in (([0, 0, 0, 0], 1), ([95, 40, 7, 60], 1), ([95, 40, 7, 60], 5)):
+    for rows, n_valid, live in (([0, 0, 0, 0], 1, None), ([95, 40, 7, 60], 1, None), ([95, 40, 7, 60], 5, None),
+                                ([95, 40, 7, 60], 1, 1), ([95, 40, 7, 60], 5, 3)):
         seen.clear()
-        out = step(params, state, jnp.asarray([[7] + rows], jnp.int32), jnp.asarray([n_valid], jnp.int32))
+        out = step(params, state, jnp.asarray([[7] + rows], jnp.int32), jnp.asarray([n_valid], jnp.int32), live)
         jax.effects_barrier()
-        logits.append(np.asarray(out[0, 0]))
+        logits.append(np.asarray(out[0, :min(n_valid, live or 5)]))
         assert len(seen) == len(cfg.layer_types)
         for ids in seen:
-            assert ids.shape == (5, 2) and np.all((ids[n_valid:] == -1)) and np.all(ids[:n_valid] >= 0)
-    assert np.array_equal(logits[0], logits[1]) and np.array_equal(logits[0], logits[2])
+            assert ids.shape == ((live or 5) if impl == "pallas" else 5, 2)
+            assert np.all((ids[n_valid:] == -1)) and np.all(ids[:n_valid] >= 0)
+    for got in logits[1:]:
+        assert np.array_equal(logits[0][:1], got[:1])
+    assert np.array_equal(logits[2][:3], logits[4])  # a verification's first 3 rows, alone in the expert products
 
 
 def test_greedy_speculation_on_a_moe_model_equals_ar_in_bfloat16():

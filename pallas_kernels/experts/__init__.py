@@ -100,6 +100,19 @@ def _kernel():
     return kernel
 
 
+def implementation_for(implementation: str | None, copies: int, gate_up_shape: tuple, down_shape: tuple,
+                       decode_shape: bool) -> str:
+    """The implementation `expert_swiglu` runs for these arguments: `resolve`'s choice, and XLA's paths where the
+    kernel's tiles do not divide the weights. Only the kernel ("pallas") computes a copy in the same bits whatever
+    the number of copies (fixed tiles); XLA's products may change their order with the shape."""
+    E = gate_up_shape[0]
+    chosen = resolve(implementation, copies, E)
+    if chosen == "pallas" and not kernel_fits(gate_up_shape, down_shape, DECODE_BLOCKS if decode_shape
+                                              else PREFILL_BLOCKS):
+        chosen = "gather" if copies <= E else "ragged"
+    return chosen
+
+
 def expert_swiglu(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down: jax.Array, *,
                   implementation: str | None = "auto", decode_shape: bool = False,
                   blocks: dict | None = None) -> jax.Array:
@@ -113,7 +126,7 @@ def expert_swiglu(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down:
     selected = (expert_ids >= 0) & (expert_ids < E)
     chosen = resolve(implementation, N * k, E)
     tiles = dict(DECODE_BLOCKS if decode_shape else PREFILL_BLOCKS, **(blocks or {}))
-    if chosen == "pallas" and not kernel_fits(gate_up.shape, down.shape, tiles):
+    if chosen == "pallas" and not kernel_fits(gate_up.shape, down.shape, tiles):  # (blocks: the caller's tiles)
         chosen = "gather" if N * k <= E else "ragged"
     ids = jnp.clip(expert_ids, 0, E - 1)
     if chosen == "gather":
@@ -131,4 +144,4 @@ def expert_swiglu(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down:
 
 
 __all__ = ["IMPLEMENTATIONS", "DECODE_BLOCKS", "PREFILL_BLOCKS", "GroupLayout", "group_layout", "padded_rows",
-           "resolve", "kernel_fits", "expert_swiglu", "reference"]
+           "resolve", "kernel_fits", "implementation_for", "expert_swiglu", "reference"]

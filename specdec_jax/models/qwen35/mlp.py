@@ -35,30 +35,49 @@ def expert_implementation(cfg: Qwen35Config, impl: str) -> str:
     return "pallas" if impl == "pallas" else "auto"
 
 
-def moe_mlp(p: dict, cfg: Qwen35Config, x: jax.Array, valid: jax.Array | None = None, impl: str = "auto") -> jax.Array:
+def moe_mlp(p: dict, cfg: Qwen35Config, x: jax.Array, valid: jax.Array | None = None, impl: str = "auto",
+            live_rows: int | None = None) -> jax.Array:
     """Router, top-k experts and the sigmoid-gated shared expert. valid [B, T] bool: rows that are padding select no
-    expert (they read no expert weight; their output is the shared expert's alone). Each token's output sums its k
-    experts in rank order in float32, whatever other rows share its forward (`pallas_kernels.experts`)."""
+    expert (they read no expert weight; their output is the shared expert's alone). live_rows (static) or None: no
+    valid row of a sequence lies past its first live_rows (an AR step padded to a verification's rows: 1), so the
+    expert products run on those rows only and the layout's size follows the rows that can select experts. Routing
+    and the shared expert still run on all T rows: a row's products keep one shape in AR and in verification. Each
+    token's output sums its k experts in rank order in float32, whatever other rows share its forward
+    (`pallas_kernels.experts`)."""
     B, T, D = x.shape
+    k, E = cfg.num_experts_per_tok, cfg.num_experts
     xt = x.reshape(B * T, D)
     top_w, top_i = route(p, cfg, xt, None if valid is None else valid.reshape(B * T))
     chosen = expert_implementation(cfg, impl)
     if chosen == "xla":
-        chosen = "gather" if B * T * cfg.num_experts_per_tok <= cfg.num_experts else "ragged"
-    y = experts.expert_swiglu(xt, top_i, p["experts_gate_up"], p["experts_down"], implementation=chosen,
-                              decode_shape=T < attention.FLASH_MIN_ROWS)  # [N, k, D]; decode shapes as attention's
+        chosen = "gather" if B * T * k <= E else "ragged"
+    decode_shape = T < attention.FLASH_MIN_ROWS  # decode shapes as attention's
+    chosen = experts.implementation_for(chosen, B * T * k, p["experts_gate_up"].shape, p["experts_down"].shape,
+                                        decode_shape)
+    # Only the kernel computes a row in the same bits whatever the rows beside it, so only it drops the padding rows.
+    R = T if live_rows is None or chosen != "pallas" else max(1, min(int(live_rows), T))
+    xe = xt
+    if R < T:  # [B * T, ...] -> the first R rows of each sequence, [B * R, ...]
+        first = lambda a: a.reshape(B, T, *a.shape[1:])[:, :R].reshape(B * R, *a.shape[1:])
+        xe, top_w, top_i = first(xt), first(top_w), first(top_i)
+    y = experts.expert_swiglu(xe, top_i, p["experts_gate_up"], p["experts_down"], implementation=chosen,
+                              decode_shape=decode_shape)  # [B R, k, D]
     out = (y[:, 0] * top_w[:, :1]).astype(jnp.float32)
     for s in range(1, top_i.shape[1]):  # rank order: a row's sum never depends on the batch's shape
         out = out + (y[:, s] * top_w[:, s:s + 1]).astype(jnp.float32)
     out = out.astype(x.dtype)
+    if R < T:  # the rows past live_rows are padding: no expert output
+        out = jnp.pad(out.reshape(B, R, D), ((0, 0), (0, T - R), (0, 0))).reshape(B * T, D)
     if "shared_gate_up_proj" in p:
         shared = L.swiglu_fused(xt, p["shared_gate_up_proj"], p["shared_down_proj"], groups=cfg.tp_size)
         out = out + jax.nn.sigmoid(L.linear(xt, p["shared_expert_gate"])) * shared
     return out.reshape(B, T, D)
 
 
-def mlp(p: dict, cfg: Qwen35Config, x: jax.Array, valid: jax.Array | None = None, impl: str = "auto") -> jax.Array:
-    """The layer's MLP on x [B, T, D]; valid [B, T] (MoE only): False for padding rows, which select no expert."""
+def mlp(p: dict, cfg: Qwen35Config, x: jax.Array, valid: jax.Array | None = None, impl: str = "auto",
+        live_rows: int | None = None) -> jax.Array:
+    """The layer's MLP on x [B, T, D]; valid [B, T] and live_rows (MoE only): False for padding rows, which select no
+    expert; no valid row past the first live_rows of a sequence (`moe_mlp`)."""
     if cfg.is_moe:
-        return moe_mlp(p, cfg, x, valid, impl)
+        return moe_mlp(p, cfg, x, valid, impl, live_rows)
     return L.swiglu_fused(x, p["gate_up_proj"], p["down_proj"], groups=cfg.tp_size)

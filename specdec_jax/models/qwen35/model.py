@@ -233,7 +233,8 @@ def forward(params: dict, cfg: Qwen35Config, state: Qwen35State, input_ids: jax.
             replay_inputs = ex.pop("replay_inputs", replay_inputs)
             gdn_extras.append(ex)
         x = x + h
-        x = x + mlp(p["mlp"], cfg, L.rms_norm(x, p["post_norm"], cfg.rms_norm_eps, zero_centered=True), live, impl)
+        x = x + mlp(p["mlp"], cfg, L.rms_norm(x, p["post_norm"], cfg.rms_norm_eps, zero_centered=True), live, impl,
+                    live_rows if n_valid is not None else None)
         if i in record:
             deltas.append(x - x_in)
     hidden = L.rms_norm(x, params["final_norm"], cfg.rms_norm_eps, zero_centered=True)
