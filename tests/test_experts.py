@@ -87,7 +87,9 @@ def test_a_rows_output_does_not_depend_on_the_rows_sharing_its_experts(implement
     assert np.array_equal(run(x[::-1], ids[::-1])[-1], shared[0])  # and wherever it sits among them
 
 
-def test_group_layout_reads_each_expert_once_per_tile():
+@pytest.mark.parametrize("compare_max", [0, 256], ids=["sorted", "compared"])
+def test_group_layout_reads_each_expert_once_per_tile(monkeypatch, compare_max):
+    monkeypatch.setattr(X, "LAYOUT_COMPARE_MAX_COPIES", compare_max)
     ids = np.asarray([[3, 1], [3, 0], [3, 1], [-1, -1], [3, 2]], np.int32)  # expert 3: 4 copies; 1: 2; 0, 2: 1
     selected = ids >= 0
     block_m = 2
@@ -102,6 +104,27 @@ def test_group_layout_reads_each_expert_once_per_tile():
     used = tile_expert[tile_expert >= 0]
     assert sorted(used.tolist()) == [0, 1, 2, 3, 3]  # ceil(copies / block_m) tiles per expert, no more
     assert np.all(tile_expert[len(used):] == -1)
+
+
+@pytest.mark.parametrize("tokens,k,E,block_m", [(9, 8, 256, 16), (1, 8, 256, 16), (40, 2, 4, 8)])
+def test_the_compared_layout_is_the_sorted_one(monkeypatch, tokens, k, E, block_m):
+    """Decode-size routings (some copies selecting no expert, experts shared across rows): the compare-matrix layout
+    gives the sort's destinations and tile experts, and its gathered rows are the scatter's."""
+    rng = np.random.default_rng(tokens)
+    ids = np.stack([rng.choice(E, k, replace=False) if k <= E else rng.integers(0, E, k) for _ in range(tokens)])
+    ids = jnp.asarray(np.where(rng.random(ids.shape) < 0.8, ids, -1).astype(np.int32))
+    selected, clamped = ids >= 0, jnp.maximum(ids, 0)
+    x = jnp.asarray(rng.standard_normal((tokens, 32)), jnp.float32)
+    copy_token = jnp.arange(tokens * k, dtype=jnp.int32) // k
+    out = {}
+    for compare_max in (0, 256):
+        monkeypatch.setattr(X, "LAYOUT_COMPARE_MAX_COPIES", compare_max)
+        lay = X.group_layout(clamped, selected, E, block_m)
+        out[compare_max] = (np.asarray(lay.dest), np.asarray(lay.tile_expert), np.asarray(X.gather_rows(x, copy_token,
+                                                                                                         lay)))
+    for a, b in zip(out[0], out[256]):
+        assert np.array_equal(a, b)
+    assert np.any(out[0][1] >= 0) and np.any(out[0][2] != 0)  # not vacuous: tiles in use, rows filled
 
 
 def test_auto_off_the_gpu_and_bad_names():
@@ -227,4 +250,6 @@ def test_the_kernel_lowers_to_triton_modules_that_verify(monkeypatch):
         # No loop around the kernels: XLA's GPU runtime drives a while loop from the host, one round trip a step, and
         # here it would run in every MoE layer of every decode step (jnp.searchsorted's default method is one).
         assert "stablehlo.while" not in text, f"the {'decode' if decode_shape else 'prefill'} program has a loop"
+        if decode_shape:  # a decode step's layout compares: no sort, no scatter
+            assert "stablehlo.sort" not in text and "stablehlo.scatter" not in text
     assert verified == [True] * 4  # two products (gate-up with SwiGLU, down) per shape

@@ -123,14 +123,6 @@ def test_every_layers_conv_window_in_one_op_equals_each_layers_window():
                                           err_msg=f"layer {layer}, row {row}")
 
 
-def test_batched_generate_matches_single(small_model):
-    _, model = small_model
-    ids = np.random.default_rng(5).integers(0, model.vocab_size, size=(4, 6))
-    batch = sj.generate(model, ids, 10, eos_token_id=False).tokens
-    for b in range(4):
-        np.testing.assert_array_equal(batch[b], sj.generate(model, ids[b:b + 1], 10, eos_token_id=False).tokens[0])
-
-
 def test_generate_stops_at_eos(small_model):
     _, model = small_model
     ids = np.random.default_rng(6).integers(0, model.vocab_size, size=(1, 6))
@@ -219,8 +211,7 @@ def test_bfloat16_load_runs(small_model):
     ids = np.arange(20)[None] % bf.vocab_size
     err = H.rel_err(sj.forward_logits(bf, ids), sj.forward_logits(model, ids))
     assert err <= 0.1  # random tiny weights: bf16 rounding only, no reference mismatch
-    out = sj.generate(bf, ids, 8, eos_token_id=False)
-    assert out.tokens.shape == (1, 8)
+    # (bf16 generation: test_experts' and test_exact's bf16 speculation-against-AR tests)
 
 
 def test_hf_tensors_round_trip(small_model):

@@ -52,27 +52,58 @@ def padded_rows(copies: int, num_experts: int, block_m: int) -> int:
     return -(-bound // block_m) * block_m
 
 
+# Up to this many copies (decode steps and verifications: rows x top-k) the layout is built from compare matrices
+# ([copies, copies] and [E, E] in one or two fusions) instead of a sort and scatters; more copies (prefill chunks)
+# sort. Both give the same layout (`group_layout`); 0 sorts always (the A/B switch).
+LAYOUT_COMPARE_MAX_COPIES = 256
+
+
 def group_layout(expert_ids: jax.Array, selected: jax.Array, num_experts: int, block_m: int) -> GroupLayout:
-    """expert_ids [N, k] int32 and selected [N, k] bool -> the padded sorted layout (static shapes, traced counts)."""
+    """expert_ids [N, k] int32 and selected [N, k] bool -> the padded sorted layout (static shapes, traced counts).
+    Copies of one expert keep their order (copy index) inside its group."""
     E = num_experts
     flat = jnp.where(selected, expert_ids, E).reshape(-1).astype(jnp.int32)  # [M]; E: no expert
     M = flat.shape[0]
     rows = padded_rows(M, E, block_m)
-    sizes = jnp.bincount(flat, length=E + 1)[:E].astype(jnp.int32)  # [E]
-    padded = -(-sizes // block_m) * block_m
-    ends = jnp.cumsum(padded)
-    starts = ends - padded
-    first = jnp.cumsum(sizes) - sizes  # each group's first index among the sorted copies
-    order = jnp.argsort(flat, stable=True)
-    e_sorted = flat[order]
-    clamped = jnp.minimum(e_sorted, E - 1)
-    dest_sorted = jnp.where(e_sorted < E, starts[clamped] + jnp.arange(M, dtype=jnp.int32) - first[clamped], rows)
-    dest = jnp.zeros((M,), jnp.int32).at[order].set(dest_sorted.astype(jnp.int32))
+    experts_ = jnp.arange(E, dtype=jnp.int32)
+    if M <= LAYOUT_COMPARE_MAX_COPIES:
+        # No sort, no scatter: a copy's place in its group is the count of earlier copies of its expert.
+        sizes = jnp.sum(flat[:, None] == experts_[None, :], axis=0, dtype=jnp.int32)  # [E]
+        earlier = jnp.arange(M)[None, :] < jnp.arange(M)[:, None]  # [M, M]: copy j before copy i
+        rank = jnp.sum(earlier & (flat[None, :] == flat[:, None]), axis=1, dtype=jnp.int32)  # [M]
+        padded = -(-sizes // block_m) * block_m
+        ends = jnp.sum(jnp.where(experts_[None, :] <= experts_[:, None], padded[None, :], 0), axis=1,
+                       dtype=jnp.int32)  # [E]: inclusive prefix sums
+        starts = ends - padded
+        dest = jnp.where(flat < E, starts[jnp.minimum(flat, E - 1)] + rank, rows).astype(jnp.int32)
+    else:
+        sizes = jnp.bincount(flat, length=E + 1)[:E].astype(jnp.int32)  # [E]
+        padded = -(-sizes // block_m) * block_m
+        ends = jnp.cumsum(padded)
+        starts = ends - padded
+        first = jnp.cumsum(sizes) - sizes  # each group's first index among the sorted copies
+        order = jnp.argsort(flat, stable=True)
+        e_sorted = flat[order]
+        clamped = jnp.minimum(e_sorted, E - 1)
+        dest_sorted = jnp.where(e_sorted < E, starts[clamped] + jnp.arange(M, dtype=jnp.int32) - first[clamped], rows)
+        dest = jnp.zeros((M,), jnp.int32).at[order].set(dest_sorted.astype(jnp.int32))
     tile_rows = jnp.arange(rows // block_m, dtype=jnp.int32) * block_m
     # compare_all, not searchsorted's default "scan": that is a while loop of log2(E) steps, which XLA's GPU runtime
     # drives from the host, in every MoE layer of every decode step (the table drafter's lookup measured it).
     tile_expert = jnp.searchsorted(ends, tile_rows, side="right", method="compare_all").astype(jnp.int32)
     return GroupLayout(dest, jnp.where(tile_expert < E, tile_expert, -1), rows)
+
+
+def gather_rows(x: jax.Array, copy_token: jax.Array, layout: GroupLayout) -> jax.Array:
+    """x [N, D], copy_token [M] (each copy's token) -> the padded layout's rows [rows, D], zero where no copy sits.
+    Few copies: each row finds its copy by comparing against every copy's destination (a gather, no scatter);
+    more: a scatter."""
+    M = copy_token.shape[0]
+    if M <= LAYOUT_COMPARE_MAX_COPIES:
+        here = layout.dest[None, :] == jnp.arange(layout.rows, dtype=jnp.int32)[:, None]  # [rows, M]
+        src = jnp.sum(jnp.where(here, jnp.arange(M, dtype=jnp.int32)[None, :], 0), axis=1)  # [rows]
+        return jnp.where(jnp.any(here, axis=1)[:, None], x[copy_token[src]], jnp.zeros((), x.dtype))
+    return jnp.zeros((layout.rows, x.shape[1]), x.dtype).at[layout.dest].set(x[copy_token], mode="drop")
 
 
 def resolve(implementation: str | None, copies: int, num_experts: int) -> str:
@@ -135,7 +166,7 @@ def expert_swiglu(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down:
         return reference.sorted_ragged(x, ids, gate_up, down, selected)
     layout = group_layout(ids, selected, E, tiles["block_m"])
     copy_token = jnp.arange(N * k, dtype=jnp.int32) // k
-    rows = jnp.zeros((layout.rows, x.shape[1]), x.dtype).at[layout.dest].set(x[copy_token], mode="drop")
+    rows = gather_rows(x, copy_token, layout)  # [rows, D]
     kw = dict(tiles, interpret=jax.default_backend() != "gpu")
     h = _kernel().grouped_matmul(rows, layout.tile_expert, gate_up, swiglu=True, **kw)  # [rows, I]
     y = _kernel().grouped_matmul(h, layout.tile_expert, down, swiglu=False, **kw)  # [rows, D]
@@ -143,5 +174,6 @@ def expert_swiglu(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down:
     return jnp.where(selected[..., None], y, jnp.zeros((), x.dtype))
 
 
-__all__ = ["IMPLEMENTATIONS", "DECODE_BLOCKS", "PREFILL_BLOCKS", "GroupLayout", "group_layout", "padded_rows",
+__all__ = ["IMPLEMENTATIONS", "DECODE_BLOCKS", "PREFILL_BLOCKS", "LAYOUT_COMPARE_MAX_COPIES", "GroupLayout",
+           "group_layout", "gather_rows", "padded_rows",
            "resolve", "kernel_fits", "implementation_for", "expert_swiglu", "reference"]

@@ -30,8 +30,8 @@ def _switches() -> tuple:
     """What a traced program depends on besides its arguments: the environment switches and the kernels' settings."""
     return (tuple(os.environ.get(k, "") for k in _ENV_KEYS), gated_delta.REPLAY_STASH, gated_delta.PACKED_FORM,
             decode_block.WARPS, decode_block.SPLITS, decode_block.SLOTS, decode_block.GATHER,
-            decode_block.FUSE_OUT_PROJ, experts.GPU_DEFAULT, tuple(sorted(experts.DECODE_BLOCKS.items())),
-            tuple(sorted(experts.PREFILL_BLOCKS.items())))
+            decode_block.FUSE_OUT_PROJ, experts.GPU_DEFAULT, experts.LAYOUT_COMPARE_MAX_COPIES,
+            tuple(sorted(experts.DECODE_BLOCKS.items())), tuple(sorted(experts.PREFILL_BLOCKS.items())))
 _cache: collections.OrderedDict = collections.OrderedDict()
 _traced_under: list = [None]  # the switches of the last compile's trace
 
