@@ -121,7 +121,7 @@ def step_floor(route, start: int, rows: int, counts: dict, bandwidth: float) -> 
 
 
 # The model part's stages, in the order they run: n-gram exactness, AR at one row, AR on XLA's expert paths (the
-# kernel's baseline; an error there is recorded), AR with the experts' layout sorted (the compare layout's A/B), device
+# kernel's baseline; an error there is recorded), AR with the experts' layout sorted and compared (its A/B), device
 # traces of AR (where a token's time goes, kernel by kernel),
 # the forced-acceptance curve, the long prompt, MTP.
 STAGES = ("ngram", "onerow", "xla", "layout", "profile", "curve", "long", "mtp")
@@ -206,22 +206,22 @@ def model_part(args, save) -> dict:
         finally:
             experts.GPU_DEFAULT = chosen
         save(out)
-    if "layout" in stages:  # the same AR with every layout sorted (experts.LAYOUT_COMPARE_MAX_COPIES = 0), then again
-        # at the default, alternating: the compare layout's A/B in one process
-        chosen, sorted_dec, default_dec = experts.LAYOUT_COMPARE_MAX_COPIES, [], [ar_dec]
-        for _ in range(2):
-            experts.LAYOUT_COMPARE_MAX_COPIES = 0
-            try:
-                sorted_first, _, dec = timed("ar sorted layout")
-            finally:
-                experts.LAYOUT_COMPARE_MAX_COPIES = chosen
-            sorted_dec.append(dec)
-            default_dec.append(timed("ar default again")[2])
-        out.update(ar_sorted_layout_tok_s=(n - 1) / float(np.median(sorted_dec)),
-                   ar_default_repeat_tok_s=(n - 1) / float(np.median(default_dec)),
-                   ar_sorted_layout_equal=bool(np.array_equal(sorted_first.tokens, ar_first.tokens)))
-        print(json.dumps({k: out[k] for k in ("ar_sorted_layout_tok_s", "ar_default_repeat_tok_s",
-                                              "ar_sorted_layout_equal")}), flush=True)
+    if "layout" in stages:  # the experts' layout sorted (LAYOUT_COMPARE_MAX_COPIES 0) against compared (256) for
+        # decode steps, alternating, in one process: the compare layout's A/B
+        chosen, decs, firsts = experts.LAYOUT_COMPARE_MAX_COPIES, {0: [], 256: []}, {}
+        try:
+            for _ in range(2):
+                for setting in (0, 256):
+                    experts.LAYOUT_COMPARE_MAX_COPIES = setting
+                    firsts[setting], _, dec = timed(f"ar layout {'compared' if setting else 'sorted'}")
+                    decs[setting].append(dec)
+        finally:
+            experts.LAYOUT_COMPARE_MAX_COPIES = chosen
+        out.update(ar_sorted_layout_tok_s=(n - 1) / float(np.median(decs[0])),
+                   ar_compared_layout_tok_s=(n - 1) / float(np.median(decs[256])),
+                   layouts_equal_tokens=bool(np.array_equal(firsts[0].tokens, firsts[256].tokens)))
+        print(json.dumps({k: out[k] for k in ("ar_sorted_layout_tok_s", "ar_compared_layout_tok_s",
+                                              "layouts_equal_tokens")}), flush=True)
         save(out)
     if "profile" in stages:  # one traced AR call per path: device time by kernel family, idle time, per token
         from specdec_jax.bench.profiling import device_kernel_profile, kernel_profile_markdown

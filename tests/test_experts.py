@@ -238,6 +238,7 @@ def test_the_kernel_lowers_to_triton_modules_that_verify(monkeypatch):
     monkeypatch.setattr(registration, "gpu_info_lib", types.SimpleNamespace(
         get_gpu_info=lambda: types.SimpleNamespace(compute_capability="9.0")))  # an H100
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # the kernel, not its interpret mode
+    monkeypatch.setattr(X, "LAYOUT_COMPARE_MAX_COPIES", 256)  # the compare layout for decode steps (its A/B pending)
     E, D, inter, k = 256, 2048, 512, 8
     weights = (jax.ShapeDtypeStruct((E, 2 * inter, D), jnp.bfloat16), jax.ShapeDtypeStruct((E, D, inter), jnp.bfloat16))
     for tokens, decode_shape in ((8, True), (1024, False)):
@@ -250,6 +251,6 @@ def test_the_kernel_lowers_to_triton_modules_that_verify(monkeypatch):
         # No loop around the kernels: XLA's GPU runtime drives a while loop from the host, one round trip a step, and
         # here it would run in every MoE layer of every decode step (jnp.searchsorted's default method is one).
         assert "stablehlo.while" not in text, f"the {'decode' if decode_shape else 'prefill'} program has a loop"
-        if decode_shape:  # a decode step's layout compares: no sort, no scatter
+        if decode_shape:  # a decode step's compare layout: no sort, no scatter
             assert "stablehlo.sort" not in text and "stablehlo.scatter" not in text
     assert verified == [True] * 4  # two products (gate-up with SwiGLU, down) per shape

@@ -52,10 +52,12 @@ def padded_rows(copies: int, num_experts: int, block_m: int) -> int:
     return -(-bound // block_m) * block_m
 
 
-# Up to this many copies (decode steps and verifications: rows x top-k) the layout is built from compare matrices
-# ([copies, copies] and [E, E] in one or two fusions) instead of a sort and scatters; more copies (prefill chunks)
-# sort. Both give the same layout (`group_layout`); 0 sorts always (the A/B switch).
-LAYOUT_COMPARE_MAX_COPIES = 256
+# Up to this many copies (decode steps and verifications: rows x top-k; 256 would cover them) the layout is built from
+# compare matrices ([copies, copies] and [E, E] in a few fusions) instead of a sort and scatters; more copies
+# (prefill chunks) sort. Both give the same layout (`group_layout`). 0 (every layout sorted) until a GPU A/B
+# (`benchmarks/bench_moe.py --stages layout`) measures the compare layout: in the 40-layer model's trace the sorts and
+# scatters cost 0.54 ms of a 4.6 ms token (docs/LOG.md, 2026-12-07, day).
+LAYOUT_COMPARE_MAX_COPIES = 0
 
 
 def group_layout(expert_ids: jax.Array, selected: jax.Array, num_experts: int, block_m: int) -> GroupLayout:
