@@ -7,11 +7,11 @@
                                transposed or gathered copy of any weight (interpret mode off the GPU: tests)
 
 `resolve` is what the models take ("auto"): "gather" for few copies and "ragged" for many, and on the GPU
-`GPU_DEFAULT` when it names an implementation: the kernel. Measured on an H100 at one 35B-A3B layer
-(benchmarks/bench_moe.py --part kernel; its result and the model run in docs/LOG.md, 2026-12-07): a 1024-token prefill chunk 1.62-1.84 ms across
-the tiles against ragged's 22.8 ms; decode steps of 1 of 8, 5 and 9 rows 0.59 / 0.91 / 0.98 ms at the chosen tiles
-against gather's 0.87 / 0.64 / 0.91 ms (about even, both far above the union-of-experts floor); the 40-layer model
-with the kernel everywhere decoded exactly (bf16 speculation equal to AR).
+`GPU_DEFAULT` when it names an implementation: the kernel. Measured on an H100 (docs/LOG.md, 2026-12-07): at one
+35B-A3B layer a 1024-token prefill chunk takes 1.5-2.1 ms across the tiles against ragged's 22 ms; XLA's paths run out
+of memory at the 40-layer model's prefill; inside the 40-layer model's decode the two products take 31 µs a layer
+(1.5 TB/s of the 48 MB that 8 experts hold). The kernel harness's decode cases (single calls, 0.3-0.5 ms) are
+dispatch-bound and pick no tiles.
 
 Copies whose expert id lies outside [0, E) select no expert (a model's padding rows): they come out zero, and
 "ragged" and "pallas" give them no row of any product ("gather" still gathers expert 0's weights for them, then
