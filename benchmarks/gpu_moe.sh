@@ -7,6 +7,9 @@
 #   bash benchmarks/gpu_moe.sh sweep_b OUT  (same OUT, next command) the model's other stages at those tiles
 #   bash benchmarks/gpu_moe.sh model_a OUT, then model_b OUT: the model at the library's defaults in two commands
 #   then: python benchmarks/bench_moe.py --merge OUT/moe_qwen35_35b_a3b_a.json OUT/moe_qwen35_35b_a3b_b.json --out benchmarks/results
+#   bash benchmarks/gpu_moe.sh model1 OUT   the headline file in one command (440 s on an H100 at 8d87364; XLA's
+#                                           paths left out: they run out of memory at this shape)
+#   bash benchmarks/gpu_moe.sh layout OUT   the experts' layout sorted against compared, 10 layers (its A/B, ~2 min)
 set -u
 # block_m,block_n,block_k,num_warps,num_stages: decode tiles (block_m 16) and prefill tiles (block_m 64), block_k 64
 # and 128 in both (a decode pick's prefill partner shares its block_k). The narrow decode tiles (block_n 16 and 32 at
@@ -35,6 +38,12 @@ model_a)  # the model in two device commands (each stage compiles for ~40-95 s a
 model_b)  # ... then the curve, the 8K prompt and MTP
     step 570 model_b python benchmarks/bench_moe.py --part model --time-budget-s 550 --stages curve,long,mtp \
         --suffix _b --out "$out" ;;
+model1)  # the headline file: AR (default, one row), a device trace of AR, the curve, the 8K prompt, MTP as time allows
+    step 500 model python benchmarks/bench_moe.py --part model --stages onerow,profile,curve,long,mtp \
+        --time-budget-s 470 --out "$out" ;;
+layout)  # experts.LAYOUT_COMPARE_MAX_COPIES 0 against 256, alternating in one process, at 10 layers
+    step 200 layout python benchmarks/bench_moe.py --part model --layers 10 --stages layout --repeats 3 \
+        --time-budget-s 180 --out "$out" ;;
 sweep)  # the kernel's tiles swept (KERNEL_S, 90 s), then the model's first stages at the fastest
     # (`bench_moe.chosen_blocks`) for MODEL_S (470 s); `sweep_b` the rest at the same tiles, in a second command
     step "${KERNEL_S:-90}" kernel python benchmarks/bench_moe.py --part kernel --out "$out" --blocks "$SWEEP_BLOCKS"
