@@ -133,15 +133,20 @@ def _kernel():
     return kernel
 
 
+def tiles_for(decode_shape: bool, blocks: dict | None = None) -> dict:
+    """The kernel's tiles for a decode-shape forward (DECODE_BLOCKS) or a prefill chunk (PREFILL_BLOCKS), with
+    `blocks` overriding."""
+    return dict(DECODE_BLOCKS if decode_shape else PREFILL_BLOCKS, **(blocks or {}))
+
+
 def implementation_for(implementation: str | None, copies: int, gate_up_shape: tuple, down_shape: tuple,
-                       decode_shape: bool) -> str:
-    """The implementation `expert_swiglu` runs for these arguments: `resolve`'s choice, and XLA's paths where the
-    kernel's tiles do not divide the weights. Only the kernel ("pallas") computes a copy in the same bits whatever
-    the number of copies (fixed tiles); XLA's products may change their order with the shape."""
+                       tiles: dict) -> str:
+    """The implementation `expert_swiglu` runs: `resolve`'s choice, and XLA's paths where the kernel's `tiles` do not
+    divide the weights. Only the kernel ("pallas") computes a copy in the same bits whatever the number of copies
+    (fixed tiles); XLA's products may change their order with the shape."""
     E = gate_up_shape[0]
     chosen = resolve(implementation, copies, E)
-    if chosen == "pallas" and not kernel_fits(gate_up_shape, down_shape, DECODE_BLOCKS if decode_shape
-                                              else PREFILL_BLOCKS):
+    if chosen == "pallas" and not kernel_fits(gate_up_shape, down_shape, tiles):
         chosen = "gather" if copies <= E else "ragged"
     return chosen
 
@@ -157,10 +162,8 @@ def expert_swiglu(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down:
     N, k = expert_ids.shape
     E = gate_up.shape[0]
     selected = (expert_ids >= 0) & (expert_ids < E)
-    chosen = resolve(implementation, N * k, E)
-    tiles = dict(DECODE_BLOCKS if decode_shape else PREFILL_BLOCKS, **(blocks or {}))
-    if chosen == "pallas" and not kernel_fits(gate_up.shape, down.shape, tiles):  # (blocks: the caller's tiles)
-        chosen = "gather" if N * k <= E else "ragged"
+    tiles = tiles_for(decode_shape, blocks)
+    chosen = implementation_for(implementation, N * k, gate_up.shape, down.shape, tiles)
     ids = jnp.clip(expert_ids, 0, E - 1)
     if chosen == "gather":
         return reference.gathered(x, ids, gate_up, down, selected)
@@ -178,4 +181,4 @@ def expert_swiglu(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down:
 
 __all__ = ["IMPLEMENTATIONS", "DECODE_BLOCKS", "PREFILL_BLOCKS", "LAYOUT_COMPARE_MAX_COPIES", "GroupLayout",
            "group_layout", "gather_rows", "padded_rows",
-           "resolve", "kernel_fits", "implementation_for", "expert_swiglu", "reference"]
+           "resolve", "kernel_fits", "tiles_for", "implementation_for", "expert_swiglu", "reference"]

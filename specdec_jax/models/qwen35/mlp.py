@@ -53,7 +53,7 @@ def moe_mlp(p: dict, cfg: Qwen35Config, x: jax.Array, valid: jax.Array | None = 
         chosen = "gather" if B * T * k <= E else "ragged"
     decode_shape = T < attention.FLASH_MIN_ROWS  # decode shapes as attention's
     chosen = experts.implementation_for(chosen, B * T * k, p["experts_gate_up"].shape, p["experts_down"].shape,
-                                        decode_shape)
+                                        experts.tiles_for(decode_shape))
     # Only the kernel computes a row in the same bits whatever the rows beside it, so only it drops the padding rows.
     R = T if live_rows is None or chosen != "pallas" else max(1, min(int(live_rows), T))
     xe = xt
