@@ -202,26 +202,6 @@ def peak_run(length: int, args) -> dict:
             "peak_weights_gib": weights / GIB}
 
 
-def cudnn_chunk_attention(q, k, v, start, scale, implementation="cudnn"):
-    """A prefill chunk's attention through cuDNN (jax.nn.dot_product_attention): cuDNN's causal mask is aligned to
-    the first key, so the chunk q [B, C, H, D] at positions start.. of the cache k, v [B, S, KV, D] runs as the
-    prefix (keys before start, a padding mask) and the chunk's own C x C causal square, merged by their
-    log-sum-exps. An experiment of the kernel benchmark (--cudnn), not a library path."""
-    import jax
-    import jax.numpy as jnp
-    C = q.shape[1]
-    kd, vd = (jax.lax.dynamic_slice_in_dim(x, start[0], C, axis=1) for x in (k, v))
-    o1, r1 = jax.nn.dot_product_attention(q, k, v, scale=scale, key_value_seq_lengths=start, implementation=implementation,
-                                          return_residual=True)
-    o2, r2 = jax.nn.dot_product_attention(q, kd, vd, scale=scale, is_causal=True, implementation=implementation,
-                                          return_residual=True)
-    if r1.shape[1] != C:  # [B, H, T] -> [B, T, H]
-        r1, r2 = jnp.swapaxes(r1, 1, 2), jnp.swapaxes(r2, 1, 2)
-    m = jnp.maximum(r1, r2)
-    w1, w2 = jnp.exp(r1 - m)[..., None], jnp.exp(r2 - m)[..., None]
-    return ((o1.astype(jnp.float32) * w1 + o2.astype(jnp.float32) * w2) / (w1 + w2)).astype(q.dtype)
-
-
 def kernel_rows(args) -> list[dict]:
     """The attention kernels alone at each length: the flash prefill kernel (per tile setting) against XLA's on the
     length's last 1024-token chunk, and XLA's 8-row decode attention over the whole cache."""
@@ -266,7 +246,9 @@ def kernel_rows(args) -> list[dict]:
                 entry["max_abs_err_vs_xla"] = float(jnp.max(jnp.abs(got.astype(jnp.float32) - want.astype(jnp.float32))))
             row["flash"].append(entry)
         if args.cudnn:  # cuDNN's fused attention in two parts (prefix, unmasked; the chunk's own square, causal)
-            fn = jax.jit(lambda q, k, v, s: cudnn_chunk_attention(q, k, v, s, hd ** -0.5))
+            two_part = "cudnn" if jax.default_backend() == "gpu" else "dpa-xla"  # the CPU smoke run: its XLA twin
+            fn = jax.jit(lambda q, k, v, s: A.causal_attention(q, k, v, s, scale=hd ** -0.5,
+                                                               implementation=two_part))
             try:
                 got = fn(q, k, v, start)
                 sec = median_time(lambda: fn(q, k, v, start), 10)
@@ -374,7 +356,7 @@ def main():
                     help="instead: the shipped tiny Qwen (bf16) on this many held-out tokens, speculation vs AR")
     ap.add_argument("--flash-blocks", default="64,64,4,2",
                     help="with --kernel: ';'-separated block_m,block_k,num_warps,num_stages settings")
-    ap.add_argument("--cudnn", action="store_true", help="with --kernel: cuDNN's fused attention too (two parts)")
+    ap.add_argument("--cudnn", action="store_true", help="with --kernel: the library's cuDNN path too (prefix + square)")
     ap.add_argument("--xla-limit", type=int, default=32768, help="with --kernel: XLA's prefill attention up to here")
     ap.add_argument("--out", default=os.path.join(ROOT, "specdec_bench_out"), help="result folder")
     ap.add_argument("--tag", default="")

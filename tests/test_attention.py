@@ -42,7 +42,10 @@ CASES = {  # B, T, NH, NKV, hd, S, starts
 }
 
 
-@pytest.mark.parametrize("implementation", A.IMPLEMENTATIONS)
+ON_THIS_DEVICE = [i for i in A.IMPLEMENTATIONS if i != "cudnn" or jax.default_backend() == "gpu"]  # cuDNN: the GPU's
+
+
+@pytest.mark.parametrize("implementation", ON_THIS_DEVICE)
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_causal_attention_matches_softmax(implementation, case, dtype):
@@ -61,10 +64,45 @@ def test_causal_attention_matches_softmax(implementation, case, dtype):
     np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=tol, atol=tol)
 
 
+def test_two_part_attention_reads_the_rows_own_keys_past_the_cache():
+    """The prefix + square decomposition (cuDNN's, here through XLA) given the rows' own K/V: a padded last chunk
+    reaching past the cache's end (start + T > S) still gives every row inside the cache its softmax; a row at
+    start 0 has no prefix."""
+    B, T, NH, NKV, hd, S = 2, 48, 4, 2, 32, 120
+    starts = [0, 100]  # row 1's chunk covers positions 100..147: 20 inside the cache, 28 padding past it
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((B, T, NH, hd)).astype(np.float32)
+    full_k, full_v = (rng.standard_normal((B, 160, NKV, hd)).astype(np.float32) for _ in range(2))
+    own = np.arange(T)[None, :] + np.asarray(starts)[:, None]  # [B, T] positions
+    new_k = np.stack([full_k[b, own[b]] for b in range(B)])
+    new_v = np.stack([full_v[b, own[b]] for b in range(B)])
+    got = A.causal_attention(jnp.asarray(q), jnp.asarray(full_k[:, :S]), jnp.asarray(full_v[:, :S]),
+                             jnp.asarray(starts, jnp.int32), scale=hd ** -0.5, implementation="dpa-xla",
+                             new_kv=(jnp.asarray(new_k), jnp.asarray(new_v)))
+    want = _naive(q, full_k, full_v, starts, hd ** -0.5)
+    inside = own < S  # [B, T]
+    np.testing.assert_allclose(np.asarray(got)[inside], want[inside], rtol=2e-5, atol=2e-5)
+
+
+def test_prefill_over_long_caches_takes_cudnn_on_the_gpu(monkeypatch):
+    """With the GPU's kernels ("auto" resolving to them), prefill chunks over caches of CUDNN_MIN_CACHE slots and
+    more take cuDNN, shorter caches the flash kernel; an explicit "pallas" keeps the flash kernel anywhere; cuDNN
+    falls back to the flash kernel for float32 or a head size it does not take."""
+    monkeypatch.setattr(A, "resolve", lambda implementation="auto": "pallas")
+    assert A.path("auto", A.FLASH_MIN_ROWS, A.CUDNN_MIN_CACHE) == "cudnn"
+    assert A.path("auto", 1024, A.CUDNN_MIN_CACHE - 1) == "pallas"
+    assert A.path("pallas", 1024, A.CUDNN_MIN_CACHE) == "pallas"
+    assert A.path("auto", 8, A.CUDNN_MIN_CACHE) == "pallas-split"
+    from pallas_kernels.attention import prefix
+    assert prefix.cudnn_takes(jnp.zeros((1, 2, 4, 256), jnp.bfloat16))
+    assert not prefix.cudnn_takes(jnp.zeros((1, 2, 4, 256), jnp.float32))
+    assert not prefix.cudnn_takes(jnp.zeros((1, 2, 4, 20), jnp.bfloat16))
+
+
 def test_auto_is_the_reference_off_the_gpu():
     assert A.resolve("auto") == ("pallas" if jax.default_backend() == "gpu" else "reference")
     with pytest.raises(ValueError, match="implementation must be one of"):
-        A.resolve("cudnn")
+        A.resolve("cudnn-flash")
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,19 @@
                                      tiles a block's positions can see are read (prefill chunks)
                      "pallas-split"  few rows over a long cache (decode.py): the cache split into fixed spans, one
                                      program per span and head, the partial softmaxes merged in span order
+                     "cudnn"         cuDNN's fused attention (prefix.py, through jax.nn.dot_product_attention): the
+                                     chunk's prefix and its own causal square, merged by their log-sum-exps; bf16 or
+                                     fp16 with a head size cuDNN takes, else the flash kernel
+                     "dpa-xla"       the same two parts through dot_product_attention's XLA implementation: the
+                                     cuDNN path's decomposition, testable anywhere
     (the Pallas kernels run in interpret mode off the GPU: tests)
 
-`path(implementation, rows, cache_len)` is what the models take: on the GPU ("auto"), the flash kernel for
-prefill-sized forwards (FLASH_MIN_ROWS rows and more), the split kernel for decode and verification over caches of
-SPLIT_MIN_CACHE slots and more, XLA's masked attention below that; off the GPU, XLA's everywhere. The choice for few
-rows depends on the cache length alone, so an exact generation's AR steps and verifications (the same row count)
-run the same program. README.md has the derivation; docs/LOG.md the measurements.
+`path(implementation, rows, cache_len)` is what the models take: on the GPU ("auto"), cuDNN for prefill-sized
+forwards (FLASH_MIN_ROWS rows and more) over caches of CUDNN_MIN_CACHE slots and more, the flash kernel for shorter
+ones, the split kernel for decode and verification over caches of SPLIT_MIN_CACHE slots and more, XLA's masked
+attention below that; off the GPU, XLA's everywhere. The choice for few rows depends on the cache length alone, so an
+exact generation's AR steps and verifications (the same row count) run the same program; prefill is shared by AR
+and speculation alike. README.md has the derivation; docs/LOG.md the measurements.
 """
 
 from __future__ import annotations
@@ -21,10 +27,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from . import reference
+from . import prefix, reference
 from .reference import causal_mask, masked_attention
 
-IMPLEMENTATIONS = ("reference", "pallas", "pallas-split")
+IMPLEMENTATIONS = ("reference", "pallas", "pallas-split", "cudnn", "dpa-xla")
 FLASH_MIN_ROWS = 65  # query rows per forward from which prefill takes the flash kernel (decode shapes: at most 64)
 # The kernels' settings, each the fastest measured on an H100 at the 9B shape's heads (docs/LOG.md, 2026-12-06, long
 # context): the flash kernel's tiles (rows per program, keys per tile, warps, pipeline stages); the cache length from
@@ -32,6 +38,10 @@ FLASH_MIN_ROWS = 65  # query rows per forward from which prefill takes the flash
 BLOCKS = {"block_m": 128, "block_k": 64, "num_warps": 8, "num_stages": 2}
 SPLIT_MIN_CACHE = 16384
 SPLIT_SPAN = 1024
+# Prefill chunks over caches of this many slots and more take cuDNN's fused attention: on an H100 it ran a 1024-row
+# chunk at 488 / 543 TFLOP/s after 32K / 128K tokens against the flash kernel's 315-356 / 408-435, and at 191 against
+# 195-208 after 4K (docs/LOG.md, 2026-12-06 evening and 2026-12-07 night).
+CUDNN_MIN_CACHE = 16384
 
 
 @functools.cache
@@ -49,7 +59,9 @@ def path(implementation: str | None, rows: int, cache_len: int) -> str:
     if chosen == "reference":
         return "reference"
     if rows >= FLASH_MIN_ROWS:
-        return "pallas"
+        if implementation in (None, "auto") and cache_len >= CUDNN_MIN_CACHE:
+            return "cudnn"
+        return chosen if chosen in ("cudnn", "dpa-xla") else "pallas"
     return "pallas-split" if cache_len >= SPLIT_MIN_CACHE or implementation == "pallas-split" else "reference"
 
 
@@ -68,13 +80,21 @@ def _next_pow2(n: int) -> int:
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, start: jax.Array, *, scale: float,
-                     implementation: str | None = "auto", blocks: dict | None = None) -> jax.Array:
+                     implementation: str | None = "auto", blocks: dict | None = None,
+                     new_kv: tuple | None = None) -> jax.Array:
     """q [B, T, NH, hd] at positions start [B] + t (t < T); k, v [B, S, NKV, hd] the cache (slots the new rows wrote
     included); slot s visible to a row at position p iff s <= p. Returns [B, T, NH, hd] in q.dtype.
-    blocks: the flash kernel's tile sizes (BLOCKS when None)."""
+    blocks: the flash kernel's tile sizes (BLOCKS when None). new_kv: None, or the new rows' own (k, v)
+    [B, T, NKV, hd] (the two-part paths read them instead of the cache's slots start.., which need not all fit in
+    the cache: a padded last chunk may reach past it)."""
     chosen = resolve(implementation)
     if chosen == "reference":
         return reference.causal_attention(q, k, v, start, scale)
+    if chosen == "cudnn" and not prefix.cudnn_takes(q):
+        chosen = "pallas"
+    if chosen in ("cudnn", "dpa-xla"):
+        return prefix.prefix_square_attention(q, k, v, start, scale, new_kv,
+                                              implementation="cudnn" if chosen == "cudnn" else "xla")
     hd = q.shape[-1]
     padded = _next_pow2(hd)  # the Triton backend's tiles have power-of-two sides; zero columns change nothing
     if padded != hd:
@@ -89,5 +109,5 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, start: jax.Array,
     return out[..., :hd]
 
 
-__all__ = ["IMPLEMENTATIONS", "FLASH_MIN_ROWS", "BLOCKS", "SPLIT_MIN_CACHE", "SPLIT_SPAN", "path", "resolve", "causal_attention", "causal_mask",
+__all__ = ["IMPLEMENTATIONS", "FLASH_MIN_ROWS", "BLOCKS", "SPLIT_MIN_CACHE", "SPLIT_SPAN", "CUDNN_MIN_CACHE", "path", "resolve", "causal_attention", "causal_mask",
            "masked_attention", "reference"]

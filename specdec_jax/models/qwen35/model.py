@@ -147,7 +147,7 @@ def attention_mixer(p: dict, cfg: Qwen35Config, x: jax.Array, k_cache: jax.Array
         v_cache = L.scatter_cache(v_cache, v, positions, valid)
     if flash is not None:  # rows at consecutive positions from positions[:, 0]: causal over the cache
         attn = attention_kernels.causal_attention(q, k_cache, v_cache, positions[:, 0], scale=cfg.head_dim ** -0.5,
-                                                  implementation=flash)
+                                                  implementation=flash, new_kv=(k, v))
     else:
         attn = L.attention(q, k_cache, v_cache, mask, cfg.head_dim ** -0.5)  # [B, T, nH, hd]
     return attention_output(p, attn, gate), k_cache, v_cache
