@@ -71,8 +71,29 @@ def make_model(tiny: bool):
     return Model(config=cfg, params=build_tree(specs, make), dtype=jnp.dtype(jnp.bfloat16))
 
 
-def copy_bandwidth(gib: float = 2.0) -> float:
-    """Bytes per second of a device copy (read + write) of a `gib` GiB array, median of 10."""
+def copy_bandwidth(gib: float = 2.0, warm_s: float = 1.0) -> float:
+    """Bytes per second of a device copy (read + write) of a `gib` GiB array: after `warm_s` seconds of copies (an
+    idle GPU's clocks take that long to rise: probes timed cold in a fresh process read 1.9-2.5 TB/s on an H100
+    that copies at 2.7), the best of 5 rounds of 20 copies dispatched back to back."""
+    import time
+    import jax
+    import jax.numpy as jnp
+    x = jax.random.normal(jax.random.PRNGKey(1), (int(gib * GIB) // 2,), jnp.bfloat16)
+    add = jax.jit(lambda a: a + jnp.bfloat16(1))
+    jax.block_until_ready(add(x))
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < warm_s:
+        jax.block_until_ready([add(x) for _ in range(10)])
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        jax.block_until_ready([add(x) for _ in range(20)])
+        best = min(best, (time.perf_counter() - t0) / 20)
+    return 2 * x.size * 2 / best
+
+
+def cold_copy_bandwidth(gib: float = 2.0) -> float:
+    """The probe before 2026-12-07 (night): median of 10 synced copies after 3, in whatever clock state the GPU is."""
     import jax
     import jax.numpy as jnp
     from specdec_jax.bench.harness import median_time
@@ -352,6 +373,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=2, help="timed AR / speculation rounds per length")
     ap.add_argument("--tiny", action="store_true", help="a tiny random shape (CPU smoke run)")
     ap.add_argument("--kernel", action="store_true", help="the attention kernels alone (no model)")
+    ap.add_argument("--probe", action="store_true", help="the copy-bandwidth probe: cold (the old probe) then warm")
     ap.add_argument("--exact-len", type=int, default=0,
                     help="instead: the shipped tiny Qwen (bf16) on this many held-out tokens, speculation vs AR")
     ap.add_argument("--flash-blocks", default="64,64,4,2",
@@ -377,6 +399,12 @@ def main():
     if args.exact_len:
         res = {**result_header(f"long_context_exact_tiny_{args.exact_len}"), **exact_tiny(args)}
         write_results(args.out, f"long_context_exact_tiny{args.tag}", jsonable(res), json.dumps(jsonable(res), indent=1))
+        return
+    if args.probe:  # the old probe first, in this fresh process, then the warmed one, then the old one again
+        gib = 0.25 if args.tiny else 2.0
+        seen = {"cold_gb_s": cold_copy_bandwidth(gib) / 1e9, "warm_gb_s": copy_bandwidth(gib) / 1e9,
+                "cold_after_warm_gb_s": cold_copy_bandwidth(gib) / 1e9}
+        print("PROBE " + json.dumps(seen), flush=True)
         return
     if args.kernel:
         rows = kernel_rows(args)
