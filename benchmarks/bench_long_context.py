@@ -350,6 +350,7 @@ def markdown(result: dict) -> str:
                   f"{r['prefill_tflops']:.0f}{frac} | {peak} | {r['decode_tok_s']:.1f} | {r['roofline_frac']:.3f} | "
                   f"{r['spec_eff_gamma8']:.3f} ({r['spec_speedup_gamma8']:.2f}x, {r['spec_tokens_per_step']:.2f}) | "
                   f"{r['exact']} |")
+    md += [""] + [f"- {note}" for note in result.get("notes", [])]
     return "\n".join(md) + "\n"
 
 

@@ -381,6 +381,7 @@ def markdown(result: dict) -> str:
         md.append(f"| {r['gamma']} | {r['p']} | {r['tokens_per_step']:.2f} | {r['seconds_per_step'] * 1e3:.2f} ms | "
                   f"{r['floor_seconds_per_step'] * 1e3:.2f} ms | {r['step_over_floor']:.3f} | {r['speedup']:.2f}x | "
                   f"{r['exact']} |")
+    md += [""] + [f"- {note}" for note in result.get("notes", [])]
     return "\n".join(md) + "\n"
 
 
