@@ -84,6 +84,28 @@ def test_two_part_attention_reads_the_rows_own_keys_past_the_cache():
     np.testing.assert_allclose(np.asarray(got)[inside], want[inside], rtol=2e-5, atol=2e-5)
 
 
+def test_two_part_merge_keeps_bf16_attention_accuracy_on_peaky_heads(monkeypatch):
+    """Peaky scores (log-sum-exps up to ~130): the prefix + square merge in bf16 stays as close to the float32
+    softmax as bf16 attention in one piece, because it merges float32 log-sum-exps; the control rounds them to bf16
+    (what jax.nn.dot_product_attention returns) and lands several times further."""
+    from pallas_kernels.attention import prefix
+    B, T, NH, NKV, hd, S = 1, 128, 4, 2, 64, 1200
+    start = jnp.asarray([1000], jnp.int32)
+    rng = np.random.default_rng(0)
+    q, k = (jnp.asarray(rng.standard_normal(shape) * 5.0, jnp.bfloat16) for shape in [(B, T, NH, hd), (B, S, NKV, hd)])
+    v = jnp.asarray(rng.standard_normal((B, S, NKV, hd)), jnp.bfloat16)
+    f32 = A.causal_attention(*(x.astype(jnp.float32) for x in (q, k, v)), start, scale=hd ** -0.5,
+                             implementation="reference")
+    error = lambda implementation: float(jnp.max(jnp.abs(A.causal_attention(
+        q, k, v, start, scale=hd ** -0.5, implementation=implementation).astype(jnp.float32) - f32)))
+    one_piece, merged = error("reference"), error("dpa-xla")
+    assert merged <= 1.5 * one_piece, (merged, one_piece)
+    exact_part = prefix._xla_part
+    monkeypatch.setattr(prefix, "_xla_part", lambda *a, **kw: (lambda o, r: (o, r.astype(jnp.bfloat16).astype(
+        jnp.float32)))(*exact_part(*a, **kw)))
+    assert error("dpa-xla") > 5 * one_piece
+
+
 def test_prefill_over_long_caches_takes_cudnn_on_the_gpu(monkeypatch):
     """With the GPU's kernels ("auto" resolving to them), prefill chunks over caches of CUDNN_MIN_CACHE slots and
     more take cuDNN, shorter caches the flash kernel; an explicit "pallas" keeps the flash kernel anywhere; cuDNN

@@ -5,11 +5,11 @@
                                      tiles a block's positions can see are read (prefill chunks)
                      "pallas-split"  few rows over a long cache (decode.py): the cache split into fixed spans, one
                                      program per span and head, the partial softmaxes merged in span order
-                     "cudnn"         cuDNN's fused attention (prefix.py, through jax.nn.dot_product_attention): the
+                     "cudnn"         cuDNN's fused attention (prefix.py, the function below jax.nn.dot_product_attention): the
                                      chunk's prefix and its own causal square, merged by their log-sum-exps; bf16 or
                                      fp16 with a head size cuDNN takes, else the flash kernel
-                     "dpa-xla"       the same two parts through dot_product_attention's XLA implementation: the
-                                     cuDNN path's decomposition, testable anywhere
+                     "dpa-xla"       the same two parts in plain jnp: the cuDNN path's decomposition and merge,
+                                     testable anywhere
     (the Pallas kernels run in interpret mode off the GPU: tests)
 
 `path(implementation, rows, cache_len)` is what the models take: on the GPU ("auto"), cuDNN for prefill-sized
@@ -23,6 +23,7 @@ and speculation alike. README.md has the derivation; docs/LOG.md the measurement
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -90,11 +91,16 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, start: jax.Array,
     chosen = resolve(implementation)
     if chosen == "reference":
         return reference.causal_attention(q, k, v, start, scale)
-    if chosen == "cudnn" and not prefix.cudnn_takes(q):
+    if chosen == "cudnn" and prefix.cudnn_takes(q):
+        try:
+            return prefix.prefix_square_attention(q, k, v, start, scale, new_kv, implementation="cudnn")
+        except (RuntimeError, ValueError, TypeError, NotImplementedError) as refused:  # at trace time: no cuDNN
+            warnings.warn(f"attention: cuDNN refused a prefill chunk ({type(refused).__name__}: {refused}); "
+                          "the flash kernel runs it", stacklevel=2)
+    if chosen == "cudnn":
         chosen = "pallas"
-    if chosen in ("cudnn", "dpa-xla"):
-        return prefix.prefix_square_attention(q, k, v, start, scale, new_kv,
-                                              implementation="cudnn" if chosen == "cudnn" else "xla")
+    if chosen == "dpa-xla":
+        return prefix.prefix_square_attention(q, k, v, start, scale, new_kv, implementation="xla")
     hd = q.shape[-1]
     padded = _next_pow2(hd)  # the Triton backend's tiles have power-of-two sides; zero columns change nothing
     if padded != hd:
