@@ -157,10 +157,12 @@ def test_chunked_flash_prefill_is_the_one_shot_prefill(model):
     shape = jax.ShapeDtypeStruct((2, cfg.vocab_size), jnp.float32)
     logits, state = chunked_prefill(run, qwen35.init_state(cfg, 2, max_len, jnp.float32), jnp.asarray(ids),
                                     jnp.asarray([len(r) for r in rows], jnp.int32), chunk, logits_shape=shape)[:2]
+    # jitted: op by op, each of the forward's ops would compile on its own (hundreds of programs)
+    reference = jax.jit(lambda params, st, piece: qwen35.forward(params, cfg, st, piece, logits_for="last",
+                                                                 impl="reference")[:2])
     for b, r in enumerate(rows):
         fresh = qwen35.init_state(cfg, 1, max_len, jnp.float32)
-        want, want_state, _ = qwen35.forward(model.params, cfg, fresh, jnp.asarray(r)[None], logits_for="last",
-                                             impl="reference")
+        want, want_state = reference(model.params, fresh, jnp.asarray(r)[None])
         np.testing.assert_allclose(np.asarray(logits[b]), np.asarray(want[0, 0]), rtol=1e-4, atol=1e-4)
         assert int(np.argmax(logits[b])) == int(np.argmax(want[0, 0]))
         got_state = state.batch_rows(slice(b, b + 1))
@@ -168,7 +170,8 @@ def test_chunked_flash_prefill_is_the_one_shot_prefill(model):
             a, w = np.asarray(a, np.float32), np.asarray(w, np.float32)
             if a.ndim >= 2 and a.shape[1] == max_len:  # K/V: only the slots the prompt wrote are defined
                 a, w = a[:, :len(r)], w[:, :len(r)]
-            np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-4)
+            # 2e-4: the deepest layers' K/V, two compilations of the same float32 arithmetic apart
+            np.testing.assert_allclose(a, w, rtol=1e-4, atol=2e-4)
 
 
 def test_paths_by_rows_and_cache_length():
