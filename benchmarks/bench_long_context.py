@@ -346,11 +346,16 @@ def markdown(result: dict) -> str:
         frac = f" ({r['prefill_peak_frac']:.2f})" if r.get("prefill_peak_frac") else ""
         over = r.get("peak_ar_gib", 0) - r["weights_gib"] - r["kv_cache_gib"]
         peak = f"{r['peak_ar_gib']:.1f} (+{over:.2f})" if r.get("peak_ar_gib") else "–"
-        md.append(f"| {r['prompt_len']} | {r['prefill_seconds']:.3f} | {r['prefill_tok_s']:.0f} | "
-                  f"{r['prefill_tflops']:.0f}{frac} | {peak} | {r['decode_tok_s']:.1f} | {r['roofline_frac']:.3f} | "
+        # a row carried from another commit (its own git_commit) may have only an estimate (its note says)
+        roof = (f"{r['roofline_frac']:.3f}" if r.get("roofline_frac") is not None
+                else f"~{r['roofline_frac_estimate']:.3f} (estimate)")
+        prompt = f"{r['prompt_len']}" + (f" (at {r['git_commit'][:7]})" if r.get("git_commit") else "")
+        md.append(f"| {prompt} | {r['prefill_seconds']:.3f} | {r['prefill_tok_s']:.0f} | "
+                  f"{r['prefill_tflops']:.0f}{frac} | {peak} | {r['decode_tok_s']:.1f} | {roof} | "
                   f"{r['spec_eff_gamma8']:.3f} ({r['spec_speedup_gamma8']:.2f}x, {r['spec_tokens_per_step']:.2f}) | "
                   f"{r['exact']} |")
     md += [""] + [f"- {note}" for note in result.get("notes", [])]
+    md += [f"- {r['prompt_len']}: {r['note']}" for r in result["rows"] if r.get("note")]
     return "\n".join(md) + "\n"
 
 

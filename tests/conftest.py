@@ -16,12 +16,6 @@ and parallel codegen splitting off: the suite's programs are small and run brief
 most of its time. Measured on 2 cores: test_tree_wy's root-path tests 92 s -> 55 s, test_gated_delta's
 chunk tests 85 s -> 62 s, the sampling tests 26 s -> 29 s. Floating-point semantics do not change (no
 fast-math at any level). SPECDEC_TEST_XLA_FLAGS replaces these flags ("" for XLA's defaults).
-
-Tracing allocates millions of short-lived Python objects, and each of CPython's full collections walks every live
-object, the imported torch, transformers and JAX included. So the youngest generation is collected every 100 000
-allocations instead of 700, and once collection has imported every test module, what exists then is frozen (moved
-out of the collector's sight: module-level objects live for the whole session anyway). Measured on 2 cores,
-test_session + test_methods in one process: 58.4 s -> 46.6 s (means of 4 runs).
 """
 
 import os
@@ -36,14 +30,6 @@ import gc  # noqa: E402
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
-
-gc.set_threshold(100_000, 50, 100)
-
-
-def pytest_collection_finish(session):
-    gc.collect()
-    gc.freeze()
-
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".pytest_cache",
                         "jax_compilation_cache")
