@@ -66,7 +66,38 @@ def make_model(cfg):
         shape = leaf_shape(leaf)
         return draw(next(keys), jnp.float32(shape[-1] ** -0.5 if len(shape) > 1 else 0.1), shape)
 
-    return Model(config=cfg, params=build_tree(specs, make), dtype=jnp.dtype(jnp.bfloat16))
+    params = qwen35.moe_layout(build_tree(specs, make), cfg)  # the loader's layout (`params.FUSE_MOE_INPUTS`)
+    return Model(config=cfg, params=params, dtype=jnp.dtype(jnp.bfloat16))
+
+
+# The decode-path settings the `variants` stage compares (and `--settings` sets for a whole run): the MoE input
+# layout (router, shared gate|up and shared expert gate as one weight: 1, or three: 0), the rows up to which the
+# router's top-k comes from compare ranks (0: always a sort), and the expert kernel's decode tiles' block_n.
+SETTINGS = ("fuse", "topk_rows", "block_n")
+VARIANTS = {"base": dict(fuse=0, topk_rows=0, block_n=64), "fused": dict(fuse=1, topk_rows=0, block_n=64),
+            "topk": dict(fuse=0, topk_rows=64, block_n=64), "bn32": dict(fuse=0, topk_rows=0, block_n=32),
+            "all": dict(fuse=1, topk_rows=64, block_n=32), "all_bn16": dict(fuse=1, topk_rows=64, block_n=16)}
+
+
+def current_settings() -> dict:
+    from pallas_kernels import experts
+    from specdec_jax.models.qwen35 import mlp, params
+    return dict(fuse=int(params.FUSE_MOE_INPUTS), topk_rows=mlp.TOPK_COMPARE_MAX_ROWS,
+                block_n=experts.DECODE_BLOCKS["block_n"])
+
+
+def apply_settings(model, settings: dict):
+    """Set the library's switches to `settings` (SETTINGS); returns the model in that MoE input layout (the expert
+    weights shared, not copied)."""
+    from pallas_kernels import experts
+    from specdec_jax.models.qwen35 import mlp, params
+    from specdec_jax.models.qwen35 import model as qwen35
+    from specdec_jax.results import Model
+    params.FUSE_MOE_INPUTS = bool(settings["fuse"])
+    mlp.TOPK_COMPARE_MAX_ROWS = int(settings["topk_rows"])
+    experts.DECODE_BLOCKS = dict(experts.DECODE_BLOCKS, block_n=int(settings["block_n"]))
+    return Model(config=model.config, params=qwen35.moe_layout(model.params, model.config, fused=bool(settings["fuse"])),
+                 dtype=model.dtype)
 
 
 def byte_counts(model, context: int) -> dict:
@@ -124,7 +155,7 @@ def step_floor(route, start: int, rows: int, counts: dict, bandwidth: float) -> 
 # kernel's baseline; an error there is recorded), AR with the experts' layout sorted and compared (its A/B), device
 # traces of AR (where a token's time goes, kernel by kernel),
 # the forced-acceptance curve, the long prompt, MTP.
-STAGES = ("ngram", "onerow", "xla", "layout", "profile", "curve", "long", "mtp")
+STAGES = ("variants", "ngram", "onerow", "xla", "layout", "profile", "curve", "long", "mtp")
 
 
 def model_part(args, save) -> dict:
@@ -140,19 +171,20 @@ def model_part(args, save) -> dict:
     model = make_model(cfg)
     weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
     from pallas_kernels import experts
-    out = {"experts_gpu_implementation": experts.GPU_DEFAULT or "xla (gather / ragged)",
+    out = {"experts_gpu_implementation": experts.GPU_DEFAULT or "xla (gather / ragged)", "settings": current_settings(),
            "num_hidden_layers": cfg.num_hidden_layers, "num_experts": cfg.num_experts,
            "num_experts_per_tok": cfg.num_experts_per_tok, "weights_gib": weights / GIB}
     n = args.new_tokens
     prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, args.prompt_len).astype(np.int32)
     left = lambda: args.time_budget_s - (time.perf_counter() - t0)
 
-    def timed(label, **options):  # first call compiles, the next `repeats` are timed (median decode seconds)
-        first = sj.generate(model, [prompt], n, eos_token_id=False, **options)
+    def timed(label, on=None, **options):  # first call compiles, the next `repeats` are timed (median decode seconds)
+        on = model if on is None else on
+        first = sj.generate(on, [prompt], n, eos_token_id=False, **options)
         first.state = None
         runs = []
         for _ in range(args.repeats):
-            runs.append(sj.generate(model, [prompt], n, eos_token_id=False, **options))
+            runs.append(sj.generate(on, [prompt], n, eos_token_id=False, **options))
             runs[-1].state = None
         dec = float(np.median([r.stats["decode_seconds"] for r in runs]))
         print(f"{label}: decode {dec:.4f} s, compile {first.stats['compile_seconds']:.1f} s", flush=True)
@@ -166,6 +198,31 @@ def model_part(args, save) -> dict:
                bytes_per_token=per_token, roofline_tok_s=bandwidth / per_token, prompt_len=args.prompt_len,
                new_tokens=n)
     stages = set(args.stages.split(","))
+    if "variants" in stages:  # AR (default path) under each of VARIANTS, alternating over rounds, in one process
+        chosen, decs, firsts = current_settings(), {}, {}
+        try:
+            for r in range(2):
+                for name, settings in VARIANTS.items():
+                    if left() < 30:
+                        break
+                    firsts.setdefault(name, None)
+                    first, _, dec = timed(f"ar {name} (round {r})", on=apply_settings(model, settings))
+                    firsts[name] = firsts[name] or first
+                    decs.setdefault(name, []).append(dec)
+        finally:
+            model = apply_settings(model, chosen)
+        variants = {name: {**VARIANTS[name], "ar_tok_s": (n - 1) / float(np.median(d)), "rounds": len(d),
+                           "compile_seconds": firsts[name].stats["compile_seconds"],
+                           "equal_to_base": bool(np.array_equal(firsts[name].tokens, firsts["base"].tokens))}
+                    for name, d in decs.items()}
+        out["variants"] = variants
+        best = max(variants, key=lambda v: variants[v]["ar_tok_s"])
+        out["fastest_variant"] = best
+        print(json.dumps(variants), flush=True)
+        print("fastest:", best, ",".join(f"{k}={VARIANTS[best][k]}" for k in SETTINGS), flush=True)
+        save(out)
+        if stages == {"variants"}:
+            return out
     ar_first, ar_runs, ar_dec = timed("ar default")
     out.update(ar_tok_s=(n - 1) / ar_dec, ar_compile_seconds=ar_first.stats["compile_seconds"],
                ar_decode_rows=ar_first.stats.get("decode_rows"),
@@ -430,6 +487,8 @@ def main():
     ap.add_argument("--stages", default=",".join(STAGES),
                     help=f"with --part model: which of {','.join(STAGES)} run (AR at the default path always runs: "
                          f"every other figure is against it); split a run over two device commands with --suffix")
+    ap.add_argument("--settings", default=None, help=f"key=value,... of {','.join(SETTINGS)}: the decode path's "
+                    "settings for the whole run instead of the library's (`apply_settings`)")
     ap.add_argument("--suffix", default="", help="appended to the result's file name (a run split by --stages)")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="instead: join the halves of a run split by --stages into moe_qwen35_35b_a3b.json in --out")
@@ -446,6 +505,15 @@ def main():
     from pallas_kernels import experts
     if args.experts:
         experts.GPU_DEFAULT = args.experts
+    if args.settings:
+        settings = dict(kv.split("=") for kv in args.settings.split(","))
+        if not set(settings) <= set(SETTINGS):
+            ap.error(f"--settings takes keys of {','.join(SETTINGS)}; got {args.settings!r}")
+        from specdec_jax.models.qwen35 import mlp, params
+        params.FUSE_MOE_INPUTS = bool(int(settings.get("fuse", params.FUSE_MOE_INPUTS)))
+        mlp.TOPK_COMPARE_MAX_ROWS = int(settings.get("topk_rows", mlp.TOPK_COMPARE_MAX_ROWS))
+        experts.DECODE_BLOCKS = dict(experts.DECODE_BLOCKS, block_n=int(settings.get("block_n",
+                                                                                      experts.DECODE_BLOCKS["block_n"])))
     if args.blocks_from:
         experts.DECODE_BLOCKS, experts.PREFILL_BLOCKS = chosen_blocks(args.blocks_from)
         print("tiles:", experts.DECODE_BLOCKS, experts.PREFILL_BLOCKS, flush=True)

@@ -10,6 +10,9 @@
 #   bash benchmarks/gpu_moe.sh model1 OUT   the headline file in one command (440 s on an H100 at 8d87364; XLA's
 #                                           paths left out: they run out of memory at this shape)
 #   bash benchmarks/gpu_moe.sh layout OUT   the experts' layout sorted against compared, 10 layers (its A/B, ~2 min)
+#   bash benchmarks/gpu_moe.sh variants OUT AR under each of bench_moe.VARIANTS (MoE input layout, router top-k,
+#                                           decode block_n), alternating, 10 layers (~4 min); the fastest's settings
+#                                           in OUT/fastest_settings.txt; then `MOE_SETTINGS=... gpu_moe.sh model1 OUT`
 set -u
 # block_m,block_n,block_k,num_warps,num_stages: decode tiles (block_m 16) and prefill tiles (block_m 64), block_k 64
 # and 128 in both (a decode pick's prefill partner shares its block_k). The narrow decode tiles (block_n 16 and 32 at
@@ -40,7 +43,13 @@ model_b)  # ... then the curve, the 8K prompt and MTP
         --suffix _b --out "$out" ;;
 model1)  # the headline file: AR (default, one row), a device trace of AR, the curve, the 8K prompt, MTP as time allows
     step 500 model python benchmarks/bench_moe.py --part model --stages onerow,profile,curve,long,mtp \
-        --time-budget-s 470 --out "$out" ;;
+        --time-budget-s 470 --out "$out" ${MOE_SETTINGS:+--settings "$MOE_SETTINGS"} ;;
+variants)  # bench_moe.VARIANTS alternating in one process, at 10 layers
+    step 280 variants python benchmarks/bench_moe.py --part model --layers 10 --stages variants --repeats 2 \
+        --time-budget-s 260 --out "$out"
+    python -c "import json, sys; d = json.load(open(sys.argv[1])); v = d['variants'][d['fastest_variant']]
+print(','.join(f'{k}={v[k]}' for k in ('fuse', 'topk_rows', 'block_n')))" \
+        "$out/moe_qwen35_35b_a3b_10layers.json" | tee "$out/fastest_settings.txt" ;;
 layout)  # experts.LAYOUT_COMPARE_MAX_COPIES 0 against 256, alternating in one process, at 10 layers
     step 200 layout python benchmarks/bench_moe.py --part model --layers 10 --stages layout --repeats 3 \
         --time-budget-s 180 --out "$out" ;;

@@ -153,7 +153,7 @@ def random_moe_model(dtype="bfloat16", *, mtp: bool = False, seed: int = 0):
     specs = qwen35.param_specs(cfg, keys, "random")
     rng = np.random.default_rng(seed)
     params = build_tree(specs, lambda leaf: jnp.asarray(rng.standard_normal(leaf_shape(leaf)) * 0.3, dtype))
-    return Model(config=cfg, params=params, dtype=jnp.dtype(dtype))
+    return Model(config=cfg, params=qwen35.moe_layout(params, cfg), dtype=jnp.dtype(dtype))  # the loader's layout
 
 
 @pytest.mark.parametrize("impl", ["auto", "pallas"])
@@ -193,6 +193,42 @@ def test_padding_rows_select_no_expert_and_a_row_is_the_same_alone(monkeypatch, 
     for got in logits[1:]:
         assert np.array_equal(logits[0][:1], got[:1])
     assert np.array_equal(logits[2][:3], logits[4])  # a verification's first 3 rows, alone in the expert products
+
+
+@pytest.mark.parametrize("rows", [1, 9, 70])
+def test_the_compared_top_k_is_lax_top_k(rows):
+    """The router's top-k from compare ranks (decode shapes) gives lax.top_k's experts, order and values, ties
+    included (the lower expert id first); past TOPK_COMPARE_MAX_ROWS rows it is lax.top_k."""
+    rng = np.random.default_rng(rows)
+    probs = jax.nn.softmax(jnp.asarray(rng.standard_normal((rows, 16)), jnp.float32), axis=-1)
+    probs = probs.at[:, 5].set(probs[:, 9]).at[:, 2].set(probs[:, 9])  # three-way ties in every row
+    probs = probs.at[0].set(jnp.full((16,), 1 / 16))  # a row of equal probabilities
+    want_v, want_i = jax.lax.top_k(probs, 4)
+    got_v, got_i = jax.jit(qwen_mlp.top_k, static_argnums=1)(probs, 4)
+    assert (rows <= qwen_mlp.TOPK_COMPARE_MAX_ROWS) == (rows < 70)
+    np.testing.assert_array_equal(np.asarray(got_i), np.asarray(want_i))
+    np.testing.assert_array_equal(np.asarray(got_v), np.asarray(want_v))
+
+
+def test_fused_moe_inputs_are_the_three_products():
+    """One `router_shared` weight per layer (router, shared gate|up, shared expert gate stacked) gives the three
+    products' logits (float32), saves to the same checkpoint tensors, and the partial-MLP draft cuts the same weights
+    from either layout."""
+    from specdec_jax.drafters.self_draft import partial_mlp_weights
+    model = random_moe_model("float32", mtp=True)
+    cfg, plain = model.config, qwen35.moe_layout(model.params, model.config, fused=False)
+    fused = qwen35.moe_layout(plain, cfg, fused=True)
+    assert all("router_shared" in layer["mlp"] and "router" not in layer["mlp"]
+               for layer in fused["layers"] + fused["mtp"]["layers"])
+    ids = jnp.asarray([[5, 9, 11, 3, 7, 2]], jnp.int32)
+    run = jax.jit(lambda p: qwen35.forward(p, cfg, qwen35.init_state(cfg, 1, 16, jnp.float32), ids)[0])
+    np.testing.assert_allclose(np.asarray(run(fused)), np.asarray(run(plain)), rtol=1e-5, atol=1e-5)
+    saved_plain, saved_fused = qwen35.hf_tensors(plain, cfg), qwen35.hf_tensors(fused, cfg)
+    assert saved_plain.keys() == saved_fused.keys()
+    assert all(np.array_equal(saved_plain[k], saved_fused[k]) for k in saved_plain)
+    for a, b in zip(partial_mlp_weights(plain, cfg, 0.5), partial_mlp_weights(fused, cfg, 0.5)):
+        b = qwen35.unfuse_moe_inputs(b, cfg)
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
 def test_greedy_speculation_on_a_moe_model_equals_ar_in_bfloat16():

@@ -22,6 +22,8 @@ import jax
 
 from pallas_kernels import decode_block, experts, gated_delta
 
+from ..models.qwen35 import mlp as qwen35_mlp
+
 MAX_ENTRIES = 32
 _ENV_KEYS = ("SPECDEC_GDN_IMPLEMENTATION", "SPECDEC_MATVEC")
 
@@ -31,7 +33,8 @@ def _switches() -> tuple:
     return (tuple(os.environ.get(k, "") for k in _ENV_KEYS), gated_delta.REPLAY_STASH, gated_delta.PACKED_FORM,
             decode_block.WARPS, decode_block.SPLITS, decode_block.SLOTS, decode_block.GATHER,
             decode_block.FUSE_OUT_PROJ, experts.GPU_DEFAULT, experts.LAYOUT_COMPARE_MAX_COPIES,
-            tuple(sorted(experts.DECODE_BLOCKS.items())), tuple(sorted(experts.PREFILL_BLOCKS.items())))
+            tuple(sorted(experts.DECODE_BLOCKS.items())), tuple(sorted(experts.PREFILL_BLOCKS.items())),
+            qwen35_mlp.TOPK_COMPARE_MAX_ROWS)
 _cache: collections.OrderedDict = collections.OrderedDict()
 _traced_under: list = [None]  # the switches of the last compile's trace
 

@@ -117,7 +117,11 @@ def swiglu(x: jax.Array, gate_w: jax.Array, up_w: jax.Array, down_w: jax.Array) 
 def swiglu_fused(x: jax.Array, gate_up_w: jax.Array, down_w: jax.Array, groups: int = 1) -> jax.Array:
     """SwiGLU with gate and up stacked as one [2F, D] weight (one GEMV at decode); groups > 1: the rows grouped
     per tensor-parallel device (each group its gate columns, then its up columns: sharding.py)."""
-    h = linear(x, gate_up_w)
+    return swiglu_from(linear(x, gate_up_w), down_w, groups)
+
+
+def swiglu_from(h: jax.Array, down_w: jax.Array, groups: int = 1) -> jax.Array:
+    """SwiGLU's second half: the gate|up pre-activations h [..., 2F] (grouped as `swiglu_fused`'s) -> down_w's output."""
     F = h.shape[-1] // (2 * groups)
     gate, up = split_groups(h, (F, F), groups)
     return linear(jax.nn.silu(gate) * up, down_w)

@@ -13,17 +13,79 @@ from .config import Qwen35Config
 from .. import layers as L
 
 
-def route(p: dict, cfg: Qwen35Config, xt: jax.Array, valid: jax.Array | None = None):
-    """Softmax router (float32), top-k renormalised: (weights [N, k] in x's dtype, experts [N, k] int32). Tokens
-    where `valid` [N] is False (padding rows) select no expert: id -1, weight 0."""
-    router_logits = L.linear(xt, p["router"])
+# Up to this many rows (decode steps and verifications) the router's top-k is taken by ranks from compare matrices
+# ([N, E, E] compares in one reduction) instead of XLA's TopK, a sort on the GPU; more rows (prefill chunks) take
+# lax.top_k. Both give the same experts in the same order (ties: the lower expert id first) and the same weights
+# (`test_the_compared_top_k_is_lax_top_k`). 0: always lax.top_k. Chosen on the GPU (docs/LOG.md).
+TOPK_COMPARE_MAX_ROWS = 0
+
+
+def top_k(probs: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """probs [N, E] -> (values [N, k], indices [N, k] int32) as `lax.top_k` gives them."""
+    N, E = probs.shape
+    if N > TOPK_COMPARE_MAX_ROWS:
+        values, indices = lax.top_k(probs, k)
+        return values, indices.astype(jnp.int32)
+    ids = jnp.arange(E, dtype=jnp.int32)
+    ahead = (probs[:, None, :] > probs[:, :, None]) | ((probs[:, None, :] == probs[:, :, None])
+                                                       & (ids[None, :] < ids[:, None])[None])  # [N, E(i), E(j)]
+    rank = jnp.sum(ahead, axis=-1, dtype=jnp.int32)  # [N, E]: the experts ahead of expert i
+    at = rank[:, None, :] == jnp.arange(k, dtype=jnp.int32)[None, :, None]  # [N, k, E]: one expert per rank
+    indices = jnp.sum(jnp.where(at, ids[None, None, :], 0), axis=-1, dtype=jnp.int32)
+    values = jnp.sum(jnp.where(at, probs[:, None, :], jnp.zeros((), probs.dtype)), axis=-1)  # one term: exact
+    return values, indices
+
+
+def route_logits(router_logits: jax.Array, cfg: Qwen35Config, valid: jax.Array | None = None):
+    """Router logits [N, E] -> softmax (float32), top-k renormalised: (weights [N, k] in the logits' dtype, experts
+    [N, k] int32). Tokens where `valid` [N] is False (padding rows) select no expert: id -1, weight 0."""
     probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
-    top_w, top_i = lax.top_k(probs, cfg.num_experts_per_tok)  # [N, k]
+    top_w, top_i = top_k(probs, cfg.num_experts_per_tok)  # [N, k]
     top_w = (top_w / jnp.sum(top_w, axis=-1, keepdims=True)).astype(router_logits.dtype)
     if valid is not None:
         top_i = jnp.where(valid[:, None], top_i, -1)
         top_w = jnp.where(valid[:, None], top_w, jnp.zeros((), top_w.dtype))
     return top_w, top_i.astype(jnp.int32)
+
+
+def route(p: dict, cfg: Qwen35Config, xt: jax.Array, valid: jax.Array | None = None):
+    """The router on tokens xt [N, D] (`route_logits`), from either parameter layout (`moe_inputs`)."""
+    return route_logits(moe_inputs(p, cfg, xt)[0], cfg, valid)
+
+
+def moe_inputs(p: dict, cfg: Qwen35Config, xt: jax.Array):
+    """What the MoE block computes from its input xt [N, D] by products with stored weights: (router logits [N, E],
+    the shared expert's gate|up pre-activations [N, 2S] or None, the shared expert gate's pre-activation [N, 1] or
+    None). One product where the layer holds them fused (`router_shared`, `fuse_moe_inputs`), else three."""
+    E = cfg.num_experts
+    if "router_shared" in p:
+        y = L.linear(xt, p["router_shared"])  # [N, E + 2S + 1]
+        return y[:, :E], y[:, E:-1], y[:, -1:]
+    if "shared_gate_up_proj" not in p:
+        return L.linear(xt, p["router"]), None, None
+    return L.linear(xt, p["router"]), L.linear(xt, p["shared_gate_up_proj"]), L.linear(xt, p["shared_expert_gate"])
+
+
+def fuse_moe_inputs(p: dict) -> dict:
+    """A MoE layer's parameters with the router [E, D], the shared expert's gate|up [2S, D] and the shared expert
+    gate [1, D] stacked as one `router_shared` [E + 2S + 1, D]: the three products on the block's input become one
+    (a decode step's three small GEMMs per layer, one launch). Other layers, and layers already fused or without a
+    shared expert, come back as they are. Not under a mesh: the router is replicated and gate|up split by columns."""
+    if "router" not in p or "shared_gate_up_proj" not in p:
+        return p
+    q = {k: v for k, v in p.items() if k not in ("router", "shared_gate_up_proj", "shared_expert_gate")}
+    q["router_shared"] = jnp.concatenate([p["router"], p["shared_gate_up_proj"], p["shared_expert_gate"]], axis=0)
+    return q
+
+
+def unfuse_moe_inputs(p: dict, cfg: Qwen35Config) -> dict:
+    """`fuse_moe_inputs` undone (the checkpoint's layout: saving, tensor-parallel placement)."""
+    if "router_shared" not in p:
+        return p
+    E, w = cfg.num_experts, p["router_shared"]
+    q = {k: v for k, v in p.items() if k != "router_shared"}
+    q.update(router=w[:E], shared_gate_up_proj=w[E:-1], shared_expert_gate=w[-1:])
+    return q
 
 
 def expert_implementation(cfg: Qwen35Config, impl: str) -> str:
@@ -47,7 +109,8 @@ def moe_mlp(p: dict, cfg: Qwen35Config, x: jax.Array, valid: jax.Array | None = 
     B, T, D = x.shape
     k, E = cfg.num_experts_per_tok, cfg.num_experts
     xt = x.reshape(B * T, D)
-    top_w, top_i = route(p, cfg, xt, None if valid is None else valid.reshape(B * T))
+    router_logits, shared_gate_up, shared_gate = moe_inputs(p, cfg, xt)
+    top_w, top_i = route_logits(router_logits, cfg, None if valid is None else valid.reshape(B * T))
     chosen = expert_implementation(cfg, impl)
     if chosen == "xla":
         chosen = "gather" if B * T * k <= E else "ragged"
@@ -68,9 +131,9 @@ def moe_mlp(p: dict, cfg: Qwen35Config, x: jax.Array, valid: jax.Array | None = 
     out = out.astype(x.dtype)
     if R < T:  # the rows past live_rows are padding: no expert output
         out = jnp.pad(out.reshape(B, R, D), ((0, 0), (0, T - R), (0, 0))).reshape(B * T, D)
-    if "shared_gate_up_proj" in p:
-        shared = L.swiglu_fused(xt, p["shared_gate_up_proj"], p["shared_down_proj"], groups=cfg.tp_size)
-        out = out + jax.nn.sigmoid(L.linear(xt, p["shared_expert_gate"])) * shared
+    if shared_gate_up is not None:
+        shared = L.swiglu_from(shared_gate_up, p["shared_down_proj"], groups=cfg.tp_size)
+        out = out + jax.nn.sigmoid(shared_gate) * shared
     return out.reshape(B, T, D)
 
 

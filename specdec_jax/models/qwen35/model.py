@@ -28,7 +28,7 @@ from .. import layers as L
 from .gdn import (MAX_RECURRENT_VERIFY, conv_channels, conv_window_at, packed_form,  # noqa: F401 (public here)
                          gdn_gates, gdn_heads, gdn_mixer, gdn_projections, gdn_rule, gdn_state_rule,
                          linear_key_heads, split_projection, stacked_conv_windows_at, stacked_state_rule)
-from .mlp import mlp, moe_mlp  # noqa: F401 (the layers' MLPs; public here as before)
+from .mlp import fuse_moe_inputs, mlp, moe_mlp, unfuse_moe_inputs  # noqa: F401 (the layers' MLPs; public here)
 
 # ------------------------------------------------------------------------------------------ state
 
@@ -97,7 +97,7 @@ def grow_state(state: Qwen35State, max_len: int) -> Qwen35State:
 # ------------------------------------------------------------------------------------- parameters
 # The parameter layout, loading and saving live in params.py; these names stay reachable here.
 from .params import (Leaf, detect_prefix, fused_segments, hf_tensors, load_params,  # noqa: E402,F401
-                            param_specs, place_param, shard_params, split_counts, with_mesh)
+                            moe_layout, param_specs, place_param, shard_params, split_counts, with_mesh)
 
 
 # ---------------------------------------------------------------------------------------- layers

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from ... import sharding
 from .config import FULL_ATTENTION, Qwen35Config
+from .mlp import fuse_moe_inputs, unfuse_moe_inputs
 from ...errors import CheckpointError
 from ...loading import TensorSource, build_tree, flatten_tree
 from ...sharding import Segment, SplitCount
@@ -214,8 +215,33 @@ def place_param(path: tuple, x: jax.Array, cfg: Qwen35Config) -> jax.Array:
 def shard_params(params: dict, cfg: Qwen35Config) -> dict:
     """A one-device parameter tree (checkpoint row order, e.g. built in memory) laid out over `cfg.mesh`
     (cfg from `with_mesh`)."""
+    params = moe_layout(params, cfg, fused=False)
     return build_tree({path: (path, x) for path, x in flatten_tree(params).items()},
                       lambda item: place_param(item[0], item[1], cfg))
+
+
+# Whether a one-device MoE model holds each layer's router, shared gate|up and shared expert gate as one weight
+# (`mlp.fuse_moe_inputs`: one product on the block's input instead of three). Chosen on the GPU (docs/LOG.md).
+FUSE_MOE_INPUTS = False
+
+
+def _map_mlps(params: dict, fn) -> dict:
+    """params with fn applied to every layer's MLP parameters (the MTP head's layers too)."""
+    def layers(ls):
+        return [{**layer, "mlp": fn(layer["mlp"])} for layer in ls]
+    out = {**params, "layers": layers(params["layers"])}
+    if params.get("mtp") and params["mtp"].get("layers"):
+        out["mtp"] = {**params["mtp"], "layers": layers(params["mtp"]["layers"])}
+    return out
+
+
+def moe_layout(params: dict, cfg: Qwen35Config, fused: bool | None = None) -> dict:
+    """params in the MoE input layout `fused` (None: FUSE_MOE_INPUTS where there is no mesh): each layer's router,
+    shared gate|up and shared expert gate as one weight, or as three (the checkpoint's)."""
+    if not cfg.is_moe:
+        return params
+    fused = FUSE_MOE_INPUTS and cfg.mesh is None if fused is None else fused
+    return _map_mlps(params, fuse_moe_inputs if fused else lambda p: unfuse_moe_inputs(p, cfg))
 
 
 def load_params(source: TensorSource, cfg: Qwen35Config, dtype) -> dict:
@@ -232,7 +258,7 @@ def load_params(source: TensorSource, cfg: Qwen35Config, dtype) -> dict:
                   for g in leaf.groups]
         return place_param(path, jnp.stack(groups) if leaf.stack else groups[0], cfg)
 
-    return build_tree({path: (path, leaf) for path, leaf in specs.items()}, lambda item: read(*item))
+    return moe_layout(build_tree({path: (path, leaf) for path, leaf in specs.items()}, lambda item: read(*item)), cfg)
 
 
 def hf_tensors(params: dict, cfg: Qwen35Config, prefix: str = "model.") -> dict[str, jax.Array]:
@@ -240,6 +266,7 @@ def hf_tensors(params: dict, cfg: Qwen35Config, prefix: str = "model.") -> dict[
     if cfg.mesh is not None:
         raise ValueError("hf_tensors reads the checkpoint's row order; these parameters are laid out for a mesh "
                          "(load the checkpoint without mesh= to save it)")
+    params = moe_layout(params, cfg, fused=False)
     keys = {prefix + "embed_tokens.weight"}  # selects the prefix and the fused expert layout
     specs = param_specs(cfg, keys | ({"mtp.fc.weight"} if params.get("mtp") else set()), "params")
     mtp_layers = len(params["mtp"]["layers"]) if params.get("mtp") else 0
