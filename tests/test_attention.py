@@ -154,9 +154,8 @@ def test_chunked_flash_prefill_is_the_one_shot_prefill(model):
                                        impl="pallas")
         return logits[:, 0], st, None
 
-    shape = jax.ShapeDtypeStruct((2, cfg.vocab_size), jnp.float32)
     logits, state = chunked_prefill(run, qwen35.init_state(cfg, 2, max_len, jnp.float32), jnp.asarray(ids),
-                                    jnp.asarray([len(r) for r in rows], jnp.int32), chunk, logits_shape=shape)[:2]
+                                    jnp.asarray([len(r) for r in rows], jnp.int32), chunk)[:2]
     # jitted: op by op, each of the forward's ops would compile on its own (hundreds of programs)
     reference = jax.jit(lambda params, st, piece: qwen35.forward(params, cfg, st, piece, logits_for="last",
                                                                  impl="reference")[:2])

@@ -52,8 +52,7 @@ def _chunked_prefill_jit(params, ids, lens, *, cfg, chunk, max_len):
         logits, st, _ = qwen35.forward(params, cfg, st, piece, logits_for="last", prefill_lens=n_valid)
         return logits[:, 0], st, None
 
-    shape = jax.ShapeDtypeStruct((ids.shape[0], cfg.vocab_size), jnp.float32)
-    return chunked_prefill(run, state, ids, lens, chunk, logits_shape=shape)[:2]
+    return chunked_prefill(run, state, ids, lens, chunk)[:2]
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_len"))

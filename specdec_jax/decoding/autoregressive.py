@@ -82,10 +82,8 @@ def _prefill_chunked(params, prompt, lens, initial=None, starts=None, *, ops: Fa
     """Padded prompts [B, P] with valid lengths lens [B] -> (logits at each row's last token [B, V], state).
     initial, starts: a continuation (`session`): the state holding each row's first starts[b] tokens."""
     state = ops.init_state(cfg, prompt.shape[0], max_len, state_dtype) if initial is None else initial
-    logits_shape = jax.eval_shape(lambda s, i, n: ops.prefill_chunk(params, cfg, s, i, n)[0], state,
-                                  prompt[:, :chunk], lens)
     run = lambda st, ids, n: (*ops.prefill_chunk(params, cfg, st, ids, n), None)
-    logits, state, _ = chunked_prefill(run, state, prompt, lens, chunk, logits_shape=logits_shape, starts=starts)
+    logits, state, _ = chunked_prefill(run, state, prompt, lens, chunk, starts=starts)
     return logits, state
 
 

@@ -257,8 +257,7 @@ def _prefill_padded(params, ids, lens, starts, key, budget, initial=None, *, cfg
         logits, c = family.prefill_forward(params, cfg, c, piece, n_valid)
         return logits[:, 0], c, None
 
-    logits_shape = jax.eval_shape(lambda c, i, n: run(c, i, n)[0], cache, ids[:, :chunk], lens)
-    logits, cache, _ = chunked_prefill(run, cache, ids, lens, chunk, logits_shape=logits_shape, starts=starts)
+    logits, cache, _ = chunked_prefill(run, cache, ids, lens, chunk, starts=starts)
     return _begin(params, cfg, cache, logits, key, budget, plan=plan, sampling=sampling, eos_ids=eos_ids,
                   max_new_tokens=max_new_tokens)
 

@@ -12,26 +12,28 @@ import jax.numpy as jnp
 from jax import lax
 
 
-def chunked_prefill(run_chunk: Callable, state, ids: jax.Array, lens: jax.Array, chunk: int, *, logits_shape,
-                    hidden_shape=None, starts=None):
+def chunked_prefill(run_chunk: Callable, state, ids: jax.Array, lens: jax.Array, chunk: int, *, starts=None):
     """Prefill prompts ids [B, P] (row b's first lens[b] >= 1 tokens are valid) from `state`, `chunk` tokens a pass.
     starts [B] or None: row b's tokens before starts[b] are already in `state` (a continuation: ids is the whole
     history, lens its length); the chunks run from there. hidden (below) is then indexed from each row's start.
 
     run_chunk(state, ids [B, chunk], n_valid [B]) -> (last-valid-row logits [B, V], state, hidden [B, chunk, D] or
-    None); n_valid may be 0 (a row already done: its state must not move).
-    logits_shape: the [B, V] float32 struct of those logits. hidden_shape: None, or [B, P, D] (dtype): every
-    prompt position's hidden state is gathered into that buffer (what an MTP drafter starts from).
+    None); n_valid may be 0 (a row already done: its state must not move). Where it gives hidden states, every
+    prompt position's is gathered into a [B, P, D] buffer (what an MTP drafter starts from).
     Returns (each row's logits at its last prompt token [B, V], state, hidden [B, P, D] or None)."""
     B, P = ids.shape
     if P % chunk:
         raise ValueError(f"chunked_prefill: the prompt buffer ({P}) must hold whole chunks of {chunk}")
     starts = jnp.zeros_like(lens) if starts is None else starts
-    lens = lens - starts  # the tokens each row runs
+    lens = (lens - starts).astype(jnp.int32)  # the tokens each row runs
     ids = jnp.pad(ids, ((0, 0), (0, chunk)))  # a row's last chunk may start anywhere before P
     n_chunks = (jnp.max(lens) + chunk - 1) // chunk
+    # Jitted and inlined where it is called: the shapes below come from its one trace, which the loop's body reuses
+    # (a chunk at the same shapes), instead of tracing the model's forward twice. The program is the same.
+    run_chunk = jax.jit(run_chunk, inline=True)
+    logits_shape, _, hidden_shape = jax.eval_shape(run_chunk, state, ids[:, :chunk], lens)
     logits0 = jnp.zeros(logits_shape.shape, logits_shape.dtype)
-    hidden0 = None if hidden_shape is None else jnp.zeros(hidden_shape.shape, hidden_shape.dtype)
+    hidden0 = None if hidden_shape is None else jnp.zeros((B, P) + hidden_shape.shape[2:], hidden_shape.dtype)
 
     def body(c, carry):
         state, last, hidden = carry

@@ -244,11 +244,7 @@ def _spec_prefill(params, prompt, key, lens=None, budget=None, initial=None, sta
             lg, state, ex = qwen35.forward(params, cfg, state, ids, impl=impl, logits_for="last",
                                            collect="hidden" if needs_hidden else None, prefill_lens=n_valid)
             return lg[:, 0], state, ex.get("hidden")
-        shapes = jax.eval_shape(run, model, prompt[:, :chunk], lens)
-        hidden_shape = (jax.ShapeDtypeStruct((B, T) + shapes[2].shape[2:], shapes[2].dtype) if needs_hidden
-                        else None)
-        logits, model, hidden = chunked_prefill(run, model, prompt, lens, chunk, logits_shape=shapes[0],
-                                                hidden_shape=hidden_shape, starts=starts)
+        logits, model, hidden = chunked_prefill(run, model, prompt, lens, chunk, starts=starts)
     budget = jnp.int32(max_new_tokens) if budget is None else budget.astype(jnp.int32)
     first = select_token(logits, key, sampling)
     rows = jnp.arange(B)
@@ -313,7 +309,11 @@ def _spec_loop(params, state, drafter_state, key, accept_p=None, step_limit=None
         raise ValueError(f"defer: the GDN commit is deferred under replay rollback only; got rollback={rollback!r}")
     pending = None
     if defer:  # the first step's pending commit keeps zero positions: its replay leaves every state as it is
-        shapes = jax.eval_shape(lambda: step(state, drafter_state, key, defer=True)[4])
+        # The step that leaves its commit pending, jitted and inlined where it is called: its one trace gives the
+        # pending commit's shapes here and serves the loop's body (the whole step traced once, not twice). The body
+        # applies the step before's pending commit first, as `_step` would: the same program.
+        deferred = jax.jit(lambda s, d, k: step(s, d, k, defer=True), inline=True)
+        shapes = jax.eval_shape(deferred, state, drafter_state, key)[4]
         pending = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
     def cond(carry):
@@ -323,7 +323,11 @@ def _spec_loop(params, state, drafter_state, key, accept_p=None, step_limit=None
     def body(carry):
         state, drafter_state, key, pending = carry
         sub = jax.random.fold_in(key, state.steps)
-        state, drafter_state, _, _, pending = step(state, drafter_state, sub, pending=pending, defer=defer)
+        if defer:
+            state = state.replace(model=qwen35.apply_pending(state.model, pending, impl=impl, mesh=cfg.mesh))
+            state, drafter_state, _, _, pending = deferred(state, drafter_state, sub)
+        else:
+            state, drafter_state, _, _, pending = step(state, drafter_state, sub)
         return state, drafter_state, key, pending
 
     carry = (state, drafter_state, key, pending)
