@@ -54,9 +54,11 @@ def _ar(folder: str, i: int, rows: int) -> np.ndarray:
 # ragged batches and continuations included: exact_tiny_qwen_continue.json).
 # Gamma 8 (9 decode rows, an AR reference of its own) is left out too: in bf16 it runs on the GPU (the long-context
 # benchmark's gamma-8 drafts, equal to AR at every length), in float32 in test_speculative.py.
-@pytest.mark.parametrize("method,options", [("ngram", {}), ("ngram-table", {}), ("mtp", {}),
-                                            ("mtp", {"rollback": "snapshot"}), ("partial-mlp", {})],
-                         ids=["ngram", "ngram-table", "mtp", "mtp-snapshot", "partial-mlp"])
+# ngram-table is left out too: its verification is ngram's program (neither drafter reads the hidden states), and its
+# float32 equality is test_drafters.py's.
+@pytest.mark.parametrize("method,options", [("ngram", {}), ("mtp", {}), ("mtp", {"rollback": "snapshot"}),
+                                            ("partial-mlp", {})],
+                         ids=["ngram", "mtp", "mtp-snapshot", "partial-mlp"])
 def test_qwen_chain_methods_equal_ar_in_bfloat16(method, options):
     model = _model(QWEN)
     for i, ids in enumerate(_prompts(QWEN)):

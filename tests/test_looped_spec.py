@@ -310,11 +310,11 @@ def test_looped_speculation_streams_in_chunks():
     import specdec_jax as sj
     model = sj.load(FIXTURES / "huginn_tiny", dtype="float32")
     rng = np.random.default_rng(13)
-    rows = [rng.integers(0, model.vocab_size, n).astype(np.int32) for n in (5, 9)]
+    rows = [rng.integers(0, model.vocab_size, n).astype(np.int32) for n in (5, 9, 5)]  # the test above's programs
     options = dict(method="self-spec", eos_token_id=False, num_steps=4, gamma=2)
     whole = sj.generate(model, rows, 11, **options)
     pieces = list(sj.stream(model, rows, 11, chunk_steps=2, **options))
-    assert len(pieces) > 1 and all(p.shape[0] == 2 for p in pieces)
+    assert len(pieces) > 1 and all(p.shape[0] == 3 for p in pieces)
     np.testing.assert_array_equal(np.concatenate(pieces, axis=1), whole.tokens)
 
 
@@ -341,6 +341,10 @@ def test_looped_continuation_equals_a_fresh_run_on_the_whole_text():
     whole = np.stack([np.concatenate([p, t, n]) for p, t, n in zip(rows, first.tokens, new)])
     fresh = sj.generate(model, whole, 5, eos_token_id=False, **ar)
     np.testing.assert_array_equal(cont.tokens, fresh.tokens)
+    from specdec_jax.results import STATS_KEYS  # the same keys as the Qwen family's (test_buckets.py)
+    for res in (first, fresh):
+        assert set(STATS_KEYS) <= set(res.stats), sorted(set(STATS_KEYS) - set(res.stats))
+    assert {"verify_steps", "mean_accepted", "tokens_per_step", "accepted_counts"} <= set(first.stats)
     held = whole.shape[1] + 4  # every token but the pending one
     np.testing.assert_array_equal(np.asarray(cont.state.model.length), [held] * 3)
     np.testing.assert_array_equal(np.asarray(fresh.state.model.length), [held] * 3)

@@ -44,8 +44,15 @@ def test_forward_logits_match_transformers(checkpoint):
     assert err <= 1e-4, f"{name}: relative error {err:.2e}"
 
 
+# Greedy decoding against transformers on three of the variants (the suite's time): the tied head and the multimodal
+# layout change only what is loaded, which every variant's forward logits check above; the decode path is the same.
+GREEDY_VARIANTS = ("ratio1_untied", "ratio3_multimodal", "moe")
+
+
 def test_greedy_generate_matches_transformers(checkpoint):
     name, ref, model = checkpoint
+    if name not in GREEDY_VARIANTS:
+        pytest.skip("decoded on GREEDY_VARIANTS; this variant's logits: test_forward_logits_match_transformers")
     ids = np.random.default_rng(2).integers(0, model.vocab_size, size=(1, 9))
     ours = sj.generate(model, ids, 32, method="ar", eos_token_id=False)
     np.testing.assert_array_equal(ours.tokens, H.reference_greedy(ref, ids, 32), err_msg=name)
@@ -123,20 +130,10 @@ def test_every_layers_conv_window_in_one_op_equals_each_layers_window():
                                           err_msg=f"layer {layer}, row {row}")
 
 
-def test_generate_stops_at_eos(small_model):
-    _, model = small_model
-    ids = np.random.default_rng(6).integers(0, model.vocab_size, size=(1, 6))
-    free = sj.generate(model, ids, 12, eos_token_id=False).tokens[0]
-    eos = int(free[3])
-    stopped = sj.generate(model, ids, 12, eos_token_id=eos).tokens[0]
-    first = int(np.argmax(free == eos))
-    np.testing.assert_array_equal(stopped[:first + 1], free[:first + 1])
-    assert np.all(stopped[first:] == eos)
-
-
 def test_new_token_count_stops_at_each_rows_eos(small_model):
-    """stats['new_tokens'] counts what each row generated (through its EOS), not the padding after it;
-    AR and speculative decoding report the same count for the same output."""
+    """Each row stops at its EOS (its tokens those of the run without one, then EOS); stats['new_tokens'] counts what
+    each row generated (through its EOS), not the padding after it; AR and speculative decoding report the same count
+    for the same output."""
     _, model = small_model
     ids = np.random.default_rng(6).integers(0, model.vocab_size, size=(3, 6))
     free = sj.generate(model, ids, 12, eos_token_id=False).tokens
@@ -145,6 +142,9 @@ def test_new_token_count_stops_at_each_rows_eos(small_model):
     for method in ("ar", "ngram"):
         out = sj.generate(model, ids, 12, method=method, eos_token_id=eos)
         assert out.stats["new_tokens"] == sum(rows), method
+        for r, n in zip(range(3), rows):  # each row: the free run's tokens through its EOS, then EOS
+            np.testing.assert_array_equal(out.tokens[r, :n], free[r, :n], err_msg=f"{method} row {r}")
+            assert np.all(out.tokens[r, n - 1:] == eos) or n == 12
 
 
 def test_sampling_is_reproducible_and_varies_with_seed(small_model):

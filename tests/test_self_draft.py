@@ -95,10 +95,11 @@ def ar_samples(small_vocab_model):
     return ids, stats_helpers.ar_samples(small_vocab_model, ids, 3, temperature=1.0)
 
 
+# partial-mlp is left out (the suite's time): its drafts are sampled and their q reported by the same `_choose` as
+# residual-reuse's (no shortlist), only its draft forward differs, which test_exact.py runs in bf16.
 @pytest.mark.parametrize("drafter", [SelfDrafter("layer-skip", skip_layers=(1,), shortlist_size=4),
-                                     SelfDrafter("residual-reuse", skip_layers=(0,)),
-                                     SelfDrafter("partial-mlp", mlp_keep=0.5)],
-                         ids=["layer-skip-shortlist", "residual-reuse", "partial-mlp"])
+                                     SelfDrafter("residual-reuse", skip_layers=(0,))],
+                         ids=["layer-skip-shortlist", "residual-reuse"])
 def test_self_draft_sampling_preserves_distribution(small_vocab_model, ar_samples, drafter):
     """layer-skip drafts among a 4-token shortlist of the 6-token vocabulary: tokens 1 and 4 are never drafted
     (their q is zero), yet every token keeps its target probability."""
