@@ -168,6 +168,7 @@ def model_part(args, save) -> dict:
     from specdec_jax.decoding.decode_shape import choose_decode_rows
     t0 = time.perf_counter()
     cfg = moe_config(args.tiny, args.layers)
+    bandwidth = copy_bandwidth(0.25 if args.tiny else 2.0)  # before the weights: its copies need room
     model = make_model(cfg)
     weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
     from pallas_kernels import experts
@@ -190,7 +191,6 @@ def model_part(args, save) -> dict:
         print(f"{label}: decode {dec:.4f} s, compile {first.stats['compile_seconds']:.1f} s", flush=True)
         return first, runs, dec
 
-    bandwidth = copy_bandwidth(0.25 if args.tiny else 2.0)
     counts = byte_counts(model, args.prompt_len + n // 2)
     per_token = counts["nonexpert"] + counts["kv"] + cfg.num_hidden_layers * cfg.num_experts_per_tok * counts["expert"]
     out.update(copy_gb_s=bandwidth / 1e9, nonexpert_gib=counts["nonexpert"] / GIB,
