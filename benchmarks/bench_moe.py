@@ -438,6 +438,19 @@ def markdown(result: dict) -> str:
         md.append(f"| {r['gamma']} | {r['p']} | {r['tokens_per_step']:.2f} | {r['seconds_per_step'] * 1e3:.2f} ms | "
                   f"{r['floor_seconds_per_step'] * 1e3:.2f} ms | {r['step_over_floor']:.3f} | {r['speedup']:.2f}x | "
                   f"{r['exact']} |")
+    long = result.get("long_prompt")
+    if long:
+        where = f" (carried from {long['carried']['commit'][:7]}: {long['carried']['note']})" if long.get("carried") else ""
+        md += ["", f"{long['prompt_len']}-token prompt: prefill {long['prefill_tok_s']:.0f} tok/s, decode "
+                   f"{long['decode_tok_s']:.1f} tok/s, peak {long['peak_over_weights_kv_gib']:.2f} GiB over weights + "
+                   f"KV{where}"]
+    for method, r in (result.get("exact_methods") or {}).items():
+        if isinstance(r, dict):
+            where = f" (carried from {r['carried']['commit'][:7]})" if r.get("carried") else ""
+            md.append(f"{method}, gamma 4: equal to AR {r['equal_to_ar']}, {r['seconds_per_step'] * 1e3:.2f} ms a step, "
+                      f"{r['tokens_per_step']:.2f} tokens a step{where}")
+    if result.get("git_commit_note"):
+        md.append(f"commit note: {result['git_commit_note']}")
     md += [""] + [f"- {note}" for note in result.get("notes", [])]
     return "\n".join(md) + "\n"
 

@@ -34,7 +34,10 @@ GPU_DEFAULT: str | None = "pallas"  # what "auto" takes on the GPU (None: XLA's 
 # The kernel's tiles (rows per tile, output columns per program, K step, warps, pipeline stages), the sweep's picks
 # (bench_moe.chosen_blocks: decode by time summed over the decode cases, prefill the fastest with the same block_k).
 # block_k is shared: a row's products accumulate over K in the same steps in both.
-DECODE_BLOCKS = {"block_m": 16, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3}
+# Decode block_n 32, not the sweep's 64: twice the programs on a step's few experts; inside the 10-layer 35B-A3B model
+# on an H100 AR went 745.1 -> 749.6 tok/s alone (docs/LOG.md, 2026-12-07 evening). A row's bits do not depend on
+# block_n (each program sums its columns over the same K steps).
+DECODE_BLOCKS = {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 3}
 PREFILL_BLOCKS = {"block_m": 64, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3}
 
 

@@ -221,8 +221,10 @@ def shard_params(params: dict, cfg: Qwen35Config) -> dict:
 
 
 # Whether a one-device MoE model holds each layer's router, shared gate|up and shared expert gate as one weight
-# (`mlp.fuse_moe_inputs`: one product on the block's input instead of three). Chosen on the GPU (docs/LOG.md).
-FUSE_MOE_INPUTS = False
+# (`mlp.fuse_moe_inputs`: one product on the block's input instead of three). On an H100, AR at the 10-layer 35B-A3B
+# shape, alternating in one process: 745.1 -> 749.0 tok/s alone, and part of the settings that took it to 768.2
+# (docs/LOG.md, 2026-12-07 evening).
+FUSE_MOE_INPUTS = True
 
 
 def _map_mlps(params: dict, fn) -> dict:
