@@ -218,7 +218,7 @@ def test_rollback_default_and_limits(model, monkeypatch):
     from specdec_jax.decoding import speculative
 
     class Called(Exception):
-        pass
+        """generate_speculative was reached; its message is the rollback it was given."""
 
     def stop(*args, rollback, **kwargs):
         raise Called(rollback)
