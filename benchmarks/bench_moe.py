@@ -86,16 +86,21 @@ def current_settings() -> dict:
                 block_n=experts.DECODE_BLOCKS["block_n"])
 
 
-def apply_settings(model, settings: dict):
-    """Set the library's switches to `settings` (SETTINGS); returns the model in that MoE input layout (the expert
-    weights shared, not copied)."""
+def set_settings(settings: dict) -> None:
+    """Set the library's switches to `settings` (keys of SETTINGS; those left out keep their values)."""
     from pallas_kernels import experts
     from specdec_jax.models.qwen35 import mlp, params
+    chosen = {**current_settings(), **settings}
+    params.FUSE_MOE_INPUTS = bool(int(chosen["fuse"]))
+    mlp.TOPK_COMPARE_MAX_ROWS = int(chosen["topk_rows"])
+    experts.DECODE_BLOCKS = dict(experts.DECODE_BLOCKS, block_n=int(chosen["block_n"]))
+
+
+def apply_settings(model, settings: dict):
+    """`set_settings`, returning the model in that MoE input layout (the expert weights shared, not copied)."""
     from specdec_jax.models.qwen35 import model as qwen35
     from specdec_jax.results import Model
-    params.FUSE_MOE_INPUTS = bool(settings["fuse"])
-    mlp.TOPK_COMPARE_MAX_ROWS = int(settings["topk_rows"])
-    experts.DECODE_BLOCKS = dict(experts.DECODE_BLOCKS, block_n=int(settings["block_n"]))
+    set_settings(settings)
     return Model(config=model.config, params=qwen35.moe_layout(model.params, model.config, fused=bool(settings["fuse"])),
                  dtype=model.dtype)
 
@@ -522,11 +527,7 @@ def main():
         settings = dict(kv.split("=") for kv in args.settings.split(","))
         if not set(settings) <= set(SETTINGS):
             ap.error(f"--settings takes keys of {','.join(SETTINGS)}; got {args.settings!r}")
-        from specdec_jax.models.qwen35 import mlp, params
-        params.FUSE_MOE_INPUTS = bool(int(settings.get("fuse", params.FUSE_MOE_INPUTS)))
-        mlp.TOPK_COMPARE_MAX_ROWS = int(settings.get("topk_rows", mlp.TOPK_COMPARE_MAX_ROWS))
-        experts.DECODE_BLOCKS = dict(experts.DECODE_BLOCKS, block_n=int(settings.get("block_n",
-                                                                                      experts.DECODE_BLOCKS["block_n"])))
+        set_settings(settings)
     if args.blocks_from:
         experts.DECODE_BLOCKS, experts.PREFILL_BLOCKS = chosen_blocks(args.blocks_from)
         print("tiles:", experts.DECODE_BLOCKS, experts.PREFILL_BLOCKS, flush=True)
