@@ -72,28 +72,38 @@ def make_model(cfg):
 
 # The decode-path settings the `variants` stage compares (and `--settings` sets for a whole run): the MoE input
 # layout (router, shared gate|up and shared expert gate as one weight: 1, or three: 0), the rows up to which the
-# router's top-k comes from compare ranks (0: always a sort), and the expert kernel's decode tiles' block_n.
-SETTINGS = ("fuse", "topk_rows", "block_n")
-VARIANTS = {"base": dict(fuse=0, topk_rows=0, block_n=64), "fused": dict(fuse=1, topk_rows=0, block_n=64),
-            "topk": dict(fuse=0, topk_rows=64, block_n=64), "bn32": dict(fuse=0, topk_rows=0, block_n=32),
-            "all": dict(fuse=1, topk_rows=64, block_n=32), "all_bn16": dict(fuse=1, topk_rows=64, block_n=16)}
+# router's top-k comes from compare ranks (0: always a sort), the expert kernel's decode tiles' block_n, and who
+# emits the dense GEMMs (`gemm`: triton, XLA's Triton GEMM fusions; cublas, cuBLAS at its heuristic's algorithm,
+# no autotuning, so each shape gets one algorithm in every program).
+SETTINGS = ("fuse", "topk_rows", "block_n", "gemm")
+CUBLAS_OPTIONS = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 0}
+VARIANTS = {"triton": dict(fuse=1, topk_rows=64, block_n=32, gemm="triton"),
+            "cublas": dict(fuse=1, topk_rows=64, block_n=32, gemm="cublas")}
 
 
 def current_settings() -> dict:
     from pallas_kernels import experts
+    from specdec_jax.decoding import compiled
     from specdec_jax.models.qwen35 import mlp, params
+    options = compiled.GPU_COMPILER_OPTIONS["qwen3_5"]
     return dict(fuse=int(params.FUSE_MOE_INPUTS), topk_rows=mlp.TOPK_COMPARE_MAX_ROWS,
-                block_n=experts.DECODE_BLOCKS["block_n"])
+                block_n=experts.DECODE_BLOCKS["block_n"],
+                gemm="cublas" if options.get("xla_gpu_enable_triton_gemm") is False else "triton")
 
 
 def set_settings(settings: dict) -> None:
     """Set the library's switches to `settings` (keys of SETTINGS; those left out keep their values)."""
     from pallas_kernels import experts
+    from specdec_jax.decoding import compiled
     from specdec_jax.models.qwen35 import mlp, params
     chosen = {**current_settings(), **settings}
+    if chosen["gemm"] not in ("triton", "cublas"):
+        raise ValueError(f"gemm must be triton or cublas; got {chosen['gemm']!r}")
     params.FUSE_MOE_INPUTS = bool(int(chosen["fuse"]))
     mlp.TOPK_COMPARE_MAX_ROWS = int(chosen["topk_rows"])
     experts.DECODE_BLOCKS = dict(experts.DECODE_BLOCKS, block_n=int(chosen["block_n"]))
+    options = {k: v for k, v in compiled.GPU_COMPILER_OPTIONS["qwen3_5"].items() if k not in CUBLAS_OPTIONS}
+    compiled.GPU_COMPILER_OPTIONS["qwen3_5"] = {**options, **(CUBLAS_OPTIONS if chosen["gemm"] == "cublas" else {})}
 
 
 def apply_settings(model, settings: dict):
@@ -101,7 +111,7 @@ def apply_settings(model, settings: dict):
     from specdec_jax.models.qwen35 import model as qwen35
     from specdec_jax.results import Model
     set_settings(settings)
-    return Model(config=model.config, params=qwen35.moe_layout(model.params, model.config, fused=bool(settings["fuse"])),
+    return Model(config=model.config, params=qwen35.moe_layout(model.params, model.config, fused=bool(int(settings["fuse"]))),
                  dtype=model.dtype)
 
 
@@ -204,24 +214,43 @@ def model_part(args, save) -> dict:
                new_tokens=n)
     stages = set(args.stages.split(","))
     if "variants" in stages:  # AR (default path) under each of VARIANTS, alternating over rounds, in one process
-        chosen, decs, firsts = current_settings(), {}, {}
+        chosen, decs, firsts, forced = current_settings(), {}, {}, {}
+
+        def forced_exact(on, ar_first, gamma):  # spec at p 1 against this setting's AR at the same rows
+            rows = choose_decode_rows(gamma, None, "qwen3_5")
+            assert ar_first.stats.get("decode_rows") == rows, (ar_first.stats.get("decode_rows"), rows)
+            register_reference_drafts("forced", [ar_first.tokens[0]], [len(prompt)], p=1.0, seed=gamma)
+            spec = sj.generate(on, [prompt], n, method="forced", gamma=gamma, eos_token_id=False)
+            again = sj.generate(on, [prompt], n, method="forced", gamma=gamma, eos_token_id=False)
+            return {"gamma": gamma, "exact": bool(np.array_equal(spec.tokens, ar_first.tokens)
+                                                  and np.array_equal(again.tokens, ar_first.tokens)),
+                    "seconds_per_step": again.stats["decode_seconds"] / again.stats["verify_steps"],
+                    "tokens_per_step": again.stats["tokens_per_step"]}
+
         try:
             for r in range(2):
                 for name, settings in VARIANTS.items():
                     if left() < 30:
                         break
                     firsts.setdefault(name, None)
-                    first, _, dec = timed(f"ar {name} (round {r})", on=apply_settings(model, settings))
-                    firsts[name] = firsts[name] or first
+                    on = apply_settings(model, settings)
+                    first, _, dec = timed(f"ar {name} (round {r})", on=on)
                     decs.setdefault(name, []).append(dec)
+                    if firsts[name] is None:  # round 0: the setting's exactness, forced acceptance at gamma 4
+                        firsts[name] = first
+                        forced[name] = forced_exact(on, first, 4)
+                        print(name, json.dumps(forced[name]), flush=True)
         finally:
             model = apply_settings(model, chosen)
         variants = {name: {**VARIANTS[name], "ar_tok_s": (n - 1) / float(np.median(d)), "rounds": len(d),
                            "compile_seconds": firsts[name].stats["compile_seconds"],
-                           "equal_to_base": bool(np.array_equal(firsts[name].tokens, firsts["base"].tokens))}
+                           "equal_to_first": bool(np.array_equal(firsts[name].tokens,
+                                                                 firsts[next(iter(firsts))].tokens)),
+                           "forced": forced.get(name)}
                     for name, d in decs.items()}
         out["variants"] = variants
-        best = max(variants, key=lambda v: variants[v]["ar_tok_s"])
+        exact = [v for v in variants if (variants[v]["forced"] or {}).get("exact")]  # only an exact setting can win
+        best = max(exact or variants, key=lambda v: variants[v]["ar_tok_s"])
         out["fastest_variant"] = best
         print(json.dumps(variants), flush=True)
         print("fastest:", best, ",".join(f"{k}={VARIANTS[best][k]}" for k in SETTINGS), flush=True)
