@@ -15,6 +15,7 @@ import numpy as np
 from jax import lax
 
 from pallas_kernels import attention as attention_kernels
+from pallas_kernels import experts as expert_kernels
 
 from ..sharding import split_groups
 
@@ -24,6 +25,14 @@ MATVEC_MODES = ("auto", "dot", "reduce")
 # measured at 2-32 rows (docs/LOG.md, 2026-12-02), so the exact path's 17- and 33-row decode
 # shapes (gamma 16, 32) are covered up to 32.
 MAX_FEW_ROWS = 32
+
+
+# Half-precision products of 2..ROWS_KERNEL_MAX_ROWS rows (decode steps and verifications) run as the grouped expert
+# kernel with one expert on the GPU (`expert_kernels.rows_product`: each program one block of columns walking K in
+# fixed steps) where its tiles divide the weight; 0 keeps XLA's GEMM. Off until measured against XLA's GEMMs, which
+# run without split-K on the exact path (decoding.compiled.EXACT_GPU_OPTIONS) and so leave most SMs idle on narrow
+# outputs. Not for parameters split over a mesh (the kernel has no partitioning rule).
+ROWS_KERNEL_MAX_ROWS = 0
 
 
 def matvec_mode() -> str:
@@ -50,8 +59,9 @@ def highest_matmul_precision() -> bool:
     return precision is not None and str(precision).lower() in ("highest", "float32", "f32_f32_f32")
 
 
-def product_form(rows: int, in_dim: int, dtype) -> str:
-    """How `linear` multiplies `rows` rows of `dtype`: "reduce", "tf32x3" or "dot".
+def product_form(rows: int, in_dim: int, dtype, out_dim: int | None = None) -> str:
+    """How `linear` multiplies `rows` rows of `dtype` by a weight [out_dim, in_dim]: "reduce", "tf32x3", "rows"
+    (`ROWS_KERNEL_MAX_ROWS`) or "dot".
 
     tf32x3 (DotAlgorithmPreset.TF32_TF32_F32_X3: each float32 operand split into a TF32 head and tail,
     three tensor-core products, float32 accumulation): float32 at precision "highest", 2..MAX_FEW_ROWS rows,
@@ -64,6 +74,10 @@ def product_form(rows: int, in_dim: int, dtype) -> str:
     """
     mode = matvec_mode()
     on_gpu = jax.default_backend() == "gpu"
+    if (on_gpu and 2 <= rows <= ROWS_KERNEL_MAX_ROWS and out_dim is not None
+            and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+            and expert_kernels.rows_product_fits(rows, out_dim, in_dim)):
+        return "rows"
     if rows == 1:
         if mode == "reduce" or (mode == "auto" and on_gpu and in_dim % 128 != 0):
             return "reduce"
@@ -77,7 +91,10 @@ def product_form(rows: int, in_dim: int, dtype) -> str:
 def linear(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
     """x [..., in] @ w[out, in]^T -> [..., out] in out_dtype (default x.dtype), float32 accumulation."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    form = product_form(math.prod(x.shape[:-1]), x.shape[-1], x.dtype)
+    form = product_form(math.prod(x.shape[:-1]), x.shape[-1], x.dtype, w.shape[0])
+    if form == "rows":
+        y = expert_kernels.rows_product(x.reshape(-1, x.shape[-1]), w, out_dtype=out_dtype)  # [rows, out]
+        return y.reshape(*x.shape[:-1], w.shape[0])
     if form == "reduce":
         y = jnp.sum(x.reshape(1, -1).astype(jnp.float32) * w.astype(jnp.float32), axis=-1)  # [out]
         return y.reshape(*x.shape[:-1], w.shape[0]).astype(out_dtype)
