@@ -9,6 +9,8 @@
 #   then: python benchmarks/bench_moe.py --merge OUT/moe_qwen35_35b_a3b_a.json OUT/moe_qwen35_35b_a3b_b.json --out benchmarks/results
 #   bash benchmarks/gpu_moe.sh model1 OUT   the headline file in one command (440 s on an H100 at 8d87364; XLA's
 #                                           paths left out: they run out of memory at this shape)
+#   bash benchmarks/gpu_moe.sh model1a OUT, then model1b OUT: the same in two commands (each under 500 s), then
+#                                           bench_moe.py --merge OUT/*_a.json OUT/*_b.json --out benchmarks/results
 #   bash benchmarks/gpu_moe.sh layout OUT   the experts' layout sorted against compared, 10 layers (its A/B, ~2 min)
 #   bash benchmarks/gpu_moe.sh variants OUT AR under each of bench_moe.VARIANTS (MoE input layout, router top-k,
 #                                           decode block_n), alternating, 10 layers (~4 min); the fastest's settings
@@ -44,6 +46,12 @@ model_b)  # ... then the curve, the 8K prompt and MTP
 model1)  # the headline file: AR (default, one row), a device trace of AR, the curve, the 8K prompt, MTP as time allows
     step 500 model python benchmarks/bench_moe.py --part model --stages onerow,profile,curve,long,mtp \
         --time-budget-s 470 --out "$out" ${MOE_SETTINGS:+--settings "$MOE_SETTINGS"} ;;
+model1a)  # the headline file in two commands: AR (default, one row), a device trace, the curve ...
+    step 500 model1a python benchmarks/bench_moe.py --part model --stages onerow,profile,curve --time-budget-s 470 \
+        --suffix _a --out "$out" ${MOE_SETTINGS:+--settings "$MOE_SETTINGS"} ;;
+model1b)  # ... then the 8K prompt and MTP (bench_moe.py --merge joins the two)
+    step 500 model1b python benchmarks/bench_moe.py --part model --stages long,mtp --time-budget-s 470 \
+        --suffix _b --out "$out" ${MOE_SETTINGS:+--settings "$MOE_SETTINGS"} ;;
 variants)  # bench_moe.VARIANTS alternating in one process, at 10 layers
     step 340 variants python benchmarks/bench_moe.py --part model --layers 10 --stages variants --repeats 2 \
         --time-budget-s 320 --out "$out"
