@@ -79,8 +79,7 @@ def make_model(cfg):
 SETTINGS = ("fuse", "topk_rows", "block_n", "gemm", "rows", "rows_bn")
 CUBLAS_OPTIONS = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 0}
 _NOW = dict(fuse=1, topk_rows=64, block_n=32, gemm="triton", rows=0, rows_bn=32)
-VARIANTS = {"triton": _NOW, "cublas": dict(_NOW, gemm="cublas"), "rows_bn32": dict(_NOW, rows=16),
-            "rows_bn64": dict(_NOW, rows=16, rows_bn=64)}
+VARIANTS = {"triton": _NOW, "cublas": dict(_NOW, gemm="cublas"), "rows_bn32": dict(_NOW, rows=16)}
 
 
 def current_settings() -> dict:
