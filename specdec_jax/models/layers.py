@@ -29,9 +29,9 @@ MAX_FEW_ROWS = 32
 
 # Half-precision products of 2..ROWS_KERNEL_MAX_ROWS rows (decode steps and verifications) run as the grouped expert
 # kernel with one expert on the GPU (`expert_kernels.rows_product`: each program one block of columns walking K in
-# fixed steps) where its tiles divide the weight; 0 keeps XLA's GEMM. Off until measured against XLA's GEMMs, which
-# run without split-K on the exact path (decoding.compiled.EXACT_GPU_OPTIONS) and so leave most SMs idle on narrow
-# outputs. Not for parameters split over a mesh (the kernel has no partitioning rule).
+# fixed steps) where its tiles divide the weight; 0 keeps XLA's GEMM. Off: inside the 35B-A3B decode on an H100 it was
+# slower than XLA's Triton GEMMs (docs/LOG.md, 2026-12-07 night). Not for parameters split over a mesh (the kernel has
+# no partitioning rule).
 ROWS_KERNEL_MAX_ROWS = 0
 
 
