@@ -74,24 +74,21 @@ def make_model(cfg):
 # layout (router, shared gate|up and shared expert gate as one weight: 1, or three: 0), the rows up to which the
 # router's top-k comes from compare ranks (0: always a sort), the expert kernel's decode tiles' block_n, and who
 # emits the dense GEMMs (`gemm`: triton, XLA's Triton GEMM fusions; cublas, cuBLAS at its heuristic's algorithm,
-# no autotuning, so each shape gets one algorithm in every program), and the dense few-row products on the expert
-# kernel (`rows`: layers.ROWS_KERNEL_MAX_ROWS, 0 off; `rows_bn`: its column block).
-SETTINGS = ("fuse", "topk_rows", "block_n", "gemm", "rows", "rows_bn")
+# no autotuning, so each shape gets one algorithm in every program).
+SETTINGS = ("fuse", "topk_rows", "block_n", "gemm")
 CUBLAS_OPTIONS = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 0}
-_NOW = dict(fuse=1, topk_rows=64, block_n=32, gemm="triton", rows=0, rows_bn=32)
-VARIANTS = {"triton": _NOW, "cublas": dict(_NOW, gemm="cublas"), "rows_bn32": dict(_NOW, rows=16)}
+_NOW = dict(fuse=1, topk_rows=64, block_n=32, gemm="triton")
+VARIANTS = {"triton": _NOW, "cublas": dict(_NOW, gemm="cublas")}
 
 
 def current_settings() -> dict:
     from pallas_kernels import experts
     from specdec_jax.decoding import compiled
     from specdec_jax.models.qwen35 import mlp, params
-    from specdec_jax.models import layers
     options = compiled.GPU_COMPILER_OPTIONS["qwen3_5"]
     return dict(fuse=int(params.FUSE_MOE_INPUTS), topk_rows=mlp.TOPK_COMPARE_MAX_ROWS,
                 block_n=experts.DECODE_BLOCKS["block_n"],
-                gemm="cublas" if options.get("xla_gpu_enable_triton_gemm") is False else "triton",
-                rows=layers.ROWS_KERNEL_MAX_ROWS, rows_bn=experts.ROWS_BLOCKS["block_n"])
+                gemm="cublas" if options.get("xla_gpu_enable_triton_gemm") is False else "triton")
 
 
 def set_settings(settings: dict) -> None:
@@ -105,9 +102,6 @@ def set_settings(settings: dict) -> None:
     params.FUSE_MOE_INPUTS = bool(int(chosen["fuse"]))
     mlp.TOPK_COMPARE_MAX_ROWS = int(chosen["topk_rows"])
     experts.DECODE_BLOCKS = dict(experts.DECODE_BLOCKS, block_n=int(chosen["block_n"]))
-    from specdec_jax.models import layers
-    layers.ROWS_KERNEL_MAX_ROWS = int(chosen["rows"])
-    experts.ROWS_BLOCKS = dict(experts.ROWS_BLOCKS, block_n=int(chosen["rows_bn"]))
     options = {k: v for k, v in compiled.GPU_COMPILER_OPTIONS["qwen3_5"].items() if k not in CUBLAS_OPTIONS}
     compiled.GPU_COMPILER_OPTIONS["qwen3_5"] = {**options, **(CUBLAS_OPTIONS if chosen["gemm"] == "cublas" else {})}
 

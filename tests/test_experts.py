@@ -133,48 +133,6 @@ def test_auto_off_the_gpu_and_bad_names():
         X.resolve("triton", 8, 16)
 
 
-def test_rows_product_is_the_product_and_a_row_does_not_depend_on_the_others():
-    """The dense few-row product (the grouped kernel with one expert, `models.layers`' "rows" form): against float64,
-    a row's bits the same alone, beside other rows and beside other values, and in either output dtype."""
-    rng = np.random.default_rng(5)
-    K, N = 2 * X.ROWS_BLOCKS["block_k"], 2 * X.ROWS_BLOCKS["block_n"]  # two K steps, two column blocks
-    w = jnp.asarray(rng.standard_normal((N, K)) * K ** -0.5, jnp.bfloat16)
-    x = jnp.asarray(rng.standard_normal((9, K)), jnp.bfloat16)
-    others = jnp.asarray(rng.standard_normal((9, K)), jnp.bfloat16)
-
-    @jax.jit
-    def products(x, others, w):
-        swapped = jnp.where((jnp.arange(9) == 4)[:, None], x, others)  # row 4 kept, every other row new
-        return (X.rows_product(x, w, out_dtype=jnp.float32), X.rows_product(x[4:5], w, out_dtype=jnp.float32),
-                X.rows_product(swapped, w, out_dtype=jnp.float32), X.rows_product(x, w))
-
-    full, alone, swapped, half = (np.asarray(a) for a in products(x, others, w))
-    exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
-    assert full.shape == (9, N) and full.dtype == np.float32 and half.dtype == jnp.bfloat16
-    assert np.max(np.abs(full - exact)) < 1e-5 * np.max(np.abs(exact))
-    assert np.array_equal(alone[0], full[4]) and np.array_equal(swapped[4], full[4])
-    assert not np.array_equal(swapped[0], full[0])  # not vacuous: the other rows did change
-    assert np.array_equal(half, full.astype(jnp.bfloat16))
-    with pytest.raises(ValueError, match="rows_product"):
-        X.rows_product(x, w[: N - 16])  # N not a multiple of block_n
-    with pytest.raises(ValueError, match="rows_product"):
-        X.rows_product(jnp.zeros((X.ROWS_BLOCKS["block_m"] + 1, K), jnp.bfloat16), w)  # more rows than a tile
-
-
-def test_linear_takes_the_rows_kernel_only_where_it_is_switched_on_and_fits(monkeypatch):
-    from specdec_jax.models import layers as L
-    bf16 = jnp.bfloat16
-    assert L.product_form(8, 2048, bf16, 12288) == "dot"  # off the GPU
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert L.product_form(8, 2048, bf16, 12288) == "dot"  # switched off (the default)
-    monkeypatch.setattr(L, "ROWS_KERNEL_MAX_ROWS", 16)
-    assert L.product_form(8, 2048, bf16, 12288) == "rows" and L.product_form(16, 4096, bf16, 2048) == "rows"
-    assert L.product_form(1, 2048, bf16, 12288) != "rows"  # one row keeps the matvec forms
-    assert L.product_form(17, 2048, bf16, 12288) == "dot"  # more rows than the switch
-    assert L.product_form(8, 2048, bf16, 1281) == "dot"  # the tiles do not divide the output
-    assert L.product_form(8, 2048, jnp.float32, 12288) != "rows"  # float32 keeps its own forms
-
-
 # ------------------------------------------------------------------------------------------------- the models
 
 
@@ -331,8 +289,4 @@ def test_the_kernel_lowers_to_triton_modules_that_verify(monkeypatch):
         assert "stablehlo.while" not in text, f"the {'decode' if decode_shape else 'prefill'} program has a loop"
         if decode_shape:  # a decode step's compare layout: no sort, no scatter
             assert "stablehlo.sort" not in text and "stablehlo.scatter" not in text
-    rows = jax.jit(lambda x, w: X.rows_product(x, w, out_dtype=jnp.float32))  # the dense few-row product
-    text = rows.trace(jax.ShapeDtypeStruct((8, D), jnp.bfloat16), jax.ShapeDtypeStruct((12288, D), jnp.bfloat16)
-                      ).lower(lowering_platforms=("cuda",)).as_text()
-    assert "xla.gpu.triton" in text
-    assert verified == [True] * 5  # two products (gate-up with SwiGLU, down) per shape, then the dense one
+    assert verified == [True] * 4  # two products (gate-up with SwiGLU, down) per shape

@@ -181,37 +181,6 @@ def expert_swiglu(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down:
     return jnp.where(selected[..., None], y, jnp.zeros((), x.dtype))
 
 
-# `rows_product`'s tiles: decode-shape dense products (few rows) on the same kernel. block_m 16 holds a verification
-# of up to 16 rows in one tile; block_k 128 divides every hidden size of the Qwen3.5 family.
-ROWS_BLOCKS = {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 3}
-
-
-def rows_product_fits(rows: int, out_dim: int, in_dim: int, blocks: dict | None = None) -> bool:
-    """Whether `rows_product` takes x [rows, in_dim] @ w [out_dim, in_dim]^T: rows in one tile, the tiles dividing
-    the dimensions."""
-    t = dict(ROWS_BLOCKS, **(blocks or {}))
-    return 1 <= rows <= t["block_m"] and out_dim % t["block_n"] == 0 and in_dim % t["block_k"] == 0
-
-
-def rows_product(x: jax.Array, w: jax.Array, out_dtype=None, blocks: dict | None = None) -> jax.Array:
-    """x [M, K] @ w [N, K]^T -> [M, N] in out_dtype (default x.dtype), float32 accumulation, for a few rows
-    (M <= block_m): the grouped kernel with one expert, each program one block of N columns walking K in fixed steps.
-    A row's result depends on that row alone (not on M or the other rows' values), and no weight is copied or
-    transposed. `rows_product_fits` says which shapes it takes."""
-    M, K = x.shape
-    N = w.shape[0]
-    t = dict(ROWS_BLOCKS, **(blocks or {}))
-    if w.shape != (N, K) or not rows_product_fits(M, N, K, t):
-        raise ValueError(f"rows_product: x {x.shape} and w {w.shape} must be [M <= {t['block_m']}, K] and [N, K] with "
-                         f"N a multiple of {t['block_n']} and K of {t['block_k']}")
-    rows = jnp.pad(x, ((0, t["block_m"] - M), (0, 0)))  # [block_m, K]: one tile
-    y = _kernel().grouped_matmul(rows, jnp.zeros((1,), jnp.int32), w.astype(x.dtype)[None], swiglu=False,
-                                 interpret=jax.default_backend() != "gpu", out_dtype=out_dtype,
-                                 name="rows_product", **t)
-    return y[:M]
-
-
-__all__ = ["IMPLEMENTATIONS", "ROWS_BLOCKS", "rows_product", "rows_product_fits", "DECODE_BLOCKS", "PREFILL_BLOCKS",
-           "LAYOUT_COMPARE_MAX_COPIES", "GroupLayout",
+__all__ = ["IMPLEMENTATIONS", "DECODE_BLOCKS", "PREFILL_BLOCKS", "LAYOUT_COMPARE_MAX_COPIES", "GroupLayout",
            "group_layout", "gather_rows", "padded_rows",
            "resolve", "kernel_fits", "tiles_for", "implementation_for", "expert_swiglu", "reference"]

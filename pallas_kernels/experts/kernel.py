@@ -58,11 +58,11 @@ def _grouped_kernel(tile_expert_ref, x_ref, w_ref, o_ref, *, block_n, block_k, k
 
 
 def grouped_matmul(x, tile_expert, w, *, swiglu: bool, block_m: int, block_n: int, block_k: int, num_warps: int,
-                   num_stages: int, interpret: bool = False, out_dtype=None, name: str | None = None):
+                   num_stages: int, interpret: bool = False):
     """x [R, K] (R = tiles * block_m rows, sorted and padded by expert), tile_expert [tiles] int32, w [E, F, K].
 
-    Returns [R, F] (or [R, F / 2] with swiglu: silu(gate) * up) in out_dtype (default x.dtype). F (F / 2) and K must
-    be multiples of block_n and block_k (`__init__` checks)."""
+    Returns [R, F] (or [R, F / 2] with swiglu: silu(gate) * up) in x.dtype. F (F / 2) and K must be multiples of
+    block_n and block_k (`__init__` checks)."""
     R, K = x.shape
     E, F, _ = w.shape
     out_cols = F // 2 if swiglu else F
@@ -78,8 +78,8 @@ def grouped_matmul(x, tile_expert, w, *, swiglu: bool, block_m: int, block_n: in
             pl.BlockSpec((E, F, K), lambda t, j: (0, 0, 0)),  # indexed by the tile's expert inside the kernel
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda t, j: (t, j)),
-        out_shape=jax.ShapeDtypeStruct((R, out_cols), x.dtype if out_dtype is None else out_dtype),
+        out_shape=jax.ShapeDtypeStruct((R, out_cols), x.dtype),
         compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-        name=name or ("grouped_expert_swiglu" if swiglu else "grouped_expert_down"),
+        name="grouped_expert_swiglu" if swiglu else "grouped_expert_down",
     )(tile_expert.astype(jnp.int32), x, w)

@@ -22,7 +22,6 @@ import jax
 
 from pallas_kernels import decode_block, experts, gated_delta
 
-from ..models import layers
 from ..models.qwen35 import mlp as qwen35_mlp
 
 MAX_ENTRIES = 32
@@ -35,7 +34,7 @@ def _switches() -> tuple:
             decode_block.WARPS, decode_block.SPLITS, decode_block.SLOTS, decode_block.GATHER,
             decode_block.FUSE_OUT_PROJ, experts.GPU_DEFAULT, experts.LAYOUT_COMPARE_MAX_COPIES,
             tuple(sorted(experts.DECODE_BLOCKS.items())), tuple(sorted(experts.PREFILL_BLOCKS.items())),
-            qwen35_mlp.TOPK_COMPARE_MAX_ROWS, layers.ROWS_KERNEL_MAX_ROWS, tuple(sorted(experts.ROWS_BLOCKS.items())))
+            qwen35_mlp.TOPK_COMPARE_MAX_ROWS)
 _cache: collections.OrderedDict = collections.OrderedDict()
 _traced_under: list = [None]  # the switches of the last compile's trace
 

@@ -15,7 +15,6 @@ import numpy as np
 from jax import lax
 
 from pallas_kernels import attention as attention_kernels
-from pallas_kernels import experts as expert_kernels
 
 from ..sharding import split_groups
 
@@ -25,14 +24,6 @@ MATVEC_MODES = ("auto", "dot", "reduce")
 # measured at 2-32 rows (docs/LOG.md, 2026-12-02), so the exact path's 17- and 33-row decode
 # shapes (gamma 16, 32) are covered up to 32.
 MAX_FEW_ROWS = 32
-
-
-# Half-precision products of 2..ROWS_KERNEL_MAX_ROWS rows (decode steps and verifications) run as the grouped expert
-# kernel with one expert on the GPU (`expert_kernels.rows_product`: each program one block of columns walking K in
-# fixed steps) where its tiles divide the weight; 0 keeps XLA's GEMM. Off: inside the 35B-A3B decode on an H100 it was
-# slower than XLA's Triton GEMMs (docs/LOG.md, 2026-12-07 night). Not for parameters split over a mesh (the kernel has
-# no partitioning rule).
-ROWS_KERNEL_MAX_ROWS = 0
 
 
 def matvec_mode() -> str:
@@ -59,9 +50,8 @@ def highest_matmul_precision() -> bool:
     return precision is not None and str(precision).lower() in ("highest", "float32", "f32_f32_f32")
 
 
-def product_form(rows: int, in_dim: int, dtype, out_dim: int | None = None) -> str:
-    """How `linear` multiplies `rows` rows of `dtype` by a weight [out_dim, in_dim]: "reduce", "tf32x3", "rows"
-    (`ROWS_KERNEL_MAX_ROWS`) or "dot".
+def product_form(rows: int, in_dim: int, dtype) -> str:
+    """How `linear` multiplies `rows` rows of `dtype`: "reduce", "tf32x3" or "dot".
 
     tf32x3 (DotAlgorithmPreset.TF32_TF32_F32_X3: each float32 operand split into a TF32 head and tail,
     three tensor-core products, float32 accumulation): float32 at precision "highest", 2..MAX_FEW_ROWS rows,
@@ -74,10 +64,6 @@ def product_form(rows: int, in_dim: int, dtype, out_dim: int | None = None) -> s
     """
     mode = matvec_mode()
     on_gpu = jax.default_backend() == "gpu"
-    if (on_gpu and 2 <= rows <= ROWS_KERNEL_MAX_ROWS and out_dim is not None
-            and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-            and expert_kernels.rows_product_fits(rows, out_dim, in_dim)):
-        return "rows"
     if rows == 1:
         if mode == "reduce" or (mode == "auto" and on_gpu and in_dim % 128 != 0):
             return "reduce"
@@ -91,10 +77,7 @@ def product_form(rows: int, in_dim: int, dtype, out_dim: int | None = None) -> s
 def linear(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
     """x [..., in] @ w[out, in]^T -> [..., out] in out_dtype (default x.dtype), float32 accumulation."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    form = product_form(math.prod(x.shape[:-1]), x.shape[-1], x.dtype, w.shape[0])
-    if form == "rows":
-        y = expert_kernels.rows_product(x.reshape(-1, x.shape[-1]), w, out_dtype=out_dtype)  # [rows, out]
-        return y.reshape(*x.shape[:-1], w.shape[0])
+    form = product_form(math.prod(x.shape[:-1]), x.shape[-1], x.dtype)
     if form == "reduce":
         y = jnp.sum(x.reshape(1, -1).astype(jnp.float32) * w.astype(jnp.float32), axis=-1)  # [out]
         return y.reshape(*x.shape[:-1], w.shape[0]).astype(out_dtype)
