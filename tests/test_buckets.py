@@ -111,6 +111,16 @@ def test_programs_are_reused_within_a_bucket(model, method, options):
     assert first.tokens.shape == (2, 9) and again.tokens.shape == (2, 14)
 
 
+def test_ar_and_speculative_methods_share_the_prefill_program(model):
+    """A bucket's prefill is one program for AR and every speculative method (`prefill.prefill_buffer`): after AR, a
+    method on the same bucket compiles its begin and its loop only, and gives AR's tokens."""
+    rows = _prompts([7, 13], 61, seed=6)
+    ar = sj.generate(model, rows, 8, eos_token_id=False)
+    spec = sj.generate(model, rows, 8, method="ngram", gamma=5, eos_token_id=False)
+    assert spec.stats["compiled_programs"] == 2, spec.stats
+    np.testing.assert_array_equal(spec.tokens, ar.tokens)
+
+
 @pytest.mark.parametrize("method,options", [("ar", {}), ("ngram", {"gamma": 3})])  # trees: the stream test's batch
 def test_ragged_batch_rows_equal_their_own_runs(model, method, options):
     """A ragged batch (fp32, greedy): every row's tokens are its batch-1 tokens, and AR's."""

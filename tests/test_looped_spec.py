@@ -94,7 +94,7 @@ def test_looped_spec_programs_compile_with_the_familys_options(fixtures, monkeyp
     result = ls.generate_looped_spec(model, prompt, n_new, "self-spec", num_steps=8, eos_ids=(), draft_steps=2,
                                      gamma=4)
     np.testing.assert_array_equal(result.tokens, expected[:, prompt.shape[1]:])
-    assert asked == ["looped"] and seen == [options, options]
+    assert asked == ["looped"] and seen == [options] * 3  # the prefill, the begin and the loop
 
 
 @pytest.mark.parametrize("method,options", [("self-spec", dict(draft_steps=3, gamma=3)),
@@ -302,6 +302,19 @@ def test_a_ragged_batch_is_one_bucketed_generation_and_rows_equal_their_own_runs
     again = [rng.integers(0, model.vocab_size, n).astype(np.int32) for n in (12, 3, 7)]
     reused = sj.generate(model, again, 9, method=method, eos_token_id=False, **options)
     assert reused.stats["compiled_programs"] == 0, reused.stats
+
+
+def test_ar_and_self_speculation_share_the_prefill_program():
+    """A bucket's prefill is one program for AR and every self-speculative method at the same depth
+    (`prefill.prefill_buffer`): after AR, a method on the same bucket compiles its begin and its loop only, and gives
+    AR's tokens."""
+    import specdec_jax as sj
+    model = sj.load(FIXTURES / "huginn_tiny", dtype="float32")
+    rows = [np.arange(3, 3 + n, dtype=np.int32) % model.vocab_size for n in (6, 11)]
+    ar = sj.generate(model, rows, 5, eos_token_id=False)
+    spec = sj.generate(model, rows, 5, method="self-spec", draft_steps=2, gamma=5, eos_token_id=False)
+    assert spec.stats["compiled_programs"] == 2, spec.stats
+    np.testing.assert_array_equal(spec.tokens, ar.tokens)
 
 
 def test_looped_speculation_streams_in_chunks():

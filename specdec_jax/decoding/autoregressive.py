@@ -22,7 +22,7 @@ from ..results import GenerateResult
 from .compiled import compiled, output_structs
 from .compiled import compiler_options as family_compiler_options
 from .decode_shape import pad_rows
-from .prefill import chunked_prefill
+from .prefill import chunk_runner, prefill_buffer
 from .sampling import SamplingConfig, select_token
 
 if TYPE_CHECKING:  # the families import both model modules; `import specdec_jax` stays light without them
@@ -33,7 +33,8 @@ class FamilyOps(NamedTuple):
     init_state: Callable
     step: Callable  # (params, cfg, state, ids) -> (logits [B, V], state)
     decode: Callable | None = None  # as step, for one token per row; None: step
-    prefill_chunk: Callable | None = None  # (params, cfg, state, ids [B, C], n_valid [B]) -> (logits [B, V], state)
+    # the family's prefill_forward (params, cfg, state, ids [B, C], n_valid [B]) -> (logits [B, 1, V], state), or None
+    prefill_chunk: Callable | None = None
 
 
 @functools.cache
@@ -49,12 +50,8 @@ def ar_ops(family: Family, decode_rows: int = 0) -> FamilyOps:
                                               jnp.ones((ids.shape[0],), jnp.int32), live_rows=ids.shape[1])
         return logits[:, 0], state
 
-    def prefill_chunk(params, cfg, state, ids, n_valid):
-        logits, state = family.prefill_forward(params, cfg, state, ids, n_valid)
-        return logits[:, 0], state
-
     return FamilyOps(init_state=family.init_state, step=step, decode=decode if decode_rows else None,
-                     prefill_chunk=prefill_chunk if family.prefill_forward is not None else None)
+                     prefill_chunk=family.prefill_forward)
 
 
 def _eos_hit(tokens: jax.Array, eos_ids: tuple[int, ...]) -> jax.Array:
@@ -74,17 +71,6 @@ def _prefill_from(params, prompt, initial, *, ops: FamilyOps, cfg):
     """The prompt [B, T] after the tokens `initial` holds (a continued generation of a family without padded
     prefill: every row T new tokens, each at its own offset)."""
     return ops.step(params, cfg, initial, prompt)
-
-
-@functools.partial(jax.jit, static_argnames=("ops", "cfg", "max_len", "state_dtype", "chunk"))
-def _prefill_chunked(params, prompt, lens, initial=None, starts=None, *, ops: FamilyOps, cfg, max_len: int,
-                     state_dtype, chunk: int):
-    """Padded prompts [B, P] with valid lengths lens [B] -> (logits at each row's last token [B, V], state).
-    initial, starts: a continuation (`session`): the state holding each row's first starts[b] tokens."""
-    state = ops.init_state(cfg, prompt.shape[0], max_len, state_dtype) if initial is None else initial
-    run = lambda st, ids, n: (*ops.prefill_chunk(params, cfg, st, ids, n), None)
-    logits, state, _ = chunked_prefill(run, state, prompt, lens, chunk, starts=starts)
-    return logits, state
 
 
 def _ar_begin(first_logits, key, *, sampling: SamplingConfig, eos_ids: tuple[int, ...], buffer: int):
@@ -193,14 +179,16 @@ def generate_autoregressive(ops: FamilyOps, params, cfg, prompt: np.ndarray, max
         static_p = dict(ops=ops, cfg=cfg, max_len=max_len, state_dtype=state_dtype)
         prefill_fn, prefill_args = _prefill, (params, prompt)
     else:
-        static_p = dict(ops=ops, cfg=cfg, max_len=max_len, state_dtype=state_dtype, chunk=chunk)
-        prefill_fn, prefill_args = _prefill_chunked, (params, prompt, jnp.asarray(lens, jnp.int32), initial,
-                                                      None if starts is None else jnp.asarray(starts, jnp.int32))
+        # The family's one prefill program for this bucket, shared with its speculative methods (`prefill_buffer`).
+        static_p = dict(run=chunk_runner(ops.prefill_chunk), init_state=ops.init_state, cfg=cfg, max_len=max_len,
+                        state_dtype=state_dtype, chunk=chunk)
+        prefill_fn, prefill_args = prefill_buffer, (params, prompt, jnp.asarray(lens, jnp.int32), initial,
+                                                    None if starts is None else jnp.asarray(starts, jnp.int32))
     static_d = dict(ops=ops, cfg=cfg, max_new_tokens=token_buffer or max_new_tokens, sampling=sampling,
                     eos_ids=eos_ids)
     budget = (jnp.int32(max_new_tokens),) if token_buffer else ()
     prefill_c, compile_p = compiled(prefill_fn, static_p, *prefill_args, options=compiler_options)
-    logits_shape, state_shape = output_structs(prefill_c)
+    logits_shape, state_shape = output_structs(prefill_c)[:2]  # prefill_buffer's third output: no hidden states
     if stream is not None:
         return _generate_streamed(ops, params, cfg, prefill_c, prefill_args, compile_p, logits_shape, state_shape,
                                   key, max_new_tokens, sampling, eos_ids, token_buffer or max_new_tokens, stream,
@@ -210,7 +198,7 @@ def generate_autoregressive(ops: FamilyOps, params, cfg, prompt: np.ndarray, max
     compile_s = compile_p + compile_d
 
     t0 = time.perf_counter()
-    logits, state = jax.block_until_ready(prefill_c(*prefill_args))
+    logits, state = jax.block_until_ready(prefill_c(*prefill_args)[:2])
     t1 = time.perf_counter()
     tokens, state, steps = jax.block_until_ready(decode_c(params, state, logits, key, *budget))
     t2 = time.perf_counter()
@@ -228,7 +216,7 @@ def _generate_streamed(ops, params, cfg, prefill_c, prefill_args, compile_p, log
                                   state_shape, output_structs(begin_c), jnp.int32(0), options=compiler_options)
     pad = eos_ids[0] if eos_ids else 0
     t0 = time.perf_counter()
-    logits, state = jax.block_until_ready(prefill_c(*prefill_args))
+    logits, state = jax.block_until_ready(prefill_c(*prefill_args)[:2])
     t1 = time.perf_counter()
     held = [state, begin_c(logits, key)]
 

@@ -8,7 +8,9 @@ length and number of new tokens, so a user's next prompt reuses what an earlier 
   holds the longest prompt, 1024 beyond; 256 only in caches of 256 slots)
   from a buffer of S tokens (rounded up to a chunk), with each row's valid length traced: a chunk's padding rows
   change nothing in the state (`qwen35.forward(prefill_lens=...)`), so the prefill program depends on (S, chunk)
-  only, and a prompt gives the same bits in every bucket that prefills it in the same chunk size.
+  only, and a prompt gives the same bits in every bucket that prefills it in the same chunk size. It is one program
+  for AR and every speculative method of the family (`prefill.prefill_buffer`; MTP drafters, which also take the
+  hidden states, share another).
 - A batch of more than SMALL_BATCH rows is not padded to a bucket (its cache is the length it needs, its chunk no
   longer than its longest prompt rounded up to 16): padding multiplies a prefill's activations by the batch (at
   20,000 rows of 4-token prompts a 256-token chunk over a 256-slot cache asked for 43 GB of attention scores), and a

@@ -79,7 +79,7 @@ from .autoregressive import stream_chunks
 from .buckets import split_prompts
 from .compiled import compiled, compiler_options, output_structs
 from .decode_shape import pad_rows
-from .prefill import chunked_prefill
+from .prefill import chunk_runner, prefill_buffer
 from .looped_draft import (LoopedSpecState, das_wave_propose, draft_forward, sequential_propose,  # noqa: F401
                            shift_left, window_rope, window_update, write_slot)
 from .looped_plan import LOOPED_SPEC_METHODS, READ_MODES, LoopedSpecPlan, make_plan  # noqa: F401
@@ -234,7 +234,7 @@ def _prefill(params, prompt, key, initial=None, *, cfg, plan: LoopedSpecPlan, ma
              sampling: SamplingConfig, eos_ids: tuple[int, ...], max_new_tokens: int, state_dtype):
     """Prompt [B, T] (every row valid) at full depth R in one forward -> LoopedSpecState whose anchor is the first
     new token. initial: None, or a cache of max_len slots the prompt continues (each row at its own length). The
-    benchmarks' exact-shape prefill; `generate_looped_spec` runs `_prefill_padded`."""
+    benchmarks' exact-shape prefill; `generate_looped_spec` runs `prefill.prefill_buffer`, then `_begin_program`."""
     family = looped_family(plan.num_steps)
     cache = family.init_state(cfg, prompt.shape[0], max_len, state_dtype) if initial is None else initial
     logits, cache = family.forward(params, cfg, cache, prompt, logits_for="last")
@@ -242,22 +242,12 @@ def _prefill(params, prompt, key, initial=None, *, cfg, plan: LoopedSpecPlan, ma
                   eos_ids=eos_ids, max_new_tokens=max_new_tokens)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "plan", "max_len", "chunk", "sampling", "eos_ids",
-                                             "max_new_tokens", "state_dtype"))
-def _prefill_padded(params, ids, lens, starts, key, budget, initial=None, *, cfg, plan: LoopedSpecPlan,
-                    max_len: int, chunk: int, sampling: SamplingConfig, eos_ids: tuple[int, ...],
-                    max_new_tokens: int, state_dtype):
-    """The prompt buffer ids [B, P] (row b's tokens starts[b] .. lens[b]; a fresh row starts at 0) prefilled at full
-    depth R, `chunk` tokens a pass (`chunked_prefill`), from `initial` (a cache of max_len slots holding each row's
-    first starts[b] tokens) or an empty cache -> LoopedSpecState. One program per (max_len, chunk, batch, output
-    buffer): the prompt lengths and the budget of new tokens are traced (`buckets`)."""
-    family = looped_family(plan.num_steps)
-    cache = family.init_state(cfg, ids.shape[0], max_len, state_dtype) if initial is None else initial
-    def run(c, piece, n_valid):  # one chunk: (last-valid-row logits [B, V], cache, no hidden states)
-        logits, c = family.prefill_forward(params, cfg, c, piece, n_valid)
-        return logits[:, 0], c, None
-
-    logits, cache, _ = chunked_prefill(run, cache, ids, lens, chunk, starts=starts)
+# After the family's prefill program (`prefill.prefill_buffer`, shared with AR at the same depth), `_begin` as a program
+# of its own; the cache passes through it (donated: not copied).
+@functools.partial(jax.jit, static_argnames=("cfg", "plan", "sampling", "eos_ids", "max_new_tokens"),
+                   donate_argnames=("cache",))
+def _begin_program(params, cache, logits, key, budget, *, cfg, plan: LoopedSpecPlan, sampling: SamplingConfig,
+                   eos_ids: tuple[int, ...], max_new_tokens: int) -> LoopedSpecState:
     return _begin(params, cfg, cache, logits, key, budget, plan=plan, sampling=sampling, eos_ids=eos_ids,
                   max_new_tokens=max_new_tokens)
 
@@ -368,20 +358,29 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
 
     # The first token is drawn with the key AR uses for it, so seeded runs start identically.
     key_loop, key_first = jax.random.split(jax.random.PRNGKey(seed))
-    prefill_args = (model.params, jnp.asarray(ids), jnp.asarray(lens), jnp.asarray(held), key_first, budget, initial)
-    static_p = dict(cfg=cfg, plan=plan, max_len=max_len, chunk=chunk, sampling=sampling, eos_ids=eos_ids,
-                    max_new_tokens=buffer, state_dtype=dtype)
+    # The prompt buffer at full depth R, `chunk` tokens a pass: the family's prefill program for this bucket, the one
+    # AR at depth R runs (a fresh row starts at 0: starts only for a continuation).
+    family = looped_family(plan.num_steps)
+    prefill_args = (model.params, jnp.asarray(ids), jnp.asarray(lens), initial,
+                    None if initial is None else jnp.asarray(held))
+    static_p = dict(run=chunk_runner(family.prefill_forward), init_state=family.init_state, cfg=cfg, max_len=max_len,
+                    state_dtype=dtype, chunk=chunk)
+    static_b = dict(cfg=cfg, plan=plan, sampling=sampling, eos_ids=eos_ids, max_new_tokens=buffer)
     static_l = dict(cfg=cfg, plan=plan, sampling=sampling, eos_ids=eos_ids, max_new_tokens=buffer)
     options = compiler_options("looped")  # the options AR's loop compiles with (exactness: compiled.EXACT_GPU_OPTIONS)
-    prefill_c, compile_p = compiled(_prefill_padded, static_p, *prefill_args, options=options)
-    state_struct = output_structs(prefill_c)  # the loop's input: what the compiled prefill returns (no second trace)
+    prefill_c, compile_p = compiled(prefill_buffer, static_p, *prefill_args, options=options)
+    logits_struct, cache_struct, _ = output_structs(prefill_c)
+    begin_c, compile_b = compiled(_begin_program, static_b, model.params, cache_struct, logits_struct, key_first,
+                                  budget, options=options)
+    state_struct = output_structs(begin_c)  # the loop's input: what the compiled begin returns (no second trace)
     limit = jnp.int32(np.iinfo(np.int32).max)
     loop_c, compile_l = compiled(_loop, static_l, model.params, state_struct, key_loop, None, budget, limit,
                                  options=options)
-    compile_s = compile_p + compile_l
+    compile_s = compile_p + compile_b + compile_l
 
     t0 = time.perf_counter()
-    state = jax.block_until_ready(prefill_c(*prefill_args))
+    logits, cache, _ = prefill_c(*prefill_args)
+    state = jax.block_until_ready(begin_c(model.params, cache, logits, key_first, budget))
     t1 = time.perf_counter()
     if stream is None:
         tokens, state, _ = jax.block_until_ready(loop_c(model.params, state, key_loop, None, budget, limit))
@@ -408,7 +407,7 @@ def generate_looped_spec(model, input_ids, max_new_tokens: int, method: str, *, 
     stats = {
         "method": plan.method, **plan.describe(), "new_tokens": n_new, "batch": B,
         "seconds": t2 - t0, "prefill_seconds": t1 - t0, "decode_seconds": t2 - t1, "compile_seconds": compile_s,
-        "compiled_programs": int(compile_p > 0) + int(compile_l > 0),
+        "compiled_programs": int(compile_p > 0) + int(compile_b > 0) + int(compile_l > 0),
         "tokens_per_second": n_new / max(t2 - t0, 1e-9),
         "decode_tokens_per_second": max(n_new - B, 0) / max(t2 - t1, 1e-9),
         "verify_steps": 0 if sampler else steps,

@@ -5,6 +5,7 @@ chunk however long the prompt."""
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -49,3 +50,26 @@ def chunked_prefill(run_chunk: Callable, state, ids: jax.Array, lens: jax.Array,
 
     state, last, hidden = lax.fori_loop(0, n_chunks, body, (state, logits0, hidden0))
     return last, state, hidden
+
+
+@functools.cache
+def chunk_runner(prefill_forward: Callable) -> Callable:
+    """A family's prefill_forward (params, cfg, state, ids [B, C], n_valid [B]) -> (logits [B, 1, V], state) as
+    `prefill_buffer` runs a chunk: (params, cfg, state, ids, n_valid) -> (logits [B, V], state, None). One object per
+    forward (cached), so every caller passing the same forward shares `prefill_buffer`'s compiled program."""
+    def run(params, cfg, state, ids, n_valid):
+        logits, state = prefill_forward(params, cfg, state, ids, n_valid)
+        return logits[:, 0], state, None
+    return run
+
+
+@functools.partial(jax.jit, static_argnames=("run", "init_state", "cfg", "max_len", "state_dtype", "chunk"))
+def prefill_buffer(params, ids, lens, initial=None, starts=None, *, run: Callable, init_state: Callable, cfg,
+                   max_len: int, state_dtype, chunk: int):
+    """The padded prompt buffer ids [B, P] with valid lengths lens [B], `chunk` tokens a pass (`chunked_prefill`), from
+    `initial` (a state holding each row's first starts[b] tokens: a continuation) or init_state(cfg, B, max_len,
+    state_dtype). run(params, cfg, state, ids [B, chunk], n_valid [B]) -> (logits [B, V], state, hidden or None)
+    must be one object per forward (`chunk_runner`, or a cached runner of one's own): it is part of the program's key.
+    Returns (each row's logits at its last prompt token [B, V], state, hidden [B, P, D] or None)."""
+    state = init_state(cfg, ids.shape[0], max_len, state_dtype) if initial is None else initial
+    return chunked_prefill(functools.partial(run, params, cfg), state, ids, lens, chunk, starts=starts)

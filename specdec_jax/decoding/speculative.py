@@ -37,7 +37,7 @@ from .compiled import compiled, compiler_options, output_structs
 from ..models.qwen35 import model as qwen35
 from .acceptance import accept
 from .decode_shape import pad_rows
-from .prefill import chunked_prefill
+from .prefill import chunk_runner, prefill_buffer
 from .autoregressive import stream_chunks
 from .sampling import SamplingConfig, select_token
 
@@ -220,31 +220,30 @@ spec_step_jit = jax.jit(spec_step, static_argnames=("cfg", "drafter", "gamma", "
                         donate_argnames=("state", "drafter_state"))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_len", "sampling", "eos_ids", "state_dtype",
-                                             "gamma", "max_new_tokens", "drafter", "impl", "chunk"))
-def _spec_prefill(params, prompt, key, lens=None, budget=None, initial=None, starts=None, drafter_initial=None, *,
-                  cfg, max_len, sampling, eos_ids, state_dtype, gamma, max_new_tokens, drafter, impl, chunk: int = 0):
-    """Prompt -> SpecState whose anchor is the first new token (chosen exactly as AR chooses it).
+@functools.cache
+def prefill_runner(impl: str = "auto", hidden: bool = False):
+    """The chunk runner (`prefill.prefill_buffer`) of a speculative generation's prefill. With the default GDN
+    implementation and no hidden states to collect it is AR's own (`prefill.chunk_runner` of the family's
+    prefill_forward), so AR and these methods prefill through one compiled program; hidden: also the final-normed
+    hidden states of every position (what an MTP drafter starts from)."""
+    from ..models.family import QWEN35  # the families import both model modules: only when a generation runs
+    if impl == "auto" and not hidden:
+        return chunk_runner(QWEN35.prefill_forward)
 
-    lens: None (prompt [B, T] all valid, one forward), or each row's valid length in the padded prompt buffer
-    [B, P], prefilled `chunk` tokens at a time (`buckets`). budget: None (max_new_tokens new tokens), or the traced
-    count, max_new_tokens then the output buffer's length. initial, starts: a continuation (`session`): the model state
-    holding each row's first starts[b] tokens of the buffer, which then holds each row's whole history; the drafter
-    continues drafter_initial (its `carried` state after the earlier generation) over the tokens prefilled here, or
-    starts on them where that is None."""
+    def run(params, cfg, state, ids, n_valid):
+        logits, state, extras = qwen35.forward(params, cfg, state, ids, impl=impl, logits_for="last",
+                                               collect="hidden" if hidden else None, prefill_lens=n_valid)
+        return logits[:, 0], state, extras.get("hidden")
+    return run
+
+
+def _begin(params, prompt, logits, model, hidden, lens, key, budget=None, starts=None, drafter_initial=None, *, cfg,
+           max_len, sampling, eos_ids, gamma, max_new_tokens, drafter):
+    """The prefill's outputs -> (SpecState whose anchor is the first new token, chosen exactly as AR chooses it; the
+    drafter's state). prompt [B, P] and lens [B]: the prompt buffer and each row's valid length; logits [B, V] at each
+    row's last prompt token; model: the state after the prompt; hidden [B, P, D] or None (the drafter's
+    `needs_hidden`). budget, starts, drafter_initial: as `_spec_prefill`'s."""
     B, T = prompt.shape
-    model = qwen35.init_state(cfg, B, max_len, state_dtype) if initial is None else initial
-    needs_hidden = getattr(drafter, "needs_hidden", False)
-    if lens is None:
-        logits, model, extras = qwen35.forward(params, cfg, model, prompt, impl=impl, logits_for="last",
-                                               collect="hidden" if needs_hidden else None)
-        logits, hidden, lens = logits[:, 0], extras.get("hidden"), jnp.full((B,), T, jnp.int32)
-    else:
-        def run(state, ids, n_valid):
-            lg, state, ex = qwen35.forward(params, cfg, state, ids, impl=impl, logits_for="last",
-                                           collect="hidden" if needs_hidden else None, prefill_lens=n_valid)
-            return lg[:, 0], state, ex.get("hidden")
-        logits, model, hidden = chunked_prefill(run, model, prompt, lens, chunk, starts=starts)
     budget = jnp.int32(max_new_tokens) if budget is None else budget.astype(jnp.int32)
     first = select_token(logits, key, sampling)
     rows = jnp.arange(B)
@@ -260,6 +259,41 @@ def _spec_prefill(params, prompt, key, lens=None, budget=None, initial=None, sta
     carry = {} if drafter_initial is None else {"carry": drafter_initial}
     return state, drafter.init(params, cfg, prompt, max_len + gamma + 1, hidden=hidden, first_token=first, lens=lens,
                                **carry)
+
+
+_BEGIN_STATIC = ("cfg", "max_len", "sampling", "eos_ids", "gamma", "max_new_tokens", "drafter")
+# The begin as a program of its own, after the shared prefill program; the model state passes through it (donated:
+# no copy of the caches).
+_spec_begin = jax.jit(_begin, static_argnames=_BEGIN_STATIC, donate_argnames=("model",))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_len", "sampling", "eos_ids", "state_dtype",
+                                             "gamma", "max_new_tokens", "drafter", "impl", "chunk"))
+def _spec_prefill(params, prompt, key, lens=None, budget=None, initial=None, starts=None, drafter_initial=None, *,
+                  cfg, max_len, sampling, eos_ids, state_dtype, gamma, max_new_tokens, drafter, impl, chunk: int = 0):
+    """Prompt -> SpecState whose anchor is the first new token (chosen exactly as AR chooses it), and the drafter's
+    state: the model's prefill then `_begin`, as one program (generation runs them as two, `run_spec_loop`).
+
+    lens: None (prompt [B, T] all valid, one forward), or each row's valid length in the padded prompt buffer
+    [B, P], prefilled `chunk` tokens at a time (`buckets`, `prefill.prefill_buffer`). budget: None (max_new_tokens
+    new tokens), or the traced count, max_new_tokens then the output buffer's length. initial, starts: a continuation
+    (`session`): the model state holding each row's first starts[b] tokens of the buffer, which then holds each row's
+    whole history; the drafter continues drafter_initial (its `carried` state after the earlier generation) over the
+    tokens prefilled here, or starts on them where that is None."""
+    B, T = prompt.shape
+    needs_hidden = getattr(drafter, "needs_hidden", False)
+    if lens is None:
+        model = qwen35.init_state(cfg, B, max_len, state_dtype) if initial is None else initial
+        logits, model, extras = qwen35.forward(params, cfg, model, prompt, impl=impl, logits_for="last",
+                                               collect="hidden" if needs_hidden else None)
+        logits, hidden, lens = logits[:, 0], extras.get("hidden"), jnp.full((B,), T, jnp.int32)
+    else:
+        logits, model, hidden = prefill_buffer(params, prompt, lens, initial, starts,
+                                               run=prefill_runner(impl, needs_hidden), init_state=qwen35.init_state,
+                                               cfg=cfg, max_len=max_len, state_dtype=state_dtype, chunk=chunk)
+    return _begin(params, prompt, logits, model, hidden, lens, key, budget, starts, drafter_initial, cfg=cfg,
+                  max_len=max_len, sampling=sampling, eos_ids=eos_ids, gamma=gamma, max_new_tokens=max_new_tokens,
+                  drafter=drafter)
 
 
 # Whether the sure steps run first in a loop of known trip count (`sure_steps_enabled`). None: on the GPU, off
@@ -384,21 +418,40 @@ def run_spec_loop(params, prompt, key_first, key_loop, static_p: dict, loop, sta
                   starts=None, drafter_initial=None) -> GenerateResult:
     """Compile the prefill and a speculative loop (chain `_spec_loop` or tree `_tree_loop`), run them
     timed (compile reported apart), and collect the shared statistics (`info` first). lens, budget: the prefill's
-    traced valid lengths and new-token count (`_spec_prefill`), or None. stream: (chunk_steps, emit) or None
+    traced valid lengths and new-token count, or None (`_spec_prefill`; with lens the prefill runs as the family's
+    shared program `prefill.prefill_buffer` and `_spec_begin`). stream: (chunk_steps, emit) or None
     (`generate_speculative`, `tree_spec.generate_tree`). The result's drafter_state is the drafter's `carried`
     state after the loop (None for a drafter without one), what a continuation's drafter_initial takes."""
     options = compiler_options("qwen3_5")
-    extra = () if lens is None else (jnp.asarray(lens, jnp.int32), None if budget is None else jnp.int32(budget),
-                                     initial, None if starts is None else jnp.asarray(starts, jnp.int32),
-                                     drafter_initial)
-    prefill_c, compile_p = compiled(_spec_prefill, static_p, params, prompt, key_first, *extra, options=options)
-    shapes = output_structs(prefill_c)
+    if lens is None:  # prompts of one length, every row valid: one prefill program
+        prefill_c, compile_p = compiled(_spec_prefill, static_p, params, prompt, key_first, options=options)
+        prefill = lambda: prefill_c(params, prompt, key_first)
+    else:  # the family's prefill program for this bucket (shared with AR and the other methods), then the begin
+        lens = jnp.asarray(lens, jnp.int32)
+        starts = None if starts is None else jnp.asarray(starts, jnp.int32)
+        budget = None if budget is None else jnp.int32(budget)
+        run = prefill_runner(static_p["impl"], getattr(static_p["drafter"], "needs_hidden", False))
+        static_m = dict(run=run, init_state=qwen35.init_state, cfg=static_p["cfg"], max_len=static_p["max_len"],
+                        state_dtype=static_p["state_dtype"], chunk=static_p["chunk"])
+        model_c, compile_m = compiled(prefill_buffer, static_m, params, prompt, lens, initial, starts,
+                                      options=options)
+        logits_s, model_s, hidden_s = output_structs(model_c)
+        begin_args = (lens, key_first, budget, starts, drafter_initial)
+        begin_c, compile_b = compiled(_spec_begin, {k: static_p[k] for k in _BEGIN_STATIC}, params, prompt, logits_s,
+                                      model_s, hidden_s, *begin_args, options=options)
+        compile_p = compile_m + compile_b
+
+        def prefill():
+            logits, model, hidden = model_c(params, prompt, lens, initial, starts)
+            return begin_c(params, prompt, logits, model, hidden, *begin_args)
+    shapes = output_structs(prefill_c) if lens is None else output_structs(begin_c)
     chunked = (None, jnp.int32(0)) if stream is not None else ()  # (accept_p, step_limit)
     loop_c, compile_l = compiled(loop, static_l, params, shapes[0], shapes[1], key_loop, *chunked, options=options)
     compile_s = compile_p + compile_l
+    programs = (int(compile_p > 0) if lens is None else int(compile_m > 0) + int(compile_b > 0)) + int(compile_l > 0)
 
     t0 = time.perf_counter()
-    state, dstate = jax.block_until_ready(prefill_c(params, prompt, key_first, *extra))
+    state, dstate = jax.block_until_ready(prefill())
     t1 = time.perf_counter()
     if stream is None:
         tokens, state, dstate = jax.block_until_ready(loop_c(params, state, dstate, key_loop))
@@ -420,7 +473,7 @@ def run_spec_loop(params, prompt, key_first, key_loop, static_p: dict, loop, sta
     stats = {
         **info, "new_tokens": n_new,
         "seconds": t2 - t0, "prefill_seconds": t1 - t0, "decode_seconds": t2 - t1, "compile_seconds": compile_s,
-        "compiled_programs": int(compile_p > 0) + int(compile_l > 0),
+        "compiled_programs": programs,
         "tokens_per_second": n_new / max(t2 - t0, 1e-9),
         "decode_tokens_per_second": max(n_new - tokens.shape[0], 0) / max(t2 - t1, 1e-9),
         "verify_steps": steps,
