@@ -426,6 +426,7 @@ def run_spec_loop(params, prompt, key_first, key_loop, static_p: dict, loop, sta
     if lens is None:  # prompts of one length, every row valid: one prefill program
         prefill_c, compile_p = compiled(_spec_prefill, static_p, params, prompt, key_first, options=options)
         prefill = lambda: prefill_c(params, prompt, key_first)
+        shapes, programs = output_structs(prefill_c), int(compile_p > 0)
     else:  # the family's prefill program for this bucket (shared with AR and the other methods), then the begin
         lens = jnp.asarray(lens, jnp.int32)
         starts = None if starts is None else jnp.asarray(starts, jnp.int32)
@@ -440,15 +441,15 @@ def run_spec_loop(params, prompt, key_first, key_loop, static_p: dict, loop, sta
         begin_c, compile_b = compiled(_spec_begin, {k: static_p[k] for k in _BEGIN_STATIC}, params, prompt, logits_s,
                                       model_s, hidden_s, *begin_args, options=options)
         compile_p = compile_m + compile_b
+        shapes, programs = output_structs(begin_c), int(compile_m > 0) + int(compile_b > 0)
 
         def prefill():
             logits, model, hidden = model_c(params, prompt, lens, initial, starts)
             return begin_c(params, prompt, logits, model, hidden, *begin_args)
-    shapes = output_structs(prefill_c) if lens is None else output_structs(begin_c)
     chunked = (None, jnp.int32(0)) if stream is not None else ()  # (accept_p, step_limit)
     loop_c, compile_l = compiled(loop, static_l, params, shapes[0], shapes[1], key_loop, *chunked, options=options)
     compile_s = compile_p + compile_l
-    programs = (int(compile_p > 0) if lens is None else int(compile_m > 0) + int(compile_b > 0)) + int(compile_l > 0)
+    programs += int(compile_l > 0)
 
     t0 = time.perf_counter()
     state, dstate = jax.block_until_ready(prefill())
