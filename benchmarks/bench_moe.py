@@ -74,11 +74,14 @@ def make_model(cfg):
 # layout (router, shared gate|up and shared expert gate as one weight: 1, or three: 0), the rows up to which the
 # router's top-k comes from compare ranks (0: always a sort), the expert kernel's decode tiles' block_n, and who
 # emits the dense GEMMs (`gemm`: triton, XLA's Triton GEMM fusions; cublas, cuBLAS at its heuristic's algorithm,
-# no autotuning, so each shape gets one algorithm in every program).
-SETTINGS = ("fuse", "topk_rows", "block_n", "gemm")
+# no autotuning, so each shape gets one algorithm in every program), and whether decode forwards of up to block_m
+# tokens run the expert kernel on shared rows (`shared`: 1, experts.SHARED_ROWS_DECODE) or on the sorted layout (0),
+# and the decode tiles' pipeline stages (`stages`).
+SETTINGS = ("fuse", "topk_rows", "block_n", "gemm", "shared", "stages")
 CUBLAS_OPTIONS = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 0}
-_NOW = dict(fuse=1, topk_rows=64, block_n=32, gemm="triton")
-VARIANTS = {"triton": _NOW, "cublas": dict(_NOW, gemm="cublas")}
+_NOW = dict(fuse=1, topk_rows=64, block_n=32, gemm="triton", shared=1, stages=3)
+VARIANTS = {"shared": _NOW, "layout": dict(_NOW, shared=0), "shared_bn64": dict(_NOW, block_n=64),
+            "shared_stages5": dict(_NOW, stages=5)}
 
 
 def current_settings() -> dict:
@@ -88,7 +91,8 @@ def current_settings() -> dict:
     options = compiled.GPU_COMPILER_OPTIONS["qwen3_5"]
     return dict(fuse=int(params.FUSE_MOE_INPUTS), topk_rows=mlp.TOPK_COMPARE_MAX_ROWS,
                 block_n=experts.DECODE_BLOCKS["block_n"],
-                gemm="cublas" if options.get("xla_gpu_enable_triton_gemm") is False else "triton")
+                gemm="cublas" if options.get("xla_gpu_enable_triton_gemm") is False else "triton",
+                shared=int(experts.SHARED_ROWS_DECODE), stages=experts.DECODE_BLOCKS["num_stages"])
 
 
 def set_settings(settings: dict) -> None:
@@ -101,7 +105,9 @@ def set_settings(settings: dict) -> None:
         raise ValueError(f"gemm must be triton or cublas; got {chosen['gemm']!r}")
     params.FUSE_MOE_INPUTS = bool(int(chosen["fuse"]))
     mlp.TOPK_COMPARE_MAX_ROWS = int(chosen["topk_rows"])
-    experts.DECODE_BLOCKS = dict(experts.DECODE_BLOCKS, block_n=int(chosen["block_n"]))
+    experts.DECODE_BLOCKS = dict(experts.DECODE_BLOCKS, block_n=int(chosen["block_n"]),
+                                 num_stages=int(chosen["stages"]))
+    experts.SHARED_ROWS_DECODE = bool(int(chosen["shared"]))
     options = {k: v for k, v in compiled.GPU_COMPILER_OPTIONS["qwen3_5"].items() if k not in CUBLAS_OPTIONS}
     compiled.GPU_COMPILER_OPTIONS["qwen3_5"] = {**options, **(CUBLAS_OPTIONS if chosen["gemm"] == "cublas" else {})}
 

@@ -50,10 +50,25 @@ CASES = {  # N tokens, k, E, D, I, decode_shape
 }
 
 
-@pytest.mark.parametrize("implementation", X.IMPLEMENTATIONS)
+# "pallas" runs decode shapes of at most block_m tokens on shared rows (X.SHARED_ROWS_DECODE); "pallas-layout" is
+# the same kernel on the sorted layout, which larger decode forwards and prefill chunks take.
+IMPLEMENTATIONS = (*X.IMPLEMENTATIONS, "pallas-layout")
+
+
+def _implementation(monkeypatch, name: str) -> str:
+    if name == "pallas-layout":
+        monkeypatch.setattr(X, "SHARED_ROWS_DECODE", False)
+        return "pallas"
+    return name
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_expert_swiglu_matches_float64(implementation, case, dtype):
+def test_expert_swiglu_matches_float64(monkeypatch, implementation, case, dtype):
+    if implementation == "pallas-layout" and not CASES[case][-1]:
+        pytest.skip("prefill chunks always take the layout: the 'pallas' case")
+    implementation = _implementation(monkeypatch, implementation)
     N, k, E, D, inter, decode_shape = CASES[case]
     rng = np.random.default_rng(N)
     x = jnp.asarray(rng.standard_normal((N, D)), dtype)
@@ -73,18 +88,32 @@ def test_expert_swiglu_matches_float64(implementation, case, dtype):
 @pytest.mark.parametrize("implementation", X.IMPLEMENTATIONS)
 @pytest.mark.parametrize("decode_shape", [True, False])
 def test_a_rows_output_does_not_depend_on_the_rows_sharing_its_experts(implementation, decode_shape):
-    """Row 0 alone, then among 8 rows of which several pick its experts (and a padding row): the same bits."""
+    """Row 0 alone, then among 8 rows of which several pick its experts (and a padding row): the same bits. At decode
+    shapes the kernel's two forms meet here: up to block_m rows on shared rows, 20 rows on the sorted layout."""
     rng = np.random.default_rng(3)
     E, D, inter = 8, 32, 16
     gate_up, down = _weights(rng, E, D, inter, jnp.bfloat16)
-    x = jnp.asarray(rng.standard_normal((9, D)), jnp.bfloat16)
-    ids = np.asarray([[2, 5]] * 5 + [[5, 1], [0, 2], [-1, -1], [7, 3]], np.int32)
+    x = jnp.asarray(rng.standard_normal((20, D)), jnp.bfloat16)
+    ids = np.asarray([[2, 5]] * 5 + [[5, 1], [0, 2], [-1, -1], [7, 3]] + [[2, 4], [6, 5]] * 5 + [[1, 2]], np.int32)
     run = lambda xs, ii: np.asarray(X.expert_swiglu(xs, jnp.asarray(ii), gate_up, down, implementation=implementation,
                                                     decode_shape=decode_shape, blocks=SMALL_BLOCKS))
     alone = run(x[:1], ids[:1])
-    shared = run(x, ids)
+    shared = run(x[:9], ids[:9])
     assert np.array_equal(alone[0], shared[0])
-    assert np.array_equal(run(x[::-1], ids[::-1])[-1], shared[0])  # and wherever it sits among them
+    assert np.array_equal(run(x[8::-1], ids[8::-1])[-1], shared[0])  # and wherever it sits among them
+    assert np.array_equal(run(x, ids)[0], shared[0])  # and among more rows than a tile holds
+
+
+def test_first_copy_tiles_give_each_selected_expert_one_tile():
+    ids = np.asarray([[3, 1], [3, 0], [3, 1], [-1, -1], [3, 2]], np.int32)
+    selected = ids >= 0
+    copy_tile, tile_expert = (np.asarray(a) for a in X.first_copy_tiles(jnp.asarray(np.maximum(ids, 0)),
+                                                                        jnp.asarray(selected), 4))
+    used = tile_expert[tile_expert >= 0]
+    assert sorted(used.tolist()) == [0, 1, 2, 3]  # the union of the experts, each once
+    flat_ids, flat_sel = ids.reshape(-1), selected.reshape(-1)
+    assert np.array_equal(tile_expert[copy_tile[flat_sel]], flat_ids[flat_sel])  # each copy in a tile of its expert
+    assert np.all(copy_tile[~flat_sel] == ids.size)  # padding copies in none
 
 
 @pytest.mark.parametrize("compare_max", [0, 256], ids=["sorted", "compared"])
@@ -277,7 +306,7 @@ def test_the_kernel_lowers_to_triton_modules_that_verify(monkeypatch):
     monkeypatch.setattr(X, "LAYOUT_COMPARE_MAX_COPIES", 256)  # the compare layout for decode steps (its A/B pending)
     E, D, inter, k = 256, 2048, 512, 8
     weights = (jax.ShapeDtypeStruct((E, 2 * inter, D), jnp.bfloat16), jax.ShapeDtypeStruct((E, D, inter), jnp.bfloat16))
-    for tokens, decode_shape in ((8, True), (1024, False)):
+    for tokens, decode_shape in ((8, True), (20, True), (1024, False)):  # shared rows, then the layout twice
         x = jax.ShapeDtypeStruct((tokens, D), jnp.bfloat16)
         ids = jax.ShapeDtypeStruct((tokens, k), jnp.int32)
         fn = jax.jit(lambda x, i, g, d, s=decode_shape: X.expert_swiglu(x, i, g, d, implementation="pallas",
@@ -287,6 +316,6 @@ def test_the_kernel_lowers_to_triton_modules_that_verify(monkeypatch):
         # No loop around the kernels: XLA's GPU runtime drives a while loop from the host, one round trip a step, and
         # here it would run in every MoE layer of every decode step (jnp.searchsorted's default method is one).
         assert "stablehlo.while" not in text, f"the {'decode' if decode_shape else 'prefill'} program has a loop"
-        if decode_shape:  # a decode step's compare layout: no sort, no scatter
+        if decode_shape:  # a decode step's shared rows or compare layout: no sort, no scatter
             assert "stablehlo.sort" not in text and "stablehlo.scatter" not in text
-    assert verified == [True] * 4  # two products (gate-up with SwiGLU, down) per shape
+    assert verified == [True] * 6  # two products (gate-up with SwiGLU, down) per shape

@@ -98,6 +98,44 @@ def group_layout(expert_ids: jax.Array, selected: jax.Array, num_experts: int, b
     return GroupLayout(dest, jnp.where(tile_expert < E, tile_expert, -1), rows)
 
 
+# Decode-shape forwards of at most block_m tokens (AR steps, batch-1 verifications) run the kernel on shared rows:
+# every tile multiplies the same block_m rows (all the forward's tokens) by its own expert, one tile per expert the
+# step selects (the union of the copies' experts), so no sorted layout and no gathered rows are built: the layout is
+# one [copies, copies] reduction (`first_copy_tiles`) and each expert's weights are still read once. A row's bits
+# are those of the sorted layout (a row's products do not depend on its tile's other rows or its place in the
+# tile: README.md). False: the sorted layout for every forward (its A/B: `bench_moe.py --stages variants`).
+SHARED_ROWS_DECODE = True
+
+
+def first_copy_tiles(expert_ids: jax.Array, selected: jax.Array, num_experts: int) -> tuple[jax.Array, jax.Array]:
+    """expert_ids [N, k] int32 and selected [N, k] bool -> (copy_tile [N k] int32, tile_expert [N k] int32).
+
+    Tile t belongs to copy t's expert where copy t is the first selected copy of that expert, else to none (-1); a
+    selected copy's tile is its expert's first copy (N k for copies that select none). So the tiles in use are the
+    step's distinct experts, each once."""
+    E = num_experts
+    flat = jnp.where(selected, expert_ids, E).reshape(-1).astype(jnp.int32)  # [M]; E: no expert
+    M = flat.shape[0]
+    copies = jnp.arange(M, dtype=jnp.int32)
+    same = (flat[None, :] == flat[:, None]) & (flat[None, :] < E)  # [M(i), M(j)]: copy j has copy i's expert
+    first = jnp.min(jnp.where(same, copies[None, :], M), axis=1).astype(jnp.int32)  # [M]; M where i selects none
+    return first, jnp.where(first == copies, flat, -1)
+
+
+def _shared_rows_products(x, ids, selected, gate_up, down, tiles: dict) -> jax.Array:
+    """`expert_swiglu` for N <= block_m tokens on shared rows (SHARED_ROWS_DECODE): -> y [N, k, D]."""
+    N, k = ids.shape
+    bm = tiles["block_m"]
+    copy_tile, tile_expert = first_copy_tiles(ids, selected, gate_up.shape[0])
+    rows = jnp.pad(x, ((0, bm - N), (0, 0)))  # [block_m, D]
+    kw = dict(tiles, interpret=jax.default_backend() != "gpu")
+    h = _kernel().grouped_matmul(rows, tile_expert, gate_up, swiglu=True, shared_rows=True, **kw)  # [M bm, I]
+    y = _kernel().grouped_matmul(h, tile_expert, down, swiglu=False, **kw)  # [M bm, D]
+    token = jnp.arange(N * k, dtype=jnp.int32) // k
+    y = y[jnp.minimum(copy_tile, N * k - 1) * bm + token].reshape(N, k, -1)
+    return jnp.where(selected[..., None], y, jnp.zeros((), x.dtype))
+
+
 def gather_rows(x: jax.Array, copy_token: jax.Array, layout: GroupLayout) -> jax.Array:
     """x [N, D], copy_token [M] (each copy's token) -> the padded layout's rows [rows, D], zero where no copy sits.
     Few copies: each row finds its copy by comparing against every copy's destination (a gather, no scatter);
@@ -171,6 +209,8 @@ def expert_swiglu(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down:
         return reference.gathered(x, ids, gate_up, down, selected)
     if chosen == "ragged":
         return reference.sorted_ragged(x, ids, gate_up, down, selected)
+    if decode_shape and SHARED_ROWS_DECODE and N <= tiles["block_m"]:
+        return _shared_rows_products(x, ids, selected, gate_up, down, tiles)
     layout = group_layout(ids, selected, E, tiles["block_m"])
     copy_token = jnp.arange(N * k, dtype=jnp.int32) // k
     rows = gather_rows(x, copy_token, layout)  # [rows, D]
@@ -181,6 +221,6 @@ def expert_swiglu(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down:
     return jnp.where(selected[..., None], y, jnp.zeros((), x.dtype))
 
 
-__all__ = ["IMPLEMENTATIONS", "DECODE_BLOCKS", "PREFILL_BLOCKS", "LAYOUT_COMPARE_MAX_COPIES", "GroupLayout",
-           "group_layout", "gather_rows", "padded_rows",
+__all__ = ["IMPLEMENTATIONS", "DECODE_BLOCKS", "PREFILL_BLOCKS", "LAYOUT_COMPARE_MAX_COPIES", "SHARED_ROWS_DECODE",
+           "GroupLayout", "group_layout", "first_copy_tiles", "gather_rows", "padded_rows",
            "resolve", "kernel_fits", "tiles_for", "implementation_for", "expert_swiglu", "reference"]

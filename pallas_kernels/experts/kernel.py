@@ -58,15 +58,16 @@ def _grouped_kernel(tile_expert_ref, x_ref, w_ref, o_ref, *, block_n, block_k, k
 
 
 def grouped_matmul(x, tile_expert, w, *, swiglu: bool, block_m: int, block_n: int, block_k: int, num_warps: int,
-                   num_stages: int, interpret: bool = False):
+                   num_stages: int, interpret: bool = False, shared_rows: bool = False):
     """x [R, K] (R = tiles * block_m rows, sorted and padded by expert), tile_expert [tiles] int32, w [E, F, K].
+    shared_rows: x is one tile's rows [block_m, K] that every tile multiplies (each by its own expert).
 
-    Returns [R, F] (or [R, F / 2] with swiglu: silu(gate) * up) in x.dtype. F (F / 2) and K must be multiples of
-    block_n and block_k (`__init__` checks)."""
+    Returns [tiles * block_m, F] (or [.., F / 2] with swiglu: silu(gate) * up) in x.dtype. F (F / 2) and K must be
+    multiples of block_n and block_k (`__init__` checks)."""
     R, K = x.shape
     E, F, _ = w.shape
     out_cols = F // 2 if swiglu else F
-    tiles = R // block_m
+    tiles = tile_expert.shape[0] if shared_rows else R // block_m
     kernel = functools.partial(_grouped_kernel, block_n=block_n, block_k=block_k, k_dim=K, half=out_cols,
                                swiglu=swiglu, exact=interpret or x.dtype == F32)
     return pl.pallas_call(
@@ -74,11 +75,11 @@ def grouped_matmul(x, tile_expert, w, *, swiglu: bool, block_m: int, block_n: in
         grid=(tiles, out_cols // block_n),
         in_specs=[
             pl.BlockSpec((tiles,), lambda t, j: (0,)),
-            pl.BlockSpec((block_m, K), lambda t, j: (t, 0)),
+            pl.BlockSpec((block_m, K), (lambda t, j: (0, 0)) if shared_rows else (lambda t, j: (t, 0))),
             pl.BlockSpec((E, F, K), lambda t, j: (0, 0, 0)),  # indexed by the tile's expert inside the kernel
         ],
         out_specs=pl.BlockSpec((block_m, block_n), lambda t, j: (t, j)),
-        out_shape=jax.ShapeDtypeStruct((R, out_cols), x.dtype),
+        out_shape=jax.ShapeDtypeStruct((tiles * block_m, out_cols), x.dtype),
         compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="grouped_expert_swiglu" if swiglu else "grouped_expert_down",
