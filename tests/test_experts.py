@@ -194,13 +194,19 @@ def test_padding_rows_select_no_expert_and_a_row_is_the_same_alone(monkeypatch, 
     count, keep all 5), and the valid rows' logits keep their bits."""
     model = random_moe_model("float32")
     seen = []
-    original = X.expert_swiglu
+    original, original_route = X.expert_swiglu, X.route_top_k
 
     def recording(x, ids, *args, **kwargs):
         jax.debug.callback(lambda a: seen.append(np.asarray(a)), ids)
         return original(x, ids, *args, **kwargs)
 
+    def recording_route(*args, **kwargs):  # the routing kernel's experts, where the kernel routes (X.ROUTE_KERNEL)
+        out = original_route(*args, **kwargs)
+        jax.debug.callback(lambda a: seen.append(np.asarray(a)), out[1])
+        return out
+
     monkeypatch.setattr(qwen_mlp.experts, "expert_swiglu", recording)
+    monkeypatch.setattr(qwen_mlp.experts, "route_top_k", recording_route)
     tiles = dict(X.DECODE_BLOCKS, block_m=16, **SMALL_BLOCKS)  # tiles that divide the test's small experts
     monkeypatch.setattr(X, "DECODE_BLOCKS", tiles)
     cfg, params = model.config, model.params

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from . import reference
+from .routing import route_top_k
 
 IMPLEMENTATIONS = ("gather", "ragged", "pallas")
 GPU_DEFAULT: str | None = "pallas"  # what "auto" takes on the GPU (None: XLA's paths, as off it); see above
@@ -122,11 +123,30 @@ def first_copy_tiles(expert_ids: jax.Array, selected: jax.Array, num_experts: in
     return first, jnp.where(first == copies, flat, -1)
 
 
-def _shared_rows_products(x, ids, selected, gate_up, down, tiles: dict) -> jax.Array:
-    """`expert_swiglu` for N <= block_m tokens on shared rows (SHARED_ROWS_DECODE): -> y [N, k, D]."""
-    N, k = ids.shape
+# A decode step's routing (softmax, top-k, renormalisation, the shared-rows tiles) in one kernel launch
+# (`routing.route_top_k`) where the model runs the kernel on shared rows; False: XLA's ops (`first_copy_tiles`).
+ROUTE_KERNEL = True
+
+
+def shared_rows_fit(tokens: int, decode_shape: bool, blocks: dict | None = None) -> bool:
+    """Whether a forward of `tokens` rows runs the kernel on shared rows (SHARED_ROWS_DECODE: decode shapes, at most
+    one tile of rows)."""
+    return decode_shape and SHARED_ROWS_DECODE and tokens <= tiles_for(True, blocks)["block_m"]
+
+
+def route_kernel_fits(tokens: int, num_experts: int, decode_shape: bool) -> bool:
+    """Whether such a forward takes its routing from `routing.route_top_k` (ROUTE_KERNEL; a power-of-two number of
+    experts)."""
+    return ROUTE_KERNEL and shared_rows_fit(tokens, decode_shape) and not num_experts & (num_experts - 1)
+
+
+def shared_rows_products(x, copy_tile, tile_expert, selected, gate_up, down, tiles: dict | None = None) -> jax.Array:
+    """The kernel's products for N <= block_m tokens x [N, D] on shared rows, from `first_copy_tiles`' copy_tile
+    [N k] and tile_expert [N k] (or `routing.route_top_k`'s); selected [N, k] bool -> y [N, k, D], zero where not
+    selected."""
+    N, k = selected.shape
+    tiles = tiles_for(True, tiles)
     bm = tiles["block_m"]
-    copy_tile, tile_expert = first_copy_tiles(ids, selected, gate_up.shape[0])
     rows = jnp.pad(x, ((0, bm - N), (0, 0)))  # [block_m, D]
     kw = dict(tiles, interpret=jax.default_backend() != "gpu")
     h = _kernel().grouped_matmul(rows, tile_expert, gate_up, swiglu=True, shared_rows=True, **kw)  # [M bm, I]
@@ -134,6 +154,12 @@ def _shared_rows_products(x, ids, selected, gate_up, down, tiles: dict) -> jax.A
     token = jnp.arange(N * k, dtype=jnp.int32) // k
     y = y[jnp.minimum(copy_tile, N * k - 1) * bm + token].reshape(N, k, -1)
     return jnp.where(selected[..., None], y, jnp.zeros((), x.dtype))
+
+
+def _shared_rows_products(x, ids, selected, gate_up, down, tiles: dict) -> jax.Array:
+    """`expert_swiglu` for N <= block_m tokens on shared rows (SHARED_ROWS_DECODE): -> y [N, k, D]."""
+    copy_tile, tile_expert = first_copy_tiles(ids, selected, gate_up.shape[0])
+    return shared_rows_products(x, copy_tile, tile_expert, selected, gate_up, down, tiles)
 
 
 def gather_rows(x: jax.Array, copy_token: jax.Array, layout: GroupLayout) -> jax.Array:
@@ -209,7 +235,7 @@ def expert_swiglu(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down:
         return reference.gathered(x, ids, gate_up, down, selected)
     if chosen == "ragged":
         return reference.sorted_ragged(x, ids, gate_up, down, selected)
-    if decode_shape and SHARED_ROWS_DECODE and N <= tiles["block_m"]:
+    if shared_rows_fit(N, decode_shape, blocks):
         return _shared_rows_products(x, ids, selected, gate_up, down, tiles)
     layout = group_layout(ids, selected, E, tiles["block_m"])
     copy_token = jnp.arange(N * k, dtype=jnp.int32) // k
@@ -222,5 +248,6 @@ def expert_swiglu(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down:
 
 
 __all__ = ["IMPLEMENTATIONS", "DECODE_BLOCKS", "PREFILL_BLOCKS", "LAYOUT_COMPARE_MAX_COPIES", "SHARED_ROWS_DECODE",
-           "GroupLayout", "group_layout", "first_copy_tiles", "gather_rows", "padded_rows",
+           "ROUTE_KERNEL", "GroupLayout", "group_layout", "first_copy_tiles", "shared_rows_fit", "route_kernel_fits",
+           "shared_rows_products", "route_top_k", "gather_rows", "padded_rows",
            "resolve", "kernel_fits", "tiles_for", "implementation_for", "expert_swiglu", "reference"]
