@@ -76,13 +76,11 @@ def make_model(cfg):
 # emits the dense GEMMs (`gemm`: triton, XLA's Triton GEMM fusions; cublas, cuBLAS at its heuristic's algorithm,
 # no autotuning, so each shape gets one algorithm in every program), and whether decode forwards of up to block_m
 # tokens run the expert kernel on shared rows (`shared`: 1, experts.SHARED_ROWS_DECODE) or on the sorted layout (0),
-# the decode tiles' pipeline stages (`stages`), and whether shared-rows forwards take their routing from one kernel
-# (`route`: 1, experts.ROUTE_KERNEL) or from XLA's ops (0).
-SETTINGS = ("fuse", "topk_rows", "block_n", "gemm", "shared", "stages", "route")
+# and the decode tiles' pipeline stages (`stages`).
+SETTINGS = ("fuse", "topk_rows", "block_n", "gemm", "shared", "stages")
 CUBLAS_OPTIONS = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 0}
-_NOW = dict(fuse=1, topk_rows=64, block_n=32, gemm="triton", shared=1, stages=3, route=1)
-VARIANTS = {"route": _NOW, "shared": dict(_NOW, route=0), "layout": dict(_NOW, shared=0, route=0),
-            "route_stages5": dict(_NOW, stages=5)}
+_NOW = dict(fuse=1, topk_rows=64, block_n=32, gemm="triton", shared=1, stages=3)
+VARIANTS = {"shared": _NOW, "layout": dict(_NOW, shared=0), "shared_bn64": dict(_NOW, block_n=64)}
 
 
 def current_settings() -> dict:
@@ -93,8 +91,7 @@ def current_settings() -> dict:
     return dict(fuse=int(params.FUSE_MOE_INPUTS), topk_rows=mlp.TOPK_COMPARE_MAX_ROWS,
                 block_n=experts.DECODE_BLOCKS["block_n"],
                 gemm="cublas" if options.get("xla_gpu_enable_triton_gemm") is False else "triton",
-                shared=int(experts.SHARED_ROWS_DECODE), stages=experts.DECODE_BLOCKS["num_stages"],
-                route=int(experts.ROUTE_KERNEL))
+                shared=int(experts.SHARED_ROWS_DECODE), stages=experts.DECODE_BLOCKS["num_stages"])
 
 
 def set_settings(settings: dict) -> None:
@@ -110,7 +107,6 @@ def set_settings(settings: dict) -> None:
     experts.DECODE_BLOCKS = dict(experts.DECODE_BLOCKS, block_n=int(chosen["block_n"]),
                                  num_stages=int(chosen["stages"]))
     experts.SHARED_ROWS_DECODE = bool(int(chosen["shared"]))
-    experts.ROUTE_KERNEL = bool(int(chosen["route"]))
     options = {k: v for k, v in compiled.GPU_COMPILER_OPTIONS["qwen3_5"].items() if k not in CUBLAS_OPTIONS}
     compiled.GPU_COMPILER_OPTIONS["qwen3_5"] = {**options, **(CUBLAS_OPTIONS if chosen["gemm"] == "cublas" else {})}
 

@@ -56,7 +56,7 @@ variants)  # bench_moe.VARIANTS alternating in one process, at 10 layers
     step 440 variants python benchmarks/bench_moe.py --part model --layers 10 --stages variants --repeats 2 \
         --time-budget-s 420 --out "$out"
     python -c "import json, sys; d = json.load(open(sys.argv[1])); v = d['variants'][d['fastest_variant']]
-print(','.join(f'{k}={v[k]}' for k in ('fuse', 'topk_rows', 'block_n', 'gemm', 'shared', 'stages', 'route')))" \
+print(','.join(f'{k}={v[k]}' for k in ('fuse', 'topk_rows', 'block_n', 'gemm', 'shared', 'stages')))" \
         "$out/moe_qwen35_35b_a3b_10layers.json" | tee "$out/fastest_settings.txt" ;;
 layout)  # experts.LAYOUT_COMPARE_MAX_COPIES 0 against 256, alternating in one process, at 10 layers
     step 200 layout python benchmarks/bench_moe.py --part model --layers 10 --stages layout --repeats 3 \

@@ -156,26 +156,6 @@ def test_the_compared_layout_is_the_sorted_one(monkeypatch, tokens, k, E, block_
     assert np.any(out[0][1] >= 0) and np.any(out[0][2] != 0)  # not vacuous: tiles in use, rows filled
 
 
-@pytest.mark.parametrize("tokens,E,k", [(1, 256, 8), (9, 256, 8), (16, 64, 4), (5, 16, 3)])
-def test_the_routing_kernel_is_softmax_top_k_and_the_first_copy_tiles(tokens, E, k):
-    """routing.route_top_k (interpret mode) against jax.nn.softmax, lax.top_k (a tie included), the renormalisation
-    and first_copy_tiles; rows that are not valid select nothing."""
-    rng = np.random.default_rng(tokens)
-    logits = jnp.asarray(rng.standard_normal((tokens, E)), jnp.float32)
-    logits = logits.at[0, 3].set(logits[0, 5])  # a tie: the lower expert id ranks first
-    valid = jnp.asarray(rng.random(tokens) < 0.7).at[0].set(True)
-    w, i, copy_tile, tile_expert = X.route_top_k(logits, valid, k)
-    want_w, want_i = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)
-    want_w = want_w / want_w.sum(-1, keepdims=True)
-    v = np.asarray(valid)
-    assert np.array_equal(np.asarray(i)[v], np.asarray(want_i)[v])
-    assert np.all(np.asarray(i)[~v] == -1) and np.all(np.asarray(w)[~v] == 0)
-    np.testing.assert_allclose(np.asarray(w)[v], np.asarray(want_w)[v], rtol=1e-6)
-    want_tile, want_expert = X.first_copy_tiles(jnp.maximum(i, 0), i >= 0, E)
-    assert np.array_equal(np.asarray(copy_tile), np.asarray(want_tile))
-    assert np.array_equal(np.asarray(tile_expert), np.asarray(want_expert))
-
-
 def test_auto_off_the_gpu_and_bad_names():
     assert X.resolve("auto", 8, 16) == "gather" and X.resolve("auto", 32, 16) == "ragged"
     with pytest.raises(ValueError, match="implementation must be one of"):
@@ -214,19 +194,13 @@ def test_padding_rows_select_no_expert_and_a_row_is_the_same_alone(monkeypatch, 
     count, keep all 5), and the valid rows' logits keep their bits."""
     model = random_moe_model("float32")
     seen = []
-    original, original_route = X.expert_swiglu, X.route_top_k
+    original = X.expert_swiglu
 
     def recording(x, ids, *args, **kwargs):
         jax.debug.callback(lambda a: seen.append(np.asarray(a)), ids)
         return original(x, ids, *args, **kwargs)
 
-    def recording_route(*args, **kwargs):  # the routing kernel's experts, where the kernel routes (X.ROUTE_KERNEL)
-        out = original_route(*args, **kwargs)
-        jax.debug.callback(lambda a: seen.append(np.asarray(a)), out[1])
-        return out
-
     monkeypatch.setattr(qwen_mlp.experts, "expert_swiglu", recording)
-    monkeypatch.setattr(qwen_mlp.experts, "route_top_k", recording_route)
     tiles = dict(X.DECODE_BLOCKS, block_m=16, **SMALL_BLOCKS)  # tiles that divide the test's small experts
     monkeypatch.setattr(X, "DECODE_BLOCKS", tiles)
     cfg, params = model.config, model.params
@@ -345,9 +319,3 @@ def test_the_kernel_lowers_to_triton_modules_that_verify(monkeypatch):
         if decode_shape:  # a decode step's shared rows or compare layout: no sort, no scatter
             assert "stablehlo.sort" not in text and "stablehlo.scatter" not in text
     assert verified == [True] * 6  # two products (gate-up with SwiGLU, down) per shape
-    for tokens in (1, 16):  # the decode step's routing kernel
-        fn = jax.jit(lambda lg, v: X.route_top_k(lg, v, k))
-        text = fn.trace(jax.ShapeDtypeStruct((tokens, E), jnp.bfloat16),
-                        jax.ShapeDtypeStruct((tokens,), jnp.bool_)).lower(lowering_platforms=("cuda",)).as_text()
-        assert "xla.gpu.triton" in text and "stablehlo.while" not in text
-    assert verified == [True] * 8

@@ -28,7 +28,6 @@ import jax
 import jax.numpy as jnp
 
 from . import reference
-from .routing import route_top_k
 
 IMPLEMENTATIONS = ("gather", "ragged", "pallas")
 GPU_DEFAULT: str | None = "pallas"  # what "auto" takes on the GPU (None: XLA's paths, as off it); see above
@@ -104,7 +103,9 @@ def group_layout(expert_ids: jax.Array, selected: jax.Array, num_experts: int, b
 # step selects (the union of the copies' experts), so no sorted layout and no gathered rows are built: the layout is
 # one [copies, copies] reduction (`first_copy_tiles`) and each expert's weights are still read once. A row's bits
 # are those of the sorted layout (a row's products do not depend on its tile's other rows or its place in the
-# tile: README.md). False: the sorted layout for every forward (its A/B: `bench_moe.py --stages variants`).
+# tile: README.md). False: the sorted layout for every forward. On an H100 at the 10-layer 35B-A3B shape: AR
+# 806.4 tok/s against the layout's 768.1, a gamma-4 step 1.98 ms against 2.13, the same tokens (docs/LOG.md,
+# 2026-12-08; `bench_moe.py --stages variants`).
 SHARED_ROWS_DECODE = True
 
 
@@ -123,27 +124,15 @@ def first_copy_tiles(expert_ids: jax.Array, selected: jax.Array, num_experts: in
     return first, jnp.where(first == copies, flat, -1)
 
 
-# A decode step's routing (softmax, top-k, renormalisation, the shared-rows tiles) in one kernel launch
-# (`routing.route_top_k`) where the model runs the kernel on shared rows; False: XLA's ops (`first_copy_tiles`).
-ROUTE_KERNEL = True
-
-
 def shared_rows_fit(tokens: int, decode_shape: bool, blocks: dict | None = None) -> bool:
     """Whether a forward of `tokens` rows runs the kernel on shared rows (SHARED_ROWS_DECODE: decode shapes, at most
     one tile of rows)."""
     return decode_shape and SHARED_ROWS_DECODE and tokens <= tiles_for(True, blocks)["block_m"]
 
 
-def route_kernel_fits(tokens: int, num_experts: int, decode_shape: bool) -> bool:
-    """Whether such a forward takes its routing from `routing.route_top_k` (ROUTE_KERNEL; a power-of-two number of
-    experts)."""
-    return ROUTE_KERNEL and shared_rows_fit(tokens, decode_shape) and not num_experts & (num_experts - 1)
-
-
 def shared_rows_products(x, copy_tile, tile_expert, selected, gate_up, down, tiles: dict | None = None) -> jax.Array:
     """The kernel's products for N <= block_m tokens x [N, D] on shared rows, from `first_copy_tiles`' copy_tile
-    [N k] and tile_expert [N k] (or `routing.route_top_k`'s); selected [N, k] bool -> y [N, k, D], zero where not
-    selected."""
+    [N k] and tile_expert [N k]; selected [N, k] bool -> y [N, k, D], zero where not selected."""
     N, k = selected.shape
     tiles = tiles_for(True, tiles)
     bm = tiles["block_m"]
@@ -248,6 +237,6 @@ def expert_swiglu(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down:
 
 
 __all__ = ["IMPLEMENTATIONS", "DECODE_BLOCKS", "PREFILL_BLOCKS", "LAYOUT_COMPARE_MAX_COPIES", "SHARED_ROWS_DECODE",
-           "ROUTE_KERNEL", "GroupLayout", "group_layout", "first_copy_tiles", "shared_rows_fit", "route_kernel_fits",
-           "shared_rows_products", "route_top_k", "gather_rows", "padded_rows",
+           "GroupLayout", "group_layout", "first_copy_tiles", "shared_rows_fit", "shared_rows_products", "gather_rows",
+           "padded_rows",
            "resolve", "kernel_fits", "tiles_for", "implementation_for", "expert_swiglu", "reference"]

@@ -33,7 +33,6 @@ def _switches() -> tuple:
     return (tuple(os.environ.get(k, "") for k in _ENV_KEYS), gated_delta.REPLAY_STASH, gated_delta.PACKED_FORM,
             decode_block.WARPS, decode_block.SPLITS, decode_block.SLOTS, decode_block.GATHER,
             decode_block.FUSE_OUT_PROJ, experts.GPU_DEFAULT, experts.LAYOUT_COMPARE_MAX_COPIES, experts.SHARED_ROWS_DECODE,
-            experts.ROUTE_KERNEL,
             tuple(sorted(experts.DECODE_BLOCKS.items())), tuple(sorted(experts.PREFILL_BLOCKS.items())),
             qwen35_mlp.TOPK_COMPARE_MAX_ROWS)
 _cache: collections.OrderedDict = collections.OrderedDict()

@@ -111,7 +111,7 @@ def moe_mlp(p: dict, cfg: Qwen35Config, x: jax.Array, valid: jax.Array | None = 
     k, E = cfg.num_experts_per_tok, cfg.num_experts
     xt = x.reshape(B * T, D)
     router_logits, shared_gate_up, shared_gate = moe_inputs(p, cfg, xt)
-    flat_valid = None if valid is None else valid.reshape(B * T)
+    top_w, top_i = route_logits(router_logits, cfg, None if valid is None else valid.reshape(B * T))
     chosen = expert_implementation(cfg, impl)
     if chosen == "xla":
         chosen = "gather" if B * T * k <= E else "ragged"
@@ -120,20 +120,12 @@ def moe_mlp(p: dict, cfg: Qwen35Config, x: jax.Array, valid: jax.Array | None = 
                                         experts.tiles_for(decode_shape))
     # Only the kernel computes a row in the same bits whatever the rows beside it, so only it drops the padding rows.
     R = T if live_rows is None or chosen != "pallas" else max(1, min(int(live_rows), T))
-    first = lambda a: a.reshape(B, T, *a.shape[1:])[:, :R].reshape(B * R, *a.shape[1:])  # [B T, ..] -> [B R, ..]
-    xe = first(xt)
-    if chosen == "pallas" and experts.route_kernel_fits(B * R, E, decode_shape):
-        # The live rows' routing and the shared-rows tiles in one launch (experts.routing).
-        top_w, top_i, copy_tile, tile_expert = experts.route_top_k(
-            first(router_logits), None if flat_valid is None else first(flat_valid), k)
-        top_w = top_w.astype(router_logits.dtype)
-        y = experts.shared_rows_products(xe, copy_tile, tile_expert, top_i >= 0, p["experts_gate_up"],
-                                         p["experts_down"])  # [B R, k, D]
-    else:
-        top_w, top_i = route_logits(router_logits, cfg, flat_valid)
-        top_w, top_i = first(top_w), first(top_i)
-        y = experts.expert_swiglu(xe, top_i, p["experts_gate_up"], p["experts_down"], implementation=chosen,
-                                  decode_shape=decode_shape)  # [B R, k, D]
+    xe = xt
+    if R < T:  # [B * T, ...] -> the first R rows of each sequence, [B * R, ...]
+        first = lambda a: a.reshape(B, T, *a.shape[1:])[:, :R].reshape(B * R, *a.shape[1:])
+        xe, top_w, top_i = first(xt), first(top_w), first(top_i)
+    y = experts.expert_swiglu(xe, top_i, p["experts_gate_up"], p["experts_down"], implementation=chosen,
+                              decode_shape=decode_shape)  # [B R, k, D]
     out = (y[:, 0] * top_w[:, :1]).astype(jnp.float32)
     for s in range(1, top_i.shape[1]):  # rank order: a row's sum never depends on the batch's shape
         out = out + (y[:, s] * top_w[:, s:s + 1]).astype(jnp.float32)
