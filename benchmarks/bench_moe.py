@@ -76,11 +76,13 @@ def make_model(cfg):
 # emits the dense GEMMs (`gemm`: triton, XLA's Triton GEMM fusions; cublas, cuBLAS at its heuristic's algorithm,
 # no autotuning, so each shape gets one algorithm in every program), and whether decode forwards of up to block_m
 # tokens run the expert kernel on shared rows (`shared`: 1, experts.SHARED_ROWS_DECODE) or on the sorted layout (0),
-# and the decode tiles' pipeline stages (`stages`).
-SETTINGS = ("fuse", "topk_rows", "block_n", "gemm", "shared", "stages")
+# the decode tiles' pipeline stages (`stages`), and whether decode forwards on the kernel run the shared expert as one
+# more tile of its launches (`shared_tile`: 1, mlp.SHARED_EXPERT_TILE, with its `router_gate` input layout) or as
+# XLA GEMMs and an add (0).
+SETTINGS = ("fuse", "topk_rows", "block_n", "gemm", "shared", "stages", "shared_tile")
 CUBLAS_OPTIONS = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_autotune_level": 0}
-_NOW = dict(fuse=1, topk_rows=64, block_n=32, gemm="triton", shared=1, stages=3)
-VARIANTS = {"shared": _NOW, "layout": dict(_NOW, shared=0), "shared_bn64": dict(_NOW, block_n=64)}
+_NOW = dict(fuse=1, topk_rows=64, block_n=32, gemm="triton", shared=1, stages=3, shared_tile=0)
+VARIANTS = {"base": _NOW, "shared_tile": dict(_NOW, shared_tile=1)}
 
 
 def current_settings() -> dict:
@@ -91,7 +93,8 @@ def current_settings() -> dict:
     return dict(fuse=int(params.FUSE_MOE_INPUTS), topk_rows=mlp.TOPK_COMPARE_MAX_ROWS,
                 block_n=experts.DECODE_BLOCKS["block_n"],
                 gemm="cublas" if options.get("xla_gpu_enable_triton_gemm") is False else "triton",
-                shared=int(experts.SHARED_ROWS_DECODE), stages=experts.DECODE_BLOCKS["num_stages"])
+                shared=int(experts.SHARED_ROWS_DECODE), stages=experts.DECODE_BLOCKS["num_stages"],
+                shared_tile=int(mlp.SHARED_EXPERT_TILE))
 
 
 def set_settings(settings: dict) -> None:
@@ -107,6 +110,7 @@ def set_settings(settings: dict) -> None:
     experts.DECODE_BLOCKS = dict(experts.DECODE_BLOCKS, block_n=int(chosen["block_n"]),
                                  num_stages=int(chosen["stages"]))
     experts.SHARED_ROWS_DECODE = bool(int(chosen["shared"]))
+    mlp.SHARED_EXPERT_TILE = bool(int(chosen["shared_tile"]))
     options = {k: v for k, v in compiled.GPU_COMPILER_OPTIONS["qwen3_5"].items() if k not in CUBLAS_OPTIONS}
     compiled.GPU_COMPILER_OPTIONS["qwen3_5"] = {**options, **(CUBLAS_OPTIONS if chosen["gemm"] == "cublas" else {})}
 
@@ -116,8 +120,10 @@ def apply_settings(model, settings: dict):
     from specdec_jax.models.qwen35 import model as qwen35
     from specdec_jax.results import Model
     set_settings(settings)
-    return Model(config=model.config, params=qwen35.moe_layout(model.params, model.config, fused=bool(int(settings["fuse"]))),
-                 dtype=model.dtype)
+    chosen = current_settings()
+    params = qwen35.moe_layout(model.params, model.config, fused=bool(int(chosen["fuse"])),
+                               shared_tile=bool(int(chosen["shared_tile"])))
+    return Model(config=model.config, params=params, dtype=model.dtype)
 
 
 def byte_counts(model, context: int) -> dict:
@@ -233,7 +239,7 @@ def model_part(args, save) -> dict:
                     "tokens_per_step": again.stats["tokens_per_step"]}
 
         try:
-            for r in range(2):
+            for r in range(args.rounds):
                 for name, settings in VARIANTS.items():
                     if left() < 30:
                         break
@@ -529,6 +535,7 @@ def main():
     ap.add_argument("--long-prompt", type=int, default=8192, help="AR prefill + decode at this prompt length (0: off)")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2, help="with --stages variants: rounds over VARIANTS")
     ap.add_argument("--curve", default="4:1.0,8:1.0", help="gamma:p pairs of the forced-acceptance curve")
     ap.add_argument("--blocks", default="16,32,64,4,4;16,64,64,4,4;16,32,128,4,3;64,64,64,4,3",
                     help="with --part kernel: ';'-separated block_m,block_n,block_k,num_warps,num_stages")

@@ -12,8 +12,9 @@
 #   bash benchmarks/gpu_moe.sh model1a OUT, then model1b OUT: the same in two commands (each under 500 s), then
 #                                           bench_moe.py --merge OUT/*_a.json OUT/*_b.json --out benchmarks/results
 #   bash benchmarks/gpu_moe.sh layout OUT   the experts' layout sorted against compared, 10 layers (its A/B, ~2 min)
-#   bash benchmarks/gpu_moe.sh variants OUT AR under each of bench_moe.VARIANTS (MoE input layout, router top-k,
-#                                           decode block_n), alternating, 10 layers (~4 min); the fastest's settings
+#   bash benchmarks/gpu_moe.sh variants OUT AR under each of bench_moe.VARIANTS (today: the shared expert as XLA
+#                                           GEMMs or as a tile of the expert kernel), alternating over ROUNDS (2)
+#                                           rounds, 10 layers (~4 min); the fastest's settings
 #                                           in OUT/fastest_settings.txt; then `MOE_SETTINGS=... gpu_moe.sh model1 OUT`
 set -u
 # block_m,block_n,block_k,num_warps,num_stages: decode tiles (block_m 16) and prefill tiles (block_m 64), block_k 64
@@ -54,9 +55,9 @@ model1b)  # ... then the 8K prompt and MTP (bench_moe.py --merge joins the two)
         --suffix _b --out "$out" ${MOE_SETTINGS:+--settings "$MOE_SETTINGS"} ;;
 variants)  # bench_moe.VARIANTS alternating in one process, at 10 layers
     step 440 variants python benchmarks/bench_moe.py --part model --layers 10 --stages variants --repeats 2 \
-        --time-budget-s 420 --out "$out"
-    python -c "import json, sys; d = json.load(open(sys.argv[1])); v = d['variants'][d['fastest_variant']]
-print(','.join(f'{k}={v[k]}' for k in ('fuse', 'topk_rows', 'block_n', 'gemm', 'shared', 'stages')))" \
+        --rounds "${ROUNDS:-2}" --time-budget-s 420 --out "$out"
+    python -c "import json, sys; from benchmarks.bench_moe import SETTINGS; d = json.load(open(sys.argv[1]))
+v = d['variants'][d['fastest_variant']]; print(','.join(f'{k}={v[k]}' for k in SETTINGS))" \
         "$out/moe_qwen35_35b_a3b_10layers.json" | tee "$out/fastest_settings.txt" ;;
 layout)  # experts.LAYOUT_COMPARE_MAX_COPIES 0 against 256, alternating in one process, at 10 layers
     step 200 layout python benchmarks/bench_moe.py --part model --layers 10 --stages layout --repeats 3 \

@@ -3,9 +3,11 @@
 Every implementation (per-copy gather, XLA's sorted grouped product, the Pallas grouped kernel in interpret mode)
 against a float64 numpy loop, on routings with ids outside [0, E) (copies that select no expert), groups longer than
 a tile, and decode and prefill tiles; a row's output bit for bit alone and among rows that share its experts; the
-padded sorted layout. Then the model: padding rows of a decode-shape forward select no expert, a row's logits are
-the same alone and in a verification batch, and greedy speculation (n-gram, MTP) equals AR on a random MoE in
-bfloat16. The GPU run is benchmarks/bench_moe.py's."""
+padded sorted layout; a shared expert as one more tile of the kernel's launches. Then the model: padding rows of a
+decode-shape forward select no expert (routed or, as a tile, shared), a row's logits are the same alone and in a
+verification batch, greedy speculation (n-gram, MTP) equals AR on a random MoE in bfloat16, and with the shared
+expert as a tile (qwen35 mlp.SHARED_EXPERT_TILE) the same, its layout saved as the checkpoint's tensors and its
+greedy tokens transformers'. The GPU run is benchmarks/bench_moe.py's."""
 
 from __future__ import annotations
 
@@ -102,6 +104,66 @@ def test_a_rows_output_does_not_depend_on_the_rows_sharing_its_experts(implement
     assert np.array_equal(run(x, ids)[0], shared[0])  # and among more rows than a tile holds
 
 
+def _naive_dense(x, gate_up, down, on):
+    """float64: one expert [2I, D], [D, I] on every row where `on`."""
+    return _naive(x, np.where(on, 0, -1)[:, None], np.asarray(gate_up)[None], np.asarray(down)[None])[:, 0]
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_shared_expert_as_a_tile_matches_float64(monkeypatch, implementation, dtype):
+    """`shared`: the shared expert is copy k of each selected row (y [N, k + 1, D]); its rows where shared_selected is
+    False (padding) come out zero, as do the routed copies that select none; the routed copies are unchanged."""
+    implementation = _implementation(monkeypatch, implementation)
+    N, k, E, D, inter, _ = CASES["decode, 9 rows"]
+    rng = np.random.default_rng(11)
+    x = jnp.asarray(rng.standard_normal((N, D)), dtype)
+    gate_up, down = _weights(rng, E, D, inter, dtype)
+    s_gate_up, s_down = (a[0] for a in _weights(rng, 1, D, inter, dtype))
+    ids = rng.integers(0, E, (N, k)).astype(np.int32)
+    ids[1] = -1
+    on = np.ones(N, bool)
+    on[1] = False  # a padding row: neither routed nor shared
+    run = lambda **kw: X.expert_swiglu(x, jnp.asarray(ids), gate_up, down, implementation=implementation,
+                                       decode_shape=True, blocks=SMALL_BLOCKS, **kw)
+    got = run(shared=(s_gate_up, s_down), shared_selected=jnp.asarray(on))
+    assert got.shape == (N, k + 1, D) and got.dtype == jnp.dtype(dtype)
+    got = np.asarray(got, np.float32)
+    f32 = lambda a: np.asarray(a, np.float32)
+    want = _naive_dense(f32(x), f32(s_gate_up), f32(s_down), on)
+    assert np.all(got[1] == 0)
+    tol = 1e-5 if dtype == "float32" else 5e-2
+    np.testing.assert_allclose(got[:, k], want, atol=tol, rtol=tol)
+    assert np.array_equal(got[:, :k], np.asarray(run(), np.float32))  # the routed copies' bits
+    with pytest.raises(ValueError, match="not one expert"):
+        run(shared=(s_gate_up[:, :-1], s_down))
+
+
+def test_a_rows_shared_expert_tile_does_not_depend_on_the_rows_beside_it(monkeypatch):
+    """The kernel with the shared expert as a tile: row 0 alone (shared rows), among 9 rows, at the end of them, and
+    among 20 (the sorted layout, where the shared expert's copies fill two tiles): the same bits, routed and shared."""
+    rng = np.random.default_rng(5)
+    E, D, inter = 8, 32, 16
+    gate_up, down = _weights(rng, E, D, inter, jnp.bfloat16)
+    shared = tuple(a[0] for a in _weights(rng, 1, D, inter, jnp.bfloat16))
+    x = jnp.asarray(rng.standard_normal((20, D)), jnp.bfloat16)
+    ids = np.asarray([[2, 5]] * 5 + [[5, 1], [0, 2], [-1, -1], [7, 3]] + [[2, 4], [6, 5]] * 5 + [[1, 2]], np.int32)
+    on = ids[:, 0] >= 0
+
+    def run(xs, ii, oo):
+        return np.asarray(X.expert_swiglu(xs, jnp.asarray(ii), gate_up, down, implementation="pallas",
+                                          decode_shape=True, blocks=SMALL_BLOCKS, shared=shared,
+                                          shared_selected=jnp.asarray(oo)))
+    alone = run(x[:1], ids[:1], on[:1])
+    among = run(x[:9], ids[:9], on[:9])
+    assert np.any(alone[0, 2] != 0) and np.all(among[7] == 0)
+    assert np.array_equal(alone[0], among[0])
+    assert np.array_equal(run(x[8::-1], ids[8::-1], on[8::-1])[-1], among[0])
+    assert np.array_equal(run(x, ids, on)[0], among[0])
+    monkeypatch.setattr(X, "SHARED_ROWS_DECODE", False)  # the sorted layout at one row too
+    assert np.array_equal(run(x[:1], ids[:1], on[:1])[0], among[0])
+
+
 def test_first_copy_tiles_give_each_selected_expert_one_tile():
     ids = np.asarray([[3, 1], [3, 0], [3, 1], [-1, -1], [3, 2]], np.int32)
     selected = ids >= 0
@@ -163,9 +225,10 @@ def test_auto_off_the_gpu_and_bad_names():
 # ------------------------------------------------------------------------------------------------- the models
 
 
-def random_moe_model(dtype="bfloat16", *, mtp: bool = False, seed: int = 0):
-    """A random Qwen3.5 MoE: 8 experts (top 2), a shared expert, 2 layers (a GDN layer, then an attention layer: every
-    kind of layer once, the suite's compile time); with `mtp`, an MTP layer (MoE too)."""
+def random_moe_model(dtype="bfloat16", *, mtp: bool = False, seed: int = 0, shared_size: int = 24):
+    """A random Qwen3.5 MoE: 8 experts (top 2, intermediate size 16), a shared expert (intermediate size
+    `shared_size`; 16: a routed expert's shape, which the kernel can run as a tile), 2 layers (a GDN layer, then an
+    attention layer: every kind of layer once, the suite's compile time); with `mtp`, an MTP layer (MoE too)."""
     from specdec_jax.loading import build_tree
     from specdec_jax.models.qwen35.config import qwen35_config_from_dict
     from specdec_jax.models.qwen35.mtp_head import leaf_shape
@@ -175,7 +238,7 @@ def random_moe_model(dtype="bfloat16", *, mtp: bool = False, seed: int = 0):
         num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
         linear_num_value_heads=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
-        shared_expert_intermediate_size=24, mtp_num_hidden_layers=int(mtp), eos_token_id=None))
+        shared_expert_intermediate_size=shared_size, mtp_num_hidden_layers=int(mtp), eos_token_id=None))
     keys = {"model.embed_tokens.weight"} | ({"mtp.layers.0.input_layernorm.weight"} if mtp else set())
     specs = qwen35.param_specs(cfg, keys, "random")
     rng = np.random.default_rng(seed)
@@ -183,19 +246,28 @@ def random_moe_model(dtype="bfloat16", *, mtp: bool = False, seed: int = 0):
     return Model(config=cfg, params=qwen35.moe_layout(params, cfg), dtype=jnp.dtype(dtype))  # the loader's layout
 
 
-@pytest.mark.parametrize("impl", ["auto", "pallas"])
+@pytest.mark.parametrize("impl", ["auto", "pallas", "pallas-tile"])
 def test_padding_rows_select_no_expert_and_a_row_is_the_same_alone(monkeypatch, impl):
     """Decode-shape forwards of 5 rows: with 1 valid row the experts see id -1 for the 4 padding rows, and the valid
     row's logits are the same bits whatever tokens the padding rows hold and when the 4 rows are real (a
     verification, whose rows share its experts). With live_rows (the static bound an AR step or a verification
     passes) the kernel's products see only the first live_rows rows (XLA's paths, whose bits may follow the row
-    count, keep all 5), and the valid rows' logits keep their bits."""
-    model = random_moe_model("float32")
-    seen = []
+    count, keep all 5), and the valid rows' logits keep their bits. "pallas-tile": the shared expert as a tile of
+    the kernel (SHARED_EXPERT_TILE, a model whose shared expert has a routed one's shape), which the padding rows do
+    not select either."""
+    tile = impl == "pallas-tile"
+    if tile:
+        monkeypatch.setattr(qwen_mlp, "SHARED_EXPERT_TILE", True)
+        impl = "pallas"
+    model = random_moe_model("float32", shared_size=16 if tile else 24)
+    assert ("router_gate" in model.params["layers"][0]["mlp"]) == tile
+    seen, seen_shared = [], []
     original = X.expert_swiglu
 
     def recording(x, ids, *args, **kwargs):
         jax.debug.callback(lambda a: seen.append(np.asarray(a)), ids)
+        if kwargs.get("shared") is not None:
+            jax.debug.callback(lambda a: seen_shared.append(np.asarray(a)), kwargs["shared_selected"])
         return original(x, ids, *args, **kwargs)
 
     monkeypatch.setattr(qwen_mlp.experts, "expert_swiglu", recording)
@@ -210,13 +282,16 @@ def test_padding_rows_select_no_expert_and_a_row_is_the_same_alone(monkeypatch, 
     for rows, n_valid, live in (([0, 0, 0, 0], 1, None), ([95, 40, 7, 60], 1, None), ([95, 40, 7, 60], 5, None),
                                 ([95, 40, 7, 60], 1, 1), ([95, 40, 7, 60], 5, 3)):
         seen.clear()
+        seen_shared.clear()
         out = step(params, state, jnp.asarray([[7] + rows], jnp.int32), jnp.asarray([n_valid], jnp.int32), live)
         jax.effects_barrier()
         logits.append(np.asarray(out[0, :min(n_valid, live or 5)]))
-        assert len(seen) == len(cfg.layer_types)
+        assert len(seen) == len(cfg.layer_types) and len(seen_shared) == (len(seen) if tile else 0)
         for ids in seen:
             assert ids.shape == ((live or 5) if impl == "pallas" else 5, 2)
             assert np.all((ids[n_valid:] == -1)) and np.all(ids[:n_valid] >= 0)
+        for on in seen_shared:
+            assert on.shape == (live or 5,) and np.all(on[:n_valid]) and not np.any(on[n_valid:])
     for got in logits[1:]:
         assert np.array_equal(logits[0][:1], got[:1])
     assert np.array_equal(logits[2][:3], logits[4])  # a verification's first 3 rows, alone in the expert products
@@ -269,6 +344,94 @@ def test_greedy_speculation_on_a_moe_model_equals_ar_in_bfloat16():
         assert np.array_equal(spec.tokens, ar.tokens), method
 
 
+def _small_decode_tiles(monkeypatch):
+    """The kernel's decode tiles at the test models' sizes (D 32, I 16), so decode forwards can run it."""
+    monkeypatch.setattr(X, "DECODE_BLOCKS", dict(X.DECODE_BLOCKS, block_m=16, **SMALL_BLOCKS))
+
+
+def test_the_shared_expert_tile_layout_saves_the_checkpoints_tensors(monkeypatch):
+    """Under SHARED_EXPERT_TILE the loader's layout holds each layer's router and shared expert gate as one
+    `router_gate` weight and the shared expert as stored (the expert stacks the same arrays); it saves to the
+    checkpoint's tensors, unfuses for the mesh, and the partial-MLP draft cuts the same weights from it. A decode
+    forward with the shared expert as a kernel tile gives the three products' logits (float32). Where the shared
+    expert's shape is not a routed one's, the switch leaves the layout alone; the switch is part of the compiled
+    programs' key."""
+    from specdec_jax.decoding import compiled
+    from specdec_jax.drafters.self_draft import partial_mlp_weights
+    monkeypatch.setattr(qwen_mlp, "SHARED_EXPERT_TILE", False)
+    off = compiled._switches()
+    monkeypatch.setattr(qwen_mlp, "SHARED_EXPERT_TILE", True)
+    assert compiled._switches() != off
+    model = random_moe_model("float32", mtp=True, shared_size=16)
+    cfg, tiled = model.config, model.params
+    plain = qwen35.moe_layout(tiled, cfg, fused=False)
+    fused = qwen35.moe_layout(plain, cfg, fused=True, shared_tile=False)
+    for layer, plain_layer in zip(tiled["layers"] + tiled["mtp"]["layers"], plain["layers"] + plain["mtp"]["layers"]):
+        mlp = layer["mlp"]
+        assert qwen35.moe_input_form(mlp) == "router_gate" and mlp["router_gate"].shape == (9, 32)
+        assert "router" not in mlp and "shared_expert_gate" not in mlp and "router_shared" not in mlp
+        assert mlp["experts_gate_up"] is plain_layer["mlp"]["experts_gate_up"]  # no copy of the stacks
+    saved = qwen35.hf_tensors(tiled, cfg)
+    saved_plain = qwen35.hf_tensors(plain, cfg)
+    assert saved.keys() == saved_plain.keys()
+    assert all(np.array_equal(saved[k], saved_plain[k]) for k in saved)
+    for a, b in zip(partial_mlp_weights(plain, cfg, 0.5), partial_mlp_weights(tiled, cfg, 0.5)):
+        assert qwen35.moe_input_form(b) == "router_gate"
+        b = qwen35.unfuse_moe_inputs(b, cfg)
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    _small_decode_tiles(monkeypatch)
+    ids = jnp.asarray([[5, 9, 11, 3, 7, 2]], jnp.int32)
+    run = jax.jit(lambda p: qwen35.forward(p, cfg, qwen35.init_state(cfg, 1, 16, jnp.float32), ids,
+                                           impl="pallas")[0])
+    want = np.asarray(run(fused))
+    np.testing.assert_allclose(np.asarray(run(tiled)), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(run(plain)), want, rtol=1e-5, atol=1e-5)  # the tile on the plain layout
+    other = random_moe_model("float32")  # shared expert 24 wide, routed 16: no tile
+    assert qwen35.moe_input_form(other.params["layers"][0]["mlp"]) == "router_shared"
+
+
+def test_greedy_speculation_with_the_shared_expert_tile_equals_ar_in_bfloat16(monkeypatch):
+    """The kernel (interpret mode) on every decode forward, the shared expert as its tile: speculation with AR's own
+    continuation as drafts (each position kept with probability 0.7: accepted runs and rejections) and MTP equal AR
+    in bfloat16."""
+    from specdec_jax import methods
+    from specdec_jax.bench.harness import register_reference_drafts
+    monkeypatch.setattr(methods, "REGISTRY", methods.REGISTRY)  # the forced method leaves with the test
+    monkeypatch.setattr(qwen_mlp, "SHARED_EXPERT_TILE", True)
+    monkeypatch.setattr(qwen_mlp, "expert_implementation", lambda cfg, impl: "pallas")
+    _small_decode_tiles(monkeypatch)
+    model = random_moe_model("bfloat16", mtp=True, seed=1, shared_size=16)
+    assert qwen35.moe_input_form(model.params["layers"][0]["mlp"]) == "router_gate"
+    prompts = [np.asarray([5, 9, 11, 3, 5, 9, 11, 3, 5, 9], np.int32), np.asarray([7, 8, 7, 8, 7, 8, 7], np.int32)]
+    ar = sj.generate(model, prompts, 24, eos_token_id=False)
+    register_reference_drafts("forced", ar.tokens, [len(p) for p in prompts], p=0.7, seed=4)
+    for method in ("forced", "mtp"):
+        spec = sj.generate(model, prompts, 24, method=method, gamma=4, eos_token_id=False)
+        assert spec.stats["decode_rows"] == ar.stats["decode_rows"]
+        assert np.array_equal(spec.tokens, ar.tokens), method
+        assert method != "forced" or 1.5 < spec.stats["tokens_per_step"] < 5  # accepted drafts and rejections
+
+
+def test_the_shared_expert_tile_greedy_tokens_are_transformers(monkeypatch, tmp_path):
+    """A transformers Qwen3.5 MoE whose shared expert has a routed expert's shape, saved and loaded under
+    SHARED_EXPERT_TILE: its forward logits and its greedy tokens (every decode step on the kernel, the shared expert
+    as its tile; float32) are transformers'."""
+    from tests import qwen_helpers as H
+    monkeypatch.setattr(qwen_mlp, "SHARED_EXPERT_TILE", True)
+    monkeypatch.setattr(qwen_mlp, "expert_implementation", lambda cfg, impl: "pallas")
+    _small_decode_tiles(monkeypatch)
+    cfg = H.tiny_text_config(moe=True, ratio=1, layers=2, seed=3, shared_expert_intermediate_size=16,
+                             full_attention_interval=2)  # a GDN layer, then an attention layer
+    ref = H.build_reference(cfg, seed=3)
+    H.save_reference(ref, str(tmp_path))
+    model = sj.load(str(tmp_path), dtype="float32")
+    assert qwen35.moe_input_form(model.params["layers"][0]["mlp"]) == "router_gate"
+    ids = np.random.default_rng(2).integers(0, model.vocab_size, size=(1, 9))
+    assert H.rel_err(sj.forward_logits(model, ids), H.reference_logits(ref, ids)) <= 1e-4
+    ours = sj.generate(model, ids, 16, method="ar", eos_token_id=False)
+    np.testing.assert_array_equal(ours.tokens, H.reference_greedy(ref, ids, 16))
+
+
 def test_a_mesh_with_more_devices_than_experts_is_refused():
     """Experts are split whole over the mesh: 8 experts over 16 devices is one error naming the count (checked from
     the config, before any tensor is read: tests/test_tensor_parallel.py runs the refusals on a real mesh)."""
@@ -316,4 +479,10 @@ def test_the_kernel_lowers_to_triton_modules_that_verify(monkeypatch):
         assert "stablehlo.while" not in text, f"the {'decode' if decode_shape else 'prefill'} program has a loop"
         if decode_shape:  # a decode step's shared rows or compare layout: no sort, no scatter
             assert "stablehlo.sort" not in text and "stablehlo.scatter" not in text
-    assert verified == [True] * 6  # two products (gate-up with SwiGLU, down) per shape
+            # and with the shared expert as a tile (a second weight operand, a second K loop)
+            shared = (jax.ShapeDtypeStruct((2 * inter, D), jnp.bfloat16), jax.ShapeDtypeStruct((D, inter), jnp.bfloat16))
+            fn = jax.jit(lambda x, i, g, d, sg, sd: X.expert_swiglu(x, i, g, d, implementation="pallas",
+                                                                     decode_shape=True, shared=(sg, sd)))
+            text = fn.trace(x, ids, *weights, *shared).lower(lowering_platforms=("cuda",)).as_text()
+            assert "xla.gpu.triton" in text and "stablehlo.while" not in text and "stablehlo.sort" not in text
+    assert verified == [True] * 10  # two products (gate-up with SwiGLU, down) per program

@@ -15,7 +15,9 @@ dispatch-bound and pick no tiles.
 
 Copies whose expert id lies outside [0, E) select no expert (a model's padding rows): they come out zero, and
 "ragged" and "pallas" give them no row of any product ("gather" still gathers expert 0's weights for them, then
-discards the result). Blocks: DECODE_BLOCKS for decode-shape forwards, PREFILL_BLOCKS for prefill chunks; both walk K in
+discards the result). A shared expert (`shared`: its own gate_up [2I, D] and down [D, I], the stack's expert shape)
+is one more copy per selected token, after its k routed ones; the kernel runs it as tile expert E, reading the
+shared weights where they are stored (no copy of the stack with it appended). Blocks: DECODE_BLOCKS for decode-shape forwards, PREFILL_BLOCKS for prefill chunks; both walk K in
 the same steps, so a row's result is the same in either (README.md).
 """
 
@@ -130,25 +132,30 @@ def shared_rows_fit(tokens: int, decode_shape: bool, blocks: dict | None = None)
     return decode_shape and SHARED_ROWS_DECODE and tokens <= tiles_for(True, blocks)["block_m"]
 
 
-def shared_rows_products(x, copy_tile, tile_expert, selected, gate_up, down, tiles: dict | None = None) -> jax.Array:
+def shared_rows_products(x, copy_tile, tile_expert, selected, gate_up, down, tiles: dict | None = None,
+                         shared: tuple | None = None) -> jax.Array:
     """The kernel's products for N <= block_m tokens x [N, D] on shared rows, from `first_copy_tiles`' copy_tile
-    [N k] and tile_expert [N k]; selected [N, k] bool -> y [N, k, D], zero where not selected."""
+    [N k] and tile_expert [N k]; selected [N, k] bool -> y [N, k, D], zero where not selected. shared: None, or a
+    shared expert's (gate_up [2I, D], down [D, I]), which tile expert E names."""
     N, k = selected.shape
     tiles = tiles_for(True, tiles)
     bm = tiles["block_m"]
     rows = jnp.pad(x, ((0, bm - N), (0, 0)))  # [block_m, D]
     kw = dict(tiles, interpret=jax.default_backend() != "gpu")
-    h = _kernel().grouped_matmul(rows, tile_expert, gate_up, swiglu=True, shared_rows=True, **kw)  # [M bm, I]
-    y = _kernel().grouped_matmul(h, tile_expert, down, swiglu=False, **kw)  # [M bm, D]
+    s_gu, s_down = (None, None) if shared is None else (shared[0][None], shared[1][None])  # [1, 2I, D], [1, D, I]
+    h = _kernel().grouped_matmul(rows, tile_expert, gate_up, swiglu=True, shared_rows=True, shared_w=s_gu,
+                                 **kw)  # [M bm, I]
+    y = _kernel().grouped_matmul(h, tile_expert, down, swiglu=False, shared_w=s_down, **kw)  # [M bm, D]
     token = jnp.arange(N * k, dtype=jnp.int32) // k
     y = y[jnp.minimum(copy_tile, N * k - 1) * bm + token].reshape(N, k, -1)
     return jnp.where(selected[..., None], y, jnp.zeros((), x.dtype))
 
 
-def _shared_rows_products(x, ids, selected, gate_up, down, tiles: dict) -> jax.Array:
-    """`expert_swiglu` for N <= block_m tokens on shared rows (SHARED_ROWS_DECODE): -> y [N, k, D]."""
-    copy_tile, tile_expert = first_copy_tiles(ids, selected, gate_up.shape[0])
-    return shared_rows_products(x, copy_tile, tile_expert, selected, gate_up, down, tiles)
+def _shared_rows_products(x, ids, selected, gate_up, down, tiles: dict, shared: tuple | None = None) -> jax.Array:
+    """`expert_swiglu` for N <= block_m tokens on shared rows (SHARED_ROWS_DECODE): -> y [N, k, D]. With `shared`,
+    ids may be E (the shared expert)."""
+    copy_tile, tile_expert = first_copy_tiles(ids, selected, gate_up.shape[0] + (shared is not None))
+    return shared_rows_products(x, copy_tile, tile_expert, selected, gate_up, down, tiles, shared)
 
 
 def gather_rows(x: jax.Array, copy_token: jax.Array, layout: GroupLayout) -> jax.Array:
@@ -194,6 +201,12 @@ def tiles_for(decode_shape: bool, blocks: dict | None = None) -> dict:
     return dict(DECODE_BLOCKS if decode_shape else PREFILL_BLOCKS, **(blocks or {}))
 
 
+def shared_fits(gate_up_shape: tuple, down_shape: tuple, shared_gate_up_shape: tuple, shared_down_shape: tuple) -> bool:
+    """Whether a shared expert of these shapes ([2S, D], [D, S]) can be a tile of the stack's kernel: one expert's
+    shape (S = I)."""
+    return tuple(shared_gate_up_shape) == tuple(gate_up_shape[1:]) and tuple(shared_down_shape) == tuple(down_shape[1:])
+
+
 def implementation_for(implementation: str | None, copies: int, gate_up_shape: tuple, down_shape: tuple,
                        tiles: dict) -> str:
     """The implementation `expert_swiglu` runs: `resolve`'s choice, and XLA's paths where the kernel's `tiles` do not
@@ -208,35 +221,52 @@ def implementation_for(implementation: str | None, copies: int, gate_up_shape: t
 
 def expert_swiglu(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down: jax.Array, *,
                   implementation: str | None = "auto", decode_shape: bool = False,
-                  blocks: dict | None = None) -> jax.Array:
+                  blocks: dict | None = None, shared: tuple | None = None,
+                  shared_selected: jax.Array | None = None) -> jax.Array:
     """x [N, D], expert_ids [N, k] int, gate_up [E, 2I, D], down [E, D, I] -> y [N, k, D] in x.dtype.
 
     y[n, s] = down[e] @ (silu(g) * u), (g ; u) = gate_up[e] @ x[n], e = expert_ids[n, s]; zero where e lies outside
     [0, E). decode_shape: the forward is a decode step or a verification (DECODE_BLOCKS) rather than a prefill chunk.
-    blocks: the kernel's tiles (overrides)."""
+    blocks: the kernel's tiles (overrides). shared: None, or a shared expert's (gate_up [2I, D], down [D, I]), run on
+    the tokens where shared_selected [N] bool (None: all): then y is [N, k + 1, D], y[:, k] the shared expert's
+    output (zero where not selected); the kernel runs it as one more tile of the same launches (`shared_fits`)."""
     N, k = expert_ids.shape
     E = gate_up.shape[0]
     selected = (expert_ids >= 0) & (expert_ids < E)
     tiles = tiles_for(decode_shape, blocks)
     chosen = implementation_for(implementation, N * k, gate_up.shape, down.shape, tiles)
     ids = jnp.clip(expert_ids, 0, E - 1)
+    if shared is not None:
+        if not shared_fits(gate_up.shape, down.shape, shared[0].shape, shared[1].shape):
+            raise ValueError(f"experts: a shared expert of shapes {shared[0].shape}, {shared[1].shape} is not one "
+                             f"expert of the stack's {gate_up.shape[1:]}, {down.shape[1:]}")
+        on = jnp.ones((N,), bool) if shared_selected is None else shared_selected.astype(bool)
+        if chosen != "pallas":  # XLA's paths: the shared expert as its own product, beside the routed ones
+            y = expert_swiglu(x, expert_ids, gate_up, down, implementation=chosen, decode_shape=decode_shape,
+                              blocks=blocks)
+            return jnp.concatenate([y, reference.dense(x, shared[0], shared[1], on)[:, None]], axis=1)
+        ids = jnp.concatenate([ids, jnp.full((N, 1), E, jnp.int32)], axis=1)  # [N, k + 1]: E, the shared expert
+        selected = jnp.concatenate([selected, on[:, None]], axis=1)
+        k = k + 1
     if chosen == "gather":
         return reference.gathered(x, ids, gate_up, down, selected)
     if chosen == "ragged":
         return reference.sorted_ragged(x, ids, gate_up, down, selected)
     if shared_rows_fit(N, decode_shape, blocks):
-        return _shared_rows_products(x, ids, selected, gate_up, down, tiles)
-    layout = group_layout(ids, selected, E, tiles["block_m"])
+        return _shared_rows_products(x, ids, selected, gate_up, down, tiles, shared)
+    layout = group_layout(ids, selected, E + (shared is not None), tiles["block_m"])
     copy_token = jnp.arange(N * k, dtype=jnp.int32) // k
     rows = gather_rows(x, copy_token, layout)  # [rows, D]
     kw = dict(tiles, interpret=jax.default_backend() != "gpu")
-    h = _kernel().grouped_matmul(rows, layout.tile_expert, gate_up, swiglu=True, **kw)  # [rows, I]
-    y = _kernel().grouped_matmul(h, layout.tile_expert, down, swiglu=False, **kw)  # [rows, D]
+    s_gu, s_down = (None, None) if shared is None else (shared[0][None], shared[1][None])  # [1, 2I, D], [1, D, I]
+    h = _kernel().grouped_matmul(rows, layout.tile_expert, gate_up, swiglu=True, shared_w=s_gu, **kw)  # [rows, I]
+    y = _kernel().grouped_matmul(h, layout.tile_expert, down, swiglu=False, shared_w=s_down, **kw)  # [rows, D]
     y = y[jnp.minimum(layout.dest, layout.rows - 1)].reshape(N, k, -1)
     return jnp.where(selected[..., None], y, jnp.zeros((), x.dtype))
 
 
 __all__ = ["IMPLEMENTATIONS", "DECODE_BLOCKS", "PREFILL_BLOCKS", "LAYOUT_COMPARE_MAX_COPIES", "SHARED_ROWS_DECODE",
            "GroupLayout", "group_layout", "first_copy_tiles", "shared_rows_fit", "shared_rows_products", "gather_rows",
+           "shared_fits",
            "padded_rows",
            "resolve", "kernel_fits", "tiles_for", "implementation_for", "expert_swiglu", "reference"]

@@ -44,3 +44,13 @@ def sorted_ragged(x, expert_ids, gate_up, down, selected):
                               preferred_element_type=F32).astype(x.dtype)
     y = jnp.zeros_like(y_sorted).at[order].set(y_sorted).reshape(N, k, -1)
     return jnp.where(selected[..., None], y, jnp.zeros((), x.dtype))
+
+
+def dense(x, gate_up, down, selected):
+    """One expert for every token: x [N, D], gate_up [2I, D], down [D, I], selected [N] bool -> [N, D], zero where
+    not selected (a model's shared expert on XLA's paths)."""
+    inter = down.shape[1]
+    h = jnp.einsum("nd,fd->nf", x, gate_up.astype(x.dtype), preferred_element_type=F32)
+    y = jnp.einsum("ni,di->nd", _swiglu(h, inter, x.dtype), down.astype(x.dtype),
+                   preferred_element_type=F32).astype(x.dtype)
+    return jnp.where(selected[:, None], y, jnp.zeros((), x.dtype))

@@ -34,7 +34,7 @@ def _switches() -> tuple:
             decode_block.WARPS, decode_block.SPLITS, decode_block.SLOTS, decode_block.GATHER,
             decode_block.FUSE_OUT_PROJ, experts.GPU_DEFAULT, experts.LAYOUT_COMPARE_MAX_COPIES, experts.SHARED_ROWS_DECODE,
             tuple(sorted(experts.DECODE_BLOCKS.items())), tuple(sorted(experts.PREFILL_BLOCKS.items())),
-            qwen35_mlp.TOPK_COMPARE_MAX_ROWS)
+            qwen35_mlp.TOPK_COMPARE_MAX_ROWS, qwen35_mlp.SHARED_EXPERT_TILE)
 _cache: collections.OrderedDict = collections.OrderedDict()
 _traced_under: list = [None]  # the switches of the last compile's trace
 

@@ -113,13 +113,13 @@ def partial_mlp_weights(params: dict, cfg, keep: float) -> list[dict]:
         if cfg.is_moe:
             p["experts_gate_up"], p["experts_down"] = _first_channels(
                 p["experts_gate_up"], p["experts_down"], cfg.moe_intermediate_size, cut.moe_intermediate_size, 1)
-            fused = "router_shared" in p
-            p = qwen35.unfuse_moe_inputs(p, cfg) if fused else p
+            form = qwen35.moe_input_form(p)
+            p = qwen35.unfuse_moe_inputs(p, cfg)
             if "shared_gate_up_proj" in p:
                 p["shared_gate_up_proj"], p["shared_down_proj"] = _first_channels(
                     p["shared_gate_up_proj"], p["shared_down_proj"], cfg.shared_expert_intermediate_size,
                     cut.shared_expert_intermediate_size, 0)
-            p = qwen35.fuse_moe_inputs(p) if fused else p
+            p = qwen35.to_moe_input_form(p, cfg, form)
         else:
             p["gate_up_proj"], p["down_proj"] = _first_channels(p["gate_up_proj"], p["down_proj"],
                                                                 cfg.intermediate_size, cut.intermediate_size, 0)

@@ -28,7 +28,8 @@ from .. import layers as L
 from .gdn import (MAX_RECURRENT_VERIFY, conv_channels, conv_window_at, packed_form,  # noqa: F401 (public here)
                          gdn_gates, gdn_heads, gdn_mixer, gdn_projections, gdn_rule, gdn_state_rule,
                          linear_key_heads, split_projection, stacked_conv_windows_at, stacked_state_rule)
-from .mlp import fuse_moe_inputs, mlp, moe_mlp, unfuse_moe_inputs  # noqa: F401 (the layers' MLPs; public here)
+from .mlp import (fuse_moe_inputs, mlp, moe_input_form, moe_mlp, to_moe_input_form,  # noqa: F401 (public here)
+                  unfuse_moe_inputs)
 
 # ------------------------------------------------------------------------------------------ state
 

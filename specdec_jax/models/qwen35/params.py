@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from ... import sharding
 from .config import FULL_ATTENTION, Qwen35Config
-from .mlp import fuse_moe_inputs, unfuse_moe_inputs
+from . import mlp as _mlp
 from ...errors import CheckpointError
 from ...loading import TensorSource, build_tree, flatten_tree
 from ...sharding import Segment, SplitCount
@@ -237,13 +237,18 @@ def _map_mlps(params: dict, fn) -> dict:
     return out
 
 
-def moe_layout(params: dict, cfg: Qwen35Config, fused: bool | None = None) -> dict:
+def moe_layout(params: dict, cfg: Qwen35Config, fused: bool | None = None, shared_tile: bool | None = None) -> dict:
     """params in the MoE input layout `fused` (None: FUSE_MOE_INPUTS where there is no mesh): each layer's router,
-    shared gate|up and shared expert gate as one weight, or as three (the checkpoint's)."""
+    shared gate|up and shared expert gate as one weight, or as three (the checkpoint's). shared_tile (None:
+    mlp.SHARED_EXPERT_TILE where the shapes allow it, `mlp.shared_tile_fits`): fused means the router and the gate as
+    one weight, the gate|up apart for the expert kernel's shared tile. Small weights only are copied (the router and
+    the gates); the expert stacks and the shared expert's down projection are the same arrays."""
     if not cfg.is_moe:
         return params
     fused = FUSE_MOE_INPUTS and cfg.mesh is None if fused is None else fused
-    return _map_mlps(params, fuse_moe_inputs if fused else lambda p: unfuse_moe_inputs(p, cfg))
+    shared_tile = _mlp.SHARED_EXPERT_TILE if shared_tile is None else shared_tile
+    form = ("router_gate" if shared_tile and _mlp.shared_tile_fits(cfg) else "router_shared") if fused else "plain"
+    return _map_mlps(params, lambda p: _mlp.to_moe_input_form(p, cfg, form))
 
 
 def load_params(source: TensorSource, cfg: Qwen35Config, dtype) -> dict:
