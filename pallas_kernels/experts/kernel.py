@@ -44,7 +44,7 @@ def _grouped_kernel(tile_expert_ref, x_ref, w_ref, *refs, block_n, block_k, k_di
     steps = jnp.int32(k_dim // block_k)
     n_routed = (((e >= 0) & (e < E)) if shared else (e >= 0)).astype(jnp.int32) * steps
     n_shared = (e == E).astype(jnp.int32) * steps  # the shared expert's tiles (only with shared_w)
-    e = jnp.clip(e, 0, E - 1)
+    e = jnp.clip(e, 0, E - 1) if shared else jnp.maximum(e, 0)
     rows = x_ref.shape[0]
 
     def step_on(w_at):

@@ -25,7 +25,8 @@ TOPK_COMPARE_MAX_ROWS = 64
 # E, read where it is stored; weight sigmoid(shared_expert_gate(x)), summed after the k routed experts in float32)
 # instead of XLA GEMMs and an add, where its intermediate size is a routed expert's (35B-A3B: 512) and there is no
 # mesh. Under it the fused MoE input layout holds the router and the shared expert gate as one `router_gate` weight
-# and the shared gate|up apart (`fuse_moe_inputs`). Part of the compiled programs' key (`decoding.compiled`).
+# and the shared gate|up apart (`fuse_moe_inputs`). Part of the compiled programs' key (`decoding.compiled`). Off until
+# a GPU measures it (`benchmarks/gpu_moe.sh variants`; docs/LOG.md, 2026-12-08: built while device loans were paused).
 SHARED_EXPERT_TILE = False
 
 
